@@ -1,0 +1,75 @@
+// Package idem gives HTTP APIs and message consumers exactly-once effects on
+// top of at-least-once delivery, within the limits stated below.
+//
+// Retries (clients, proxies, gateways) and at-least-once brokers deliver the
+// same operation more than once. idem recognises the repeat by an
+// idempotency key, makes sure the work runs once, and replays the stored
+// result to every repeat.
+//
+// # The state machine
+//
+// Each scoped key (Scope.Key: tenant, method, route and client key hashed
+// into a Key) has one record, which moves through these states. Every arrow
+// is one atomic step on the store: one Redis Lua script, one SQL statement,
+// or one critical section in memory, and one round trip.
+//
+//	absent ──Acquire──▶ in_flight(lease id, token, fingerprint)   [expires after the lease]
+//	in_flight ──Complete(lease)──▶ completed(response, token, fingerprint)  [expires after retention]
+//	in_flight ──Release(lease)───▶ released(token)    (absent to Acquire; keeps the last token)
+//	in_flight ──Renew(lease)─────▶ in_flight          (lease extended from now)
+//	in_flight, lease expired ──Acquire──▶ in_flight(new lease id, larger token)   [takeover]
+//
+// Acquire answers with exactly one Outcome: Acquired (with a Lease),
+// Replay (with the stored Response), InFlight (with the time until the
+// holder's lease ends) or Mismatch (the key was used with a different
+// Fingerprint). Renew, Complete and Release check the lease id (and, for a
+// repeated call, the token): a holder whose lease ended can never extend,
+// overwrite or release the record of the holder after it; it gets
+// ErrLeaseLost and the store changes nothing.
+//
+// # Fencing tokens
+//
+// Every acquisition gets a fencing token, readable in the work's context
+// with LeaseFromContext. A token is the larger of the key's previous token
+// plus one and the store clock in milliseconds, so it strictly increases
+// per key across takeovers and releases, and keeps increasing after the
+// record has expired or (on Redis) after a failover lost the record, as
+// long as the store's clock does not step back. Pass it to the system of
+// record and have it refuse a token lower than the last one it accepted:
+// that stops a paused or partitioned holder whose lease ended (Kleppmann's
+// fencing).
+//
+// # Leases and retention
+//
+// Two clocks: a short lease (Config.Lease, default 30s) bounds how long a
+// crashed holder blocks its key; Guard renews it every third of the lease
+// while work runs (short work pays no renewal), and cancels the work's
+// context with cause ErrLeaseLost if renewal finds the lease gone. A long
+// retention (Config.Retention, default 24h) bounds how long a completed
+// result is replayed. Both are measured on the store's clock.
+//
+// # Guarantees and their limits
+//
+//   - At most one live lease per key at any moment of the store's clock, on
+//     every store. Work that finishes within its lease and completes is run
+//     once, and its result is replayed to every repeat with the same
+//     fingerprint until retention ends.
+//   - Work whose holder crashes, or loses its lease, before Complete may run
+//     again after the lease ends: that is at-least-once with fencing, not
+//     exactly-once. Only an effect committed in the same transaction as the
+//     completion (the PostgreSQL store) is exactly-once; any other effect
+//     should check the fencing token.
+//   - Redis replicates asynchronously: a failover can lose a record written
+//     just before it, and the operation may then run again.
+//   - After retention ends, the key is new again.
+//   - When the store is unreachable, Acquire fails and the work is not run
+//     (fail closed).
+//
+// # Stored responses
+//
+// Responses are stored in a compact binary form (Response.AppendBinary);
+// bodies of at least 1 KiB are compressed with zstd when that saves an
+// eighth. Bodies over Config.MaxResponseSize (default 1 MiB) are not
+// stored: the key is still completed, and repeats get the status and
+// headers with Response.BodyOmitted set, never a second execution.
+package idem

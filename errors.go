@@ -1,0 +1,61 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is; the messages are
+// not part of the API.
+var (
+	// ErrInvalidKey reports a client key that is empty, longer than 255
+	// bytes, or holds bytes outside printable ASCII.
+	ErrInvalidKey = errors.New("idem: invalid idempotency key")
+
+	// ErrLeaseLost reports that a lease is no longer the current one: it
+	// expired, was taken over, or was already released. The store changed
+	// nothing.
+	ErrLeaseLost = errors.New("idem: lease lost")
+
+	// ErrInFlight reports that another holder has the key. Errors of type
+	// *InFlightError match it and carry the time until that lease ends.
+	ErrInFlight = errors.New("idem: operation in flight")
+
+	// ErrMismatch reports that the key was used before with a different
+	// fingerprint (a different request under the same key).
+	ErrMismatch = errors.New("idem: idempotency key reused with a different request")
+
+	// ErrCorrupt reports a stored record that cannot be decoded. It arrives
+	// wrapped in a *StoreError.
+	ErrCorrupt = errors.New("idem: corrupt record")
+)
+
+// StoreError is a failure of the backing store: a network error, a timeout,
+// a server error or a corrupt record. When Acquire fails with a StoreError,
+// the work has not been run.
+type StoreError struct {
+	Op  string // "acquire", "renew", "complete", "release", "get" or "delete"
+	Key Key
+	Err error
+}
+
+func (e *StoreError) Error() string {
+	return fmt.Sprintf("idem: store %s %s: %v", e.Op, e.Key, e.Err)
+}
+
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// InFlightError is returned by Guard.Do when another holder has the key.
+type InFlightError struct {
+	// RetryAfter is the time until the current holder's lease ends, as the
+	// store saw it. The holder may complete, renew or release before then.
+	RetryAfter time.Duration
+}
+
+func (e *InFlightError) Error() string {
+	return fmt.Sprintf("idem: operation in flight, lease ends in %v", e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrInFlight) true.
+func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }

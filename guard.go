@@ -1,0 +1,271 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Defaults for Config's zero fields.
+const (
+	DefaultLease           = 30 * time.Second
+	DefaultRetention       = 24 * time.Hour
+	DefaultMaxResponseSize = 1 << 20
+)
+
+// Config tunes a Guard. The zero value means the defaults.
+type Config struct {
+	// Lease is how long a holder owns a key before another caller may take
+	// it over; a crashed holder blocks its key for at most this long. While
+	// work runs past a third of it, the lease is renewed in the background
+	// every third. Default 30s; at least 10ms.
+	Lease time.Duration
+
+	// Retention is how long a completed result is kept and replayed.
+	// Default 24h; at least 1ms.
+	Retention time.Duration
+
+	// MaxResponseSize is the largest body stored, in bytes, before
+	// compression. A larger body is not stored: the key is completed with
+	// the status and headers and Response.BodyOmitted set, and the work is
+	// never run again for it. Default 1 MiB; at most MaxEncodedBody.
+	MaxResponseSize int
+}
+
+// Guard runs work at most once per key, replaying the stored result to
+// repeats. It is safe for concurrent use.
+type Guard struct {
+	store Store
+	cfg   Config
+}
+
+// New returns a Guard over store. It validates cfg and fills in defaults.
+func New(store Store, cfg Config) (*Guard, error) {
+	if store == nil {
+		return nil, errors.New("idem: New: nil Store")
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.MaxResponseSize == 0 {
+		cfg.MaxResponseSize = DefaultMaxResponseSize
+	}
+	switch {
+	case cfg.Lease < 10*time.Millisecond:
+		return nil, fmt.Errorf("idem: Config.Lease %v is shorter than 10ms", cfg.Lease)
+	case cfg.Retention < time.Millisecond:
+		return nil, fmt.Errorf("idem: Config.Retention %v is shorter than 1ms", cfg.Retention)
+	case cfg.MaxResponseSize < 0 || cfg.MaxResponseSize > MaxEncodedBody:
+		return nil, fmt.Errorf("idem: Config.MaxResponseSize %d is outside 1..%d", cfg.MaxResponseSize, MaxEncodedBody)
+	}
+	return &Guard{store: store, cfg: cfg}, nil
+}
+
+// Config returns the guard's configuration with defaults filled in.
+func (g *Guard) Config() Config { return g.cfg }
+
+// Store returns the guard's store.
+func (g *Guard) Store() Store { return g.store }
+
+// Result is what Do returns for work that ran or was replayed.
+type Result struct {
+	Response *Response
+	// Replayed reports that the response came from the store and the work
+	// did not run in this call.
+	Replayed bool
+}
+
+// Do runs fn once for key. A repeat with the same fingerprint gets the
+// stored response (Replayed is true); while another caller holds the key
+// Do returns an *InFlightError; a repeat with another fingerprint returns
+// ErrMismatch. When the store fails before fn runs, Do returns a
+// *StoreError and fn is not run.
+//
+// fn's context carries the lease (LeaseFromContext) and is cancelled with
+// cause ErrLeaseLost if the lease is lost. If fn returns an error or
+// panics, the key is released so a later call may run it again, and the
+// error (or panic) is passed on. If fn succeeds but its result cannot be
+// stored (the lease was lost, the store failed), Do returns the response
+// with that error: the work ran, and a later call may run it again.
+func (g *Guard) Do(ctx context.Context, key Key, fp Fingerprint, fn func(context.Context) (*Response, error)) (Result, error) {
+	att, acq, err := g.Begin(ctx, key, fp)
+	if err != nil {
+		return Result{}, err
+	}
+	switch acq.Outcome {
+	case Replay:
+		return Result{Response: acq.Response, Replayed: true}, nil
+	case InFlight:
+		return Result{}, &InFlightError{RetryAfter: acq.RetryAfter}
+	case Mismatch:
+		return Result{}, ErrMismatch
+	}
+	// Finishing must not fail because the caller's context ended meanwhile.
+	finish := context.WithoutCancel(ctx)
+	done := false
+	defer func() {
+		if !done { // fn panicked: free the key, let the panic go on
+			att.Release(finish)
+		}
+	}()
+	resp, err := fn(att.Context())
+	done = true
+	if err != nil {
+		if rerr := att.Release(finish); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return Result{}, err
+	}
+	if resp == nil {
+		resp = &Response{}
+	}
+	return Result{Response: resp}, att.Complete(finish, resp)
+}
+
+// Begin is the lower-level form of Do for callers that need to decide per
+// result whether to store it (the HTTP middleware stores 2xx and releases
+// on 5xx). It acquires key and returns the acquisition. When its Outcome is
+// Acquired, the *Attempt is non-nil and must be finished with Complete or
+// Release; until then its lease is renewed in the background.
+func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, Acquisition, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, Acquisition{}, &StoreError{Op: "acquire", Key: key, Err: err}
+	}
+	sent := time.Now()
+	acq, err := g.store.Acquire(ctx, AcquireRequest{Key: key, Fingerprint: fp, LeaseID: NewLeaseID(), TTL: g.cfg.Lease})
+	if err != nil || acq.Outcome != Acquired {
+		return nil, acq, err
+	}
+	return g.newAttempt(ctx, acq.Lease, sent), acq, nil
+}
+
+// LeaseFromContext returns the lease of the work running with ctx: its Key
+// and its fencing Token.
+func LeaseFromContext(ctx context.Context) (Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(Lease)
+	return l, ok
+}
+
+type leaseKey struct{}
+
+// errFinished is the cancellation cause of an attempt's context after
+// Complete or Release.
+var errFinished = errors.New("idem: attempt finished")
+
+// Attempt is a held key with background lease renewal.
+type Attempt struct {
+	g      *Guard
+	lease  Lease
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu    sync.Mutex
+	timer *time.Timer
+	// validUntil is a local, conservative end of the lease: the moment the
+	// last successful acquire or renew was sent, plus the lease.
+	validUntil time.Time
+	finished   bool
+	lost       bool
+}
+
+func (g *Guard) newAttempt(parent context.Context, l Lease, sent time.Time) *Attempt {
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, leaseKey{}, l))
+	a := &Attempt{g: g, lease: l, ctx: ctx, cancel: cancel, validUntil: sent.Add(l.TTL)}
+	// Short work pays no renewal: the first one fires after a third of the
+	// lease.
+	a.timer = time.AfterFunc(l.TTL/3, a.renew)
+	return a
+}
+
+// Context returns the context the work should run with. It carries the
+// lease and is cancelled, with cause ErrLeaseLost, when the lease is lost,
+// and with another cause once the attempt is finished.
+func (a *Attempt) Context() context.Context { return a.ctx }
+
+// Lease returns the held lease.
+func (a *Attempt) Lease() Lease { return a.lease }
+
+// Complete stores resp and ends the attempt. A body larger than the
+// guard's MaxResponseSize is not stored (see Config). If the lease was lost
+// Complete returns ErrLeaseLost and writes nothing. Use a context that is
+// not cancelled with the request (context.WithoutCancel).
+func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
+	if err := a.finish(); err != nil {
+		return err
+	}
+	if len(resp.Body) > a.g.cfg.MaxResponseSize {
+		omitted := *resp
+		omitted.Body, omitted.BodyOmitted = nil, true
+		resp = &omitted
+	}
+	return a.g.store.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
+}
+
+// Release ends the attempt without a result, so the key can be run again.
+func (a *Attempt) Release(ctx context.Context) error {
+	if err := a.finish(); err != nil {
+		return err
+	}
+	return a.g.store.Release(ctx, a.lease)
+}
+
+// finish stops renewal and cancels the work's context. It fails if the
+// attempt already finished or its lease was lost.
+func (a *Attempt) finish() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finished {
+		return errors.New("idem: attempt already completed or released")
+	}
+	a.finished = true
+	a.timer.Stop()
+	a.cancel(errFinished)
+	if a.lost {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// renew runs on the timer. It holds mu during the store call, so Complete
+// and Release wait for an in-progress renewal instead of racing it.
+func (a *Attempt) renew() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finished || a.lost {
+		return
+	}
+	left := time.Until(a.validUntil)
+	if left <= 0 {
+		a.loseLocked()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), left)
+	sent := time.Now()
+	err := a.g.store.Renew(ctx, a.lease, a.g.cfg.Lease)
+	cancel()
+	switch {
+	case err == nil:
+		a.validUntil = sent.Add(a.g.cfg.Lease)
+		a.timer.Reset(a.g.cfg.Lease / 3)
+	case errors.Is(err, ErrLeaseLost):
+		a.loseLocked()
+	default:
+		// The store is unreachable or slow: try again soon, and give the
+		// lease up once it may have ended.
+		if left = time.Until(a.validUntil); left <= 0 {
+			a.loseLocked()
+			return
+		}
+		a.timer.Reset(min(a.g.cfg.Lease/10, left))
+	}
+}
+
+func (a *Attempt) loseLocked() {
+	a.lost = true
+	a.cancel(ErrLeaseLost)
+}

@@ -1,0 +1,274 @@
+package idem
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Response is the stored result of an operation: for HTTP, the status,
+// headers and body; for a message consumer, whatever the handler chose to
+// keep (often only a status).
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+	// BodyOmitted reports that the body was larger than the guard's
+	// MaxResponseSize and was not stored. The operation is still completed
+	// and is never executed again; replays carry the status and headers
+	// with an empty body.
+	BodyOmitted bool
+}
+
+// Limits of the record encoding.
+const (
+	// CompressMinSize is the smallest body that is compressed (zstd). A
+	// compressed body is kept only when it saves at least an eighth.
+	CompressMinSize = 1 << 10
+	// MaxEncodedBody is the largest body the encoding accepts, before
+	// compression. Decoding refuses to inflate past it.
+	MaxEncodedBody = 64 << 20
+)
+
+// Encoding, version 1. Byte 0 holds flags:
+//
+//	bits 0-1  status form: 0 = 200, 1 = 201, 2 = one byte (status-100),
+//	          3 = uvarint
+//	bit  2    the header set is exactly {Content-Type: application/json}
+//	bit  3    body is zstd-compressed
+//	bit  4    body omitted
+//	bits 5-7  version - 1 (0)
+//
+// Then the status when its form asks for it, then (unless bit 2) a uvarint
+// count of header lines, each a name and a value written as a uvarint table
+// code (1..len(table)) or 0 followed by a uvarint length and the bytes.
+// The body is the rest. The table is append-only: codes never change.
+const (
+	flagStatusMask = 0x03
+	flagJSONOnly   = 1 << 2
+	flagZstd       = 1 << 3
+	flagOmitted    = 1 << 4
+	flagVersion    = 0xE0
+)
+
+var headerTable = [...]string{
+	"Content-Type", "Content-Length", "Content-Encoding", "Content-Language",
+	"Content-Disposition", "Location", "Cache-Control", "Etag", "Last-Modified",
+	"Vary", "Link", "Retry-After", "Expires", "Pragma", "X-Request-Id",
+	"X-Content-Type-Options", "Content-Location",
+	"application/json", "application/json; charset=utf-8",
+	"text/plain; charset=utf-8", "text/html; charset=utf-8",
+	"application/problem+json", "application/xml", "text/xml; charset=utf-8",
+	"application/octet-stream", "text/plain", "no-store", "no-cache",
+	"private", "nosniff", "Accept-Encoding", "Origin", "gzip", "br", "zstd",
+}
+
+var headerCodes = func() map[string]uint64 {
+	m := make(map[string]uint64, len(headerTable))
+	for i, s := range headerTable {
+		m[s] = uint64(i + 1)
+	}
+	return m
+}()
+
+var (
+	zstdEnc = sync.OnceValue(func() *zstd.Encoder {
+		e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+		if err != nil {
+			panic(err) // only for invalid options
+		}
+		return e
+	})
+	zstdDec = sync.OnceValue(func() *zstd.Decoder {
+		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(MaxEncodedBody))
+		if err != nil {
+			panic(err)
+		}
+		return d
+	})
+)
+
+// AppendBinary appends the compact encoding of r to b. Bodies of at least
+// CompressMinSize bytes are compressed when that saves at least an eighth
+// and the response does not already carry a Content-Encoding.
+func (r *Response) AppendBinary(b []byte) ([]byte, error) {
+	if r.Status < 0 || r.Status > 999 {
+		return b, fmt.Errorf("idem: response status %d out of range 0..999", r.Status)
+	}
+	if len(r.Body) > MaxEncodedBody {
+		return b, fmt.Errorf("idem: response body of %d bytes exceeds the %d-byte maximum", len(r.Body), MaxEncodedBody)
+	}
+	flagAt := len(b)
+	b = append(b, 0)
+	var flags byte
+	switch {
+	case r.Status == 200:
+	case r.Status == 201:
+		flags |= 1
+	case r.Status >= 100 && r.Status <= 355:
+		flags |= 2
+		b = append(b, byte(r.Status-100))
+	default:
+		flags |= 3
+		b = binary.AppendUvarint(b, uint64(r.Status))
+	}
+	if isJSONOnly(r.Header) {
+		flags |= flagJSONOnly
+	} else {
+		b = appendHeader(b, r.Header)
+	}
+	switch {
+	case r.BodyOmitted:
+		flags |= flagOmitted
+	case len(r.Body) >= CompressMinSize && r.Header.Get("Content-Encoding") == "":
+		start := len(b)
+		b = zstdEnc().EncodeAll(r.Body, b)
+		if n := len(b) - start; n <= len(r.Body)-len(r.Body)/8 {
+			flags |= flagZstd
+		} else {
+			b = append(b[:start], r.Body...)
+		}
+	default:
+		b = append(b, r.Body...)
+	}
+	b[flagAt] = flags
+	return b, nil
+}
+
+// UnmarshalBinary decodes data written by AppendBinary. It copies what it
+// keeps. Malformed input gives an error wrapping ErrCorrupt.
+func (r *Response) UnmarshalBinary(data []byte) error {
+	*r = Response{}
+	if len(data) == 0 {
+		return corrupt("empty response")
+	}
+	flags, p := data[0], data[1:]
+	if flags&flagVersion != 0 {
+		return corrupt("unknown response encoding version %d", flags>>5+1)
+	}
+	switch flags & flagStatusMask {
+	case 0:
+		r.Status = 200
+	case 1:
+		r.Status = 201
+	case 2:
+		if len(p) < 1 {
+			return corrupt("truncated status")
+		}
+		r.Status, p = int(p[0])+100, p[1:]
+	case 3:
+		v, n := binary.Uvarint(p)
+		if n <= 0 || v > 999 {
+			return corrupt("bad status")
+		}
+		r.Status, p = int(v), p[n:]
+	}
+	if flags&flagJSONOnly != 0 {
+		r.Header = http.Header{"Content-Type": {"application/json"}}
+	} else {
+		var err error
+		if r.Header, p, err = readHeader(p); err != nil {
+			return err
+		}
+	}
+	switch {
+	case flags&flagOmitted != 0:
+		r.BodyOmitted = true
+		if len(p) != 0 {
+			return corrupt("omitted body has %d bytes", len(p))
+		}
+	case flags&flagZstd != 0:
+		body, err := zstdDec().DecodeAll(p, nil)
+		if err != nil {
+			return corrupt("body: %v", err)
+		}
+		r.Body = body
+	case len(p) > 0:
+		r.Body = slices.Clone(p)
+	}
+	return nil
+}
+
+func isJSONOnly(h http.Header) bool {
+	if len(h) != 1 {
+		return false
+	}
+	v, ok := h["Content-Type"]
+	return ok && len(v) == 1 && v[0] == "application/json"
+}
+
+func appendHeader(b []byte, h http.Header) []byte {
+	names := make([]string, 0, len(h))
+	lines := 0
+	for name, vs := range h {
+		names = append(names, name)
+		lines += len(vs)
+	}
+	slices.Sort(names) // deterministic encoding
+	b = binary.AppendUvarint(b, uint64(lines))
+	for _, name := range names {
+		for _, v := range h[name] {
+			b = appendString(b, name)
+			b = appendString(b, v)
+		}
+	}
+	return b
+}
+
+func appendString(b []byte, s string) []byte {
+	if code, ok := headerCodes[s]; ok {
+		return binary.AppendUvarint(b, code)
+	}
+	b = append(b, 0)
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func readHeader(p []byte) (http.Header, []byte, error) {
+	lines, n := binary.Uvarint(p)
+	if n <= 0 || lines > uint64(len(p)) { // every line takes at least two bytes
+		return nil, nil, corrupt("bad header count")
+	}
+	p = p[n:]
+	h := make(http.Header, lines)
+	for range lines {
+		var name, value string
+		var err error
+		if name, p, err = readString(p); err != nil {
+			return nil, nil, err
+		}
+		if value, p, err = readString(p); err != nil {
+			return nil, nil, err
+		}
+		h[name] = append(h[name], value)
+	}
+	return h, p, nil
+}
+
+func readString(p []byte) (string, []byte, error) {
+	code, n := binary.Uvarint(p)
+	if n <= 0 {
+		return "", nil, corrupt("truncated header")
+	}
+	p = p[n:]
+	if code > 0 {
+		if code > uint64(len(headerTable)) {
+			return "", nil, corrupt("unknown header code %d", code)
+		}
+		return headerTable[code-1], p, nil
+	}
+	l, n := binary.Uvarint(p)
+	if n <= 0 || l > uint64(len(p)-n) {
+		return "", nil, corrupt("truncated header string")
+	}
+	p = p[n:]
+	return string(p[:l]), p[l:], nil
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}

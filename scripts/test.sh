@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every test of the module under the race detector.
+#
+# The tests start their own private redis-server processes (a single node
+# and a 3-primary cluster with replicas) on free loopback ports; they never
+# use a server that happens to be running. This script installs
+# redis-server and redis-tools with apt-get when they are missing, so it
+# works on a fresh Debian machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+if ((${#missing[@]})); then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	echo "test.sh: installing ${missing[*]}" >&2
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+go vet ./...
+go test -race -count=1 -timeout 30m "$@" ./...

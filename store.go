@@ -1,0 +1,151 @@
+package idem
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Store keeps one record per Key and moves it through the state machine
+// described in the package documentation. Every method is one atomic step on
+// the store (one Lua script, one SQL statement, one critical section) and,
+// for remote stores, one round trip. Time is the store's clock, never the
+// caller's.
+//
+// Implementations are safe for concurrent use. Renew, Complete and Release
+// succeed only for the current lease; otherwise they return ErrLeaseLost
+// and change nothing. Every method may be called again with the same
+// arguments after a lost reply and then gives the same answer. Backend
+// failures are returned as *StoreError.
+type Store interface {
+	// Acquire takes the key when it is absent, released, or its lease has
+	// expired, and otherwise reports why not. See Outcome.
+	Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error)
+
+	// Renew extends the lease to ttl from now (store clock).
+	Renew(ctx context.Context, l Lease, ttl time.Duration) error
+
+	// Complete stores resp as the key's result, kept for retention, and
+	// ends the lease. Repeating a successful Complete returns nil.
+	Complete(ctx context.Context, l Lease, resp *Response, retention time.Duration) error
+
+	// Release ends the lease without a result: the key becomes absent, and
+	// the next Acquire gets a larger fencing token.
+	Release(ctx context.Context, l Lease) error
+
+	// Get returns the record for key. A missing or expired record is
+	// (Record{}, false, nil): a miss is not an error.
+	Get(ctx context.Context, key Key) (Record, bool, error)
+
+	// Delete removes the record whatever its state (an operator's purge).
+	// It reports whether a record was there.
+	Delete(ctx context.Context, key Key) (bool, error)
+}
+
+// AcquireRequest is the input of Store.Acquire.
+type AcquireRequest struct {
+	Key         Key
+	Fingerprint Fingerprint
+	// LeaseID is chosen by the caller (NewLeaseID). Repeating Acquire with
+	// the same LeaseID while that lease lives returns the same lease.
+	LeaseID LeaseID
+	// TTL is the lease duration. It must be at least one millisecond.
+	TTL time.Duration
+}
+
+// Outcome is the answer of Acquire.
+type Outcome uint8
+
+const (
+	// Acquired: the caller holds the key and must Complete or Release it.
+	Acquired Outcome = iota + 1
+	// Replay: the key completed with the same fingerprint; the stored
+	// response is returned.
+	Replay
+	// InFlight: another holder has a live lease on the key.
+	InFlight
+	// Mismatch: the key is in flight or completed with another fingerprint.
+	Mismatch
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Acquired:
+		return "acquired"
+	case Replay:
+		return "replay"
+	case InFlight:
+		return "in_flight"
+	case Mismatch:
+		return "mismatch"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Acquisition is the result of Store.Acquire.
+type Acquisition struct {
+	Outcome Outcome
+	// Lease is set when Outcome is Acquired.
+	Lease Lease
+	// Response is set when Outcome is Replay.
+	Response *Response
+	// RetryAfter is set when Outcome is InFlight: the time until the
+	// current lease ends on the store's clock.
+	RetryAfter time.Duration
+}
+
+// Lease is a held key. Token is the fencing token: it strictly increases
+// per key across every acquisition, takeover and release, so a system of
+// record that remembers the largest token it has seen can refuse writes from
+// a holder that outlived its lease.
+type Lease struct {
+	Key   Key
+	ID    LeaseID
+	Token uint64
+	// TTL is the lease duration granted at acquisition or the last renewal.
+	TTL time.Duration
+}
+
+// State is the state of a stored record.
+type State uint8
+
+const (
+	// StateInFlight: a holder has a live lease.
+	StateInFlight State = iota + 1
+	// StateCompleted: a response is stored and is replayed until retention
+	// ends.
+	StateCompleted
+	// StateReleased: the last holder released the key without a result.
+	// For Acquire this is the same as absent; the record only keeps the
+	// last fencing token, for a short while.
+	StateReleased
+)
+
+func (s State) String() string {
+	switch s {
+	case StateInFlight:
+		return "in_flight"
+	case StateCompleted:
+		return "completed"
+	case StateReleased:
+		return "released"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Record is a stored record as Store.Get returns it.
+type Record struct {
+	State       State
+	Token       uint64
+	Fingerprint Fingerprint
+	// LeaseID is the holder's lease id when State is StateInFlight.
+	LeaseID LeaseID
+	// TTL is the time until the record expires: the lease for an in-flight
+	// record, the retention for a completed one.
+	TTL time.Duration
+	// Response is the stored response when State is StateCompleted.
+	Response *Response
+	// Size is the stored size of the record's value in bytes, when the
+	// store knows it.
+	Size int
+}
