@@ -178,7 +178,9 @@ func (g *Guard) newAttempt(parent context.Context, l Lease, sent time.Time) *Att
 	a := &Attempt{g: g, lease: l, ctx: ctx, cancel: cancel, validUntil: sent.Add(l.TTL)}
 	// Short work pays no renewal: the first one fires after a third of the
 	// lease.
+	a.mu.Lock() // renew may run before AfterFunc returns
 	a.timer = time.AfterFunc(l.TTL/3, a.renew)
+	a.mu.Unlock()
 	return a
 }
 

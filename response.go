@@ -2,6 +2,7 @@ package idem
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -96,6 +97,9 @@ var (
 // CompressMinSize bytes are compressed when that saves at least an eighth
 // and the response does not already carry a Content-Encoding.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
+	if r == nil {
+		return b, errors.New("idem: nil *Response")
+	}
 	if r.Status < 0 || r.Status > 999 {
 		return b, fmt.Errorf("idem: response status %d out of range 0..999", r.Status)
 	}

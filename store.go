@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -38,7 +40,8 @@ type Store interface {
 	Get(ctx context.Context, key Key) (Record, bool, error)
 
 	// Delete removes the record whatever its state (an operator's purge).
-	// It reports whether a record was there.
+	// It reports whether a record was there. It drops the key's token
+	// history: the next token is again based on the clock alone.
 	Delete(ctx context.Context, key Key) (bool, error)
 }
 
@@ -46,11 +49,24 @@ type Store interface {
 type AcquireRequest struct {
 	Key         Key
 	Fingerprint Fingerprint
-	// LeaseID is chosen by the caller (NewLeaseID). Repeating Acquire with
-	// the same LeaseID while that lease lives returns the same lease.
+	// LeaseID is chosen by the caller with NewLeaseID; the zero LeaseID is
+	// refused. Repeating Acquire with the same LeaseID while that lease
+	// lives returns the same lease (with the time it has left).
 	LeaseID LeaseID
 	// TTL is the lease duration. It must be at least one millisecond.
 	TTL time.Duration
+}
+
+// Validate reports a request no store accepts: a TTL under a millisecond
+// or the zero LeaseID. Stores call it before doing anything.
+func (r AcquireRequest) Validate() error {
+	if r.TTL < time.Millisecond {
+		return fmt.Errorf("idem: lease TTL %v is shorter than 1ms", r.TTL)
+	}
+	if r.LeaseID == (LeaseID{}) {
+		return errors.New("idem: zero LeaseID; use NewLeaseID")
+	}
+	return nil
 }
 
 // Outcome is the answer of Acquire.
@@ -102,7 +118,8 @@ type Lease struct {
 	Key   Key
 	ID    LeaseID
 	Token uint64
-	// TTL is the lease duration granted at acquisition or the last renewal.
+	// TTL is the lease time granted: the full duration for a new lease, the
+	// time left for a repeated Acquire.
 	TTL time.Duration
 }
 

@@ -1,0 +1,25 @@
+package memstore
+
+import (
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Corrupt overwrites key's record with a completed record, kept for an
+// hour, whose stored response cannot be decoded. It keeps the record's
+// token and fingerprint (zero when there was no record), so an Acquire
+// with the original fingerprint meets the bad bytes. It is
+// storetest.Fixture.Corrupt for this store.
+func (s *Store) Corrupt(key idem.Key) error {
+	sh, now := s.lock(key)
+	defer sh.mu.Unlock()
+	r := sh.live(key, now)
+	if r == nil {
+		r = &record{key: key, index: -1}
+	}
+	// 0xFF sets the version bits of the response encoding: no such version.
+	r.state, r.lease, r.resp = idem.StateCompleted, idem.LeaseID{}, []byte{0xFF}
+	sh.setExpiry(r, expiry(now, time.Hour, r.token))
+	return nil
+}

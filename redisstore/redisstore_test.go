@@ -1,0 +1,274 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/storetest"
+)
+
+// One private redis-server and one private 3-primary cluster (with a
+// replica each) for the whole package.
+var (
+	single  *redistest.Server
+	cluster *redistest.Cluster
+)
+
+func TestMain(m *testing.M) {
+	single = redistest.MustStartServer()
+	var err error
+	if cluster, err = redistest.StartCluster(3, 1); err != nil {
+		single.Stop()
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	single.Stop()
+	cluster.Stop()
+	os.Exit(code)
+}
+
+// client is one way of reaching Redis: a client library on a deployment.
+type client struct {
+	name  string
+	store func(t testing.TB, opts redisstore.Options) *redisstore.Store
+	// set writes a raw value, for corrupting records.
+	set func(ctx context.Context, key, value string) error
+}
+
+func goredisClient(t testing.TB, c redis.UniversalClient, name string) client {
+	t.Cleanup(func() { c.Close() })
+	return client{
+		name: "go-redis/" + name,
+		store: func(t testing.TB, opts redisstore.Options) *redisstore.Store {
+			s, err := redisstore.New(c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		set: func(ctx context.Context, key, value string) error { return c.Set(ctx, key, value, 0).Err() },
+	}
+}
+
+func rueidisClient(t testing.TB, addrs []string, name string) client {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return client{
+		name: "rueidis/" + name,
+		store: func(t testing.TB, opts redisstore.Options) *redisstore.Store {
+			s, err := redisstore.NewRueidis(c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		set: func(ctx context.Context, key, value string) error {
+			return c.Do(ctx, c.B().Set().Key(key).Value(value).Build()).Error()
+		},
+	}
+}
+
+func clients(t testing.TB) []client {
+	return []client{
+		goredisClient(t, redis.NewClient(&redis.Options{Addr: single.Addr()}), "single"),
+		rueidisClient(t, []string{single.Addr()}, "single"),
+		goredisClient(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()}), "cluster"),
+		rueidisClient(t, cluster.Addrs(), "cluster"),
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for _, c := range clients(t) {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, func(t *testing.T, prefix string) storetest.Fixture {
+				s := c.store(t, redisstore.Options{Prefix: prefix})
+				return storetest.Fixture{
+					Store: s,
+					Sleep: time.Sleep,
+					Corrupt: func(key idem.Key) error {
+						return c.set(context.Background(), s.KeyName(key), "not a record")
+					},
+				}
+			})
+		})
+	}
+}
+
+func TestPrefixValidation(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: single.Addr()})
+	defer c.Close()
+	for _, p := range []string{"a{b", "x}", "{}"} {
+		if _, err := redisstore.New(c, redisstore.Options{Prefix: p}); err == nil {
+			t.Errorf("New with Prefix %q: got nil error, want one", p)
+		}
+	}
+}
+
+// uniquePrefix returns a key prefix no earlier run in this server used
+// (tests may run with -count > 1).
+func uniquePrefix(name string) string {
+	return name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+}
+
+func scope(i int) idem.Key {
+	k, err := idem.Scope{Tenant: "t", Method: "POST", Route: "/pay"}.Key("key-" + strconv.Itoa(i))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// countHook counts the commands go-redis sends.
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
+}
+
+// countingRueidis counts the commands rueidis sends.
+type countingRueidis struct {
+	rueidis.Client
+	n *atomic.Int64
+}
+
+func (c countingRueidis) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	c.n.Add(1)
+	return c.Client.Do(ctx, cmd)
+}
+
+func (c countingRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	c.n.Add(int64(len(cmds)))
+	return c.Client.DoMulti(ctx, cmds...)
+}
+
+// TestRoundTrips counts the commands each client sends (one command, one
+// round trip): acquire+complete is exactly two, a replay exactly one.
+func TestRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	var sent atomic.Int64
+	gr := redis.NewClient(&redis.Options{Addr: single.Addr()})
+	gr.AddHook(countHook{&sent})
+	defer gr.Close()
+	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{single.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ru.Close()
+	viaGoredis, _ := redisstore.New(gr, redisstore.Options{Prefix: uniquePrefix("rt-go-redis")})
+	viaRueidis, _ := redisstore.NewRueidis(countingRueidis{ru, &sent}, redisstore.Options{Prefix: uniquePrefix("rt-rueidis")})
+	for name, s := range map[string]*redisstore.Store{"go-redis": viaGoredis, "rueidis": viaRueidis} {
+		t.Run(name, func(t *testing.T) {
+			g, err := idem.New(s, idem.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			work := func(context.Context) (*idem.Response, error) { return &idem.Response{Status: 201}, nil }
+			// Warm up: the first call of each script loads it (NOSCRIPT, then EVAL).
+			if _, err := g.Do(ctx, scope(-1), idem.Fingerprint{}, work); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 20 {
+				before := sent.Load()
+				if _, err := g.Do(ctx, scope(i), idem.Fingerprint{}, work); err != nil {
+					t.Fatal(err)
+				}
+				if got := sent.Load() - before; got != 2 {
+					t.Fatalf("first request: got %d commands, want 2", got)
+				}
+				before = sent.Load()
+				res, err := g.Do(ctx, scope(i), idem.Fingerprint{}, work)
+				if err != nil || !res.Replayed {
+					t.Fatalf("repeat: got %+v, %v; want a replay", res, err)
+				}
+				if got := sent.Load() - before; got != 1 {
+					t.Fatalf("replay: got %d commands, want 1", got)
+				}
+			}
+		})
+	}
+}
+
+// TestMemory checks the stored size of completed records on the server.
+func TestMemory(t *testing.T) {
+	ctx := context.Background()
+	c := clients(t)[1]
+	s := c.store(t, redisstore.Options{}) // the default prefix: the size depends on the key's length
+	tenant := uniquePrefix("mem")         // unique keys under it, run after run
+	key := func(name string) idem.Key {
+		k, err := idem.Scope{Tenant: tenant}.Key(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	complete := func(k idem.Key, body []byte) int {
+		t.Helper()
+		acq, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, LeaseID: idem.NewLeaseID(), TTL: time.Second})
+		if err != nil || acq.Outcome != idem.Acquired {
+			t.Fatalf("acquire: %v %v", acq.Outcome, err)
+		}
+		resp := &idem.Response{Status: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+		if err := s.Complete(ctx, acq.Lease, resp, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		out, err := single.Do("MEMORY", "USAGE", s.KeyName(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(out)
+		if err != nil {
+			t.Fatalf("MEMORY USAGE: %q", out)
+		}
+		return n
+	}
+	small := jsonBody(100)
+	if got := complete(key("small"), small); got > 200 {
+		t.Errorf("MEMORY USAGE of a completed record with a 100-byte JSON body: got %d bytes, want <= 200", got)
+	} else {
+		t.Logf("MEMORY USAGE, 100-byte JSON body: %d bytes", got)
+	}
+	big := jsonBody(4096)
+	if got := complete(key("big"), big); got >= len(big) {
+		t.Errorf("MEMORY USAGE of a completed record with a 4 KiB JSON body: got %d bytes, want less than the body (compressed)", got)
+	} else {
+		t.Logf("MEMORY USAGE, 4 KiB JSON body: %d bytes", got)
+	}
+}
+
+// jsonBody returns a JSON document of exactly n bytes (n >= 32) that looks
+// like an API response: a list of charges, padded with a note.
+func jsonBody(n int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"items":[`)
+	for i := 0; ; i++ {
+		item := fmt.Sprintf(`{"id":"ch_%06d","amount":%d,"currency":"eur"},`, i, 100+i*7)
+		if b.Len()+len(item)+len(`],"note":""}`) > n {
+			break
+		}
+		b.WriteString(item)
+	}
+	s := strings.TrimSuffix(b.String(), ",") + `],"note":"`
+	return []byte(s + strings.Repeat("x", n-len(s)-2) + `"}`)
+}

@@ -1,0 +1,27 @@
+-- release: end a live lease without a result. One atomic step.
+--
+-- KEYS[1]  the record key
+-- ARGV[1]  lease id (16 bytes)
+-- ARGV[2]  the lease's token (6 bytes, as in the record)
+-- ARGV[3]  how long to keep the released record, in ms (> 0)
+--
+-- The record becomes 'R' token: absent to acquire, which then issues a
+-- larger token. Reply {1} released (also when this lease already released
+-- it), {0} lease lost: nothing changed.
+local key = KEYS[1]
+local rec = redis.call('GET', key)
+if not rec then
+  return {0}
+end
+local kind = string.byte(rec, 1)
+if kind == 70 and #rec == 39 and string.sub(rec, 24) == ARGV[1] then -- 'F', ours
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', key, 'R' .. string.sub(rec, 2, 7),
+    'PXAT', math.max(now + tonumber(ARGV[3]), struct.unpack('>I6', rec, 2) + 1))
+  return {1}
+end
+if kind == 82 and #rec == 7 and string.sub(rec, 2, 7) == ARGV[2] then -- 'R', ours
+  return {1}
+end
+return {0}

@@ -1,0 +1,250 @@
+package redisstore
+
+import (
+	"context"
+	"embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+
+	"github.com/idemkit/idem"
+)
+
+//go:embed scripts/*.lua
+var scriptFS embed.FS
+
+var scriptSources = func() (src [nScripts]string) {
+	for i, name := range scriptFiles {
+		b, err := scriptFS.ReadFile("scripts/" + name)
+		if err != nil {
+			panic(err) // embedded at build time
+		}
+		src[i] = string(b)
+	}
+	return src
+}()
+
+// DefaultPrefix starts every key name unless Options.Prefix says otherwise.
+const DefaultPrefix = "idem:"
+
+// Options tunes a Store. The zero value means the defaults.
+type Options struct {
+	// Prefix starts every key name: a record lives at
+	// Prefix + "{" + key + "}". Default "idem:". It must not contain '{'
+	// or '}', so that the record's digest is its Redis Cluster hash tag.
+	Prefix string
+}
+
+// Store is an idem.Store on Redis: one string key per record, every
+// transition one Lua script and one round trip, time from Redis TIME. It
+// runs on a single node, with Sentinel, and on Redis Cluster.
+type Store struct {
+	r      runner
+	prefix string
+	owned  bool // Close closes the client
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns a Store over a go-redis client: *redis.Client, a Sentinel
+// failover client, or *redis.ClusterClient. The client stays the caller's.
+func New(c redis.UniversalClient, opts Options) (*Store, error) {
+	if c == nil {
+		return nil, errors.New("redisstore: New: nil client")
+	}
+	return newStore(newGoredisRunner(c), opts, false)
+}
+
+// NewRueidis returns a Store over a rueidis client (single node, Sentinel
+// or Cluster; rueidis pipelines concurrent calls automatically). The
+// client stays the caller's.
+func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
+	if c == nil {
+		return nil, errors.New("redisstore: NewRueidis: nil client")
+	}
+	return newStore(newRueidisRunner(c), opts, false)
+}
+
+// Open connects to Redis at url and returns a Store that owns the
+// client; Close closes it. It uses rueidis, the faster of the two clients
+// for idem's scripts (BENCHMARKS.md).
+//
+// Accepted forms:
+//
+//	redis://[user:pass@]host:port[/db]             single node
+//	rediss://...                                   the same over TLS
+//	redis://host:port?addr=host2:port2&addr=...    Redis Cluster (found by asking the nodes)
+//	redis://host:port?master_set=NAME&addr=...     Sentinel: the addresses are sentinels
+func Open(url string, opts Options) (*Store, error) {
+	o, err := rueidis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: Open: %w", err)
+	}
+	o.DisableCache = true // idem never reads through client-side caching
+	c, err := rueidis.NewClient(o)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: Open: %w", err)
+	}
+	s, err := newStore(newRueidisRunner(c), opts, true)
+	if err != nil {
+		c.Close()
+	}
+	return s, err
+}
+
+func newStore(r runner, opts Options, owned bool) (*Store, error) {
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: Options.Prefix %q contains '{' or '}'", opts.Prefix)
+	}
+	return &Store{r: r, prefix: opts.Prefix, owned: owned}, nil
+}
+
+// Close closes the client if Open created it; otherwise the client is the
+// caller's and Close does nothing.
+func (s *Store) Close() error {
+	if s.owned {
+		s.r.close()
+	}
+	return nil
+}
+
+// KeyName returns the Redis key that holds k's record.
+func (s *Store) KeyName(k idem.Key) string {
+	return s.prefix + "{" + k.String() + "}"
+}
+
+// Acquire implements idem.Store.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := req.Validate(); err != nil {
+		return idem.Acquisition{}, err
+	}
+	r, err := s.run(ctx, "acquire", req.Key, scriptAcquire,
+		string(req.LeaseID[:]), string(req.Fingerprint[:]), strconv.FormatInt(req.TTL.Milliseconds(), 10))
+	if err != nil {
+		return idem.Acquisition{}, err
+	}
+	token, left := uint64(r.n[1]), msDuration(r.n[2])
+	switch r.n[0] {
+	case 1:
+		return idem.Acquisition{Outcome: idem.Acquired, Lease: idem.Lease{Key: req.Key, ID: req.LeaseID, Token: token, TTL: left}}, nil
+	case 2:
+		rec, err := decodeRecord(r.blob)
+		if err != nil {
+			return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: err}
+		}
+		return idem.Acquisition{Outcome: idem.Replay, Response: rec.Response}, nil
+	case 3:
+		return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: left}, nil
+	case 4:
+		return idem.Acquisition{Outcome: idem.Mismatch}, nil
+	}
+	return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: fmt.Errorf("%w: the value at %s is not a record", idem.ErrCorrupt, s.KeyName(req.Key))}
+}
+
+// Renew implements idem.Store.
+func (s *Store) Renew(ctx context.Context, l idem.Lease, ttl time.Duration) error {
+	ms, err := millis("lease TTL", ttl)
+	if err != nil {
+		return err
+	}
+	r, err := s.run(ctx, "renew", l.Key, scriptRenew, string(l.ID[:]), strconv.FormatInt(ms, 10))
+	return leaseResult(r, err)
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response, retention time.Duration) error {
+	ms, err := millis("retention", retention)
+	if err != nil {
+		return err
+	}
+	blob, err := resp.AppendBinary(nil)
+	if err != nil {
+		return &idem.StoreError{Op: "complete", Key: l.Key, Err: err}
+	}
+	r, err := s.run(ctx, "complete", l.Key, scriptComplete,
+		string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10), string(blob))
+	return leaseResult(r, err)
+}
+
+// Release implements idem.Store. The released record is kept for the
+// lease's TTL so that the next token is larger.
+func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	ms := max(l.TTL.Milliseconds(), 1)
+	r, err := s.run(ctx, "release", l.Key, scriptRelease, string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10))
+	return leaseResult(r, err)
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key idem.Key) (idem.Record, bool, error) {
+	r, err := s.run(ctx, "get", key, scriptGet)
+	if err != nil || r.n[0] == 0 {
+		return idem.Record{}, false, err
+	}
+	rec, err := decodeRecord(r.blob)
+	if err != nil {
+		return idem.Record{}, false, &idem.StoreError{Op: "get", Key: key, Err: err}
+	}
+	rec.TTL = msDuration(r.n[1])
+	return rec, true, nil
+}
+
+// Delete implements idem.Store.
+func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, &idem.StoreError{Op: "delete", Key: key, Err: err}
+	}
+	n, err := s.r.del(ctx, s.KeyName(key))
+	if err != nil {
+		return false, &idem.StoreError{Op: "delete", Key: key, Err: err}
+	}
+	return n > 0, nil
+}
+
+func (s *Store) run(ctx context.Context, op string, key idem.Key, script int, args ...string) (reply, error) {
+	if err := ctx.Err(); err != nil { // send nothing for a cancelled call
+		return reply{}, &idem.StoreError{Op: op, Key: key, Err: err}
+	}
+	r, err := s.r.run(ctx, script, s.KeyName(key), args...)
+	if err != nil {
+		return reply{}, &idem.StoreError{Op: op, Key: key, Err: err}
+	}
+	return r, nil
+}
+
+// leaseResult maps the {1}/{0} reply of renew, complete and release.
+func leaseResult(r reply, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case r.n[0] == 1:
+		return nil
+	}
+	return idem.ErrLeaseLost
+}
+
+func millis(what string, d time.Duration) (int64, error) {
+	if d < time.Millisecond {
+		return 0, fmt.Errorf("redisstore: %s %v is shorter than 1ms", what, d)
+	}
+	return d.Milliseconds(), nil
+}
+
+func msDuration(ms int64) time.Duration {
+	return time.Duration(max(ms, 0)) * time.Millisecond
+}
+
+// packToken writes a token the way the scripts store it: 6 bytes, big-endian.
+func packToken(t uint64) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], t)
+	return string(b[2:])
+}
