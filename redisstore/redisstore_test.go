@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -271,4 +272,88 @@ func jsonBody(n int) []byte {
 	}
 	s := strings.TrimSuffix(b.String(), ",") + `],"note":"`
 	return []byte(s + strings.Repeat("x", n-len(s)-2) + `"}`)
+}
+
+// TestServerDown: with Redis gone, Do fails with a *StoreError and never
+// runs the work; once Redis is back, the same store works again by itself.
+func TestServerDown(t *testing.T) {
+	srv, err := redistest.StartServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	ctx := context.Background()
+	gr := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: 200 * time.Millisecond})
+	defer gr.Close()
+	viaGoredis, _ := redisstore.New(gr, redisstore.Options{})
+	viaRueidis := rueidisClient(t, []string{srv.Addr()}, "down").store(t, redisstore.Options{})
+	stores := map[string]*redisstore.Store{"go-redis": viaGoredis, "rueidis": viaRueidis}
+
+	ran := 0
+	work := func(context.Context) (*idem.Response, error) { ran++; return &idem.Response{Status: 200}, nil }
+	srv.Kill()
+	for name, s := range stores {
+		g, _ := idem.New(s, idem.Config{})
+		callCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := g.Do(callCtx, scope(1), idem.Fingerprint{}, work)
+		cancel()
+		var se *idem.StoreError
+		if !errors.As(err, &se) || se.Op != "acquire" {
+			t.Errorf("%s, server down: got %v, want a *StoreError from acquire", name, err)
+		}
+	}
+	if ran != 0 {
+		t.Fatalf("work ran %d times while the store was down, want 0", ran)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range stores {
+		g, _ := idem.New(s, idem.Config{})
+		var err error
+		for range 50 { // the clients reconnect on their own
+			if _, err = g.Do(ctx, scope(len(name)), idem.Fingerprint{}, work); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("%s, server back: got %v, want success", name, err)
+		}
+	}
+	if ran != 2 {
+		t.Fatalf("after the restart the work ran %d times, want 2", ran)
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := context.Background()
+	urls := map[string]string{
+		"single":  "redis://" + single.Addr(),
+		"cluster": "redis://" + cluster.Addrs()[0] + "?addr=" + cluster.Addrs()[1],
+	}
+	for name, url := range urls {
+		s, err := redisstore.Open(url, redisstore.Options{Prefix: uniquePrefix("open")})
+		if err != nil {
+			t.Fatalf("Open(%s): %v", name, err)
+		}
+		g, _ := idem.New(s, idem.Config{})
+		for i, want := range []bool{false, true} {
+			res, err := g.Do(ctx, scope(7), idem.Fingerprint{}, func(context.Context) (*idem.Response, error) {
+				return &idem.Response{Status: 200}, nil
+			})
+			if err != nil || res.Replayed != want {
+				t.Errorf("%s, call %d: got %+v, %v; want Replayed %t", name, i, res, err, want)
+			}
+		}
+		s.Close()
+	}
+	for _, bad := range []string{"http://" + single.Addr(), "redis://" + single.Addr() + "/notadb", "://"} {
+		if _, err := redisstore.Open(bad, redisstore.Options{}); err == nil {
+			t.Errorf("Open(%q): got nil error, want one", bad)
+		}
+	}
+	if _, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: "a{b}"}); err == nil {
+		t.Error("Open with a bad prefix: got nil error, want one")
+	}
 }

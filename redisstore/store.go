@@ -30,6 +30,9 @@ var scriptSources = func() (src [nScripts]string) {
 	return src
 }()
 
+// openFlushDelay is the rueidis MaxFlushDelay that Open sets.
+const openFlushDelay = 20 * time.Microsecond
+
 // DefaultPrefix starts every key name unless Options.Prefix says otherwise.
 const DefaultPrefix = "idem:"
 
@@ -73,7 +76,10 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 
 // Open connects to Redis at url and returns a Store that owns the
 // client; Close closes it. It uses rueidis, the faster of the two clients
-// for idem's scripts (BENCHMARKS.md).
+// for idem's scripts, with a flush delay of 20µs so that concurrent calls
+// share write system calls: on the benchmark machine that raised
+// acquire+complete throughput by about a quarter and lowered p99
+// (BENCHMARKS.md); an idle caller waits at most those 20µs more.
 //
 // Accepted forms:
 //
@@ -87,6 +93,7 @@ func Open(url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)
 	}
 	o.DisableCache = true // idem never reads through client-side caching
+	o.MaxFlushDelay = openFlushDelay
 	c, err := rueidis.NewClient(o)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)

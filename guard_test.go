@@ -1,0 +1,154 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/memstore"
+)
+
+func TestNewValidates(t *testing.T) {
+	s := memstore.New(memstore.Options{})
+	if _, err := idem.New(nil, idem.Config{}); err == nil {
+		t.Error("nil store: got nil error, want one")
+	}
+	for _, cfg := range []idem.Config{
+		{Lease: 5 * time.Millisecond},
+		{Lease: -time.Second},
+		{Retention: -time.Hour},
+		{MaxResponseSize: -1},
+		{MaxResponseSize: idem.MaxEncodedBody + 1},
+	} {
+		if _, err := idem.New(s, cfg); err == nil {
+			t.Errorf("New(%+v): got nil error, want one", cfg)
+		}
+	}
+	g, err := idem.New(s, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := idem.Config{Lease: idem.DefaultLease, Retention: idem.DefaultRetention, MaxResponseSize: idem.DefaultMaxResponseSize}
+	if got := g.Config(); got != want {
+		t.Errorf("defaults: got %+v, want %+v", got, want)
+	}
+}
+
+func TestDoOmitsLargeBodyWithoutRerunning(t *testing.T) {
+	g, err := idem.New(memstore.New(memstore.Options{}), idem.Config{MaxResponseSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := idem.Scope{}.Key("big")
+	var runs atomic.Int32
+	work := func(context.Context) (*idem.Response, error) {
+		runs.Add(1)
+		return &idem.Response{Status: 200, Body: bytes.Repeat([]byte("x"), 11)}, nil
+	}
+	first, err := g.Do(context.Background(), key, idem.Fingerprint{}, work)
+	if err != nil || len(first.Response.Body) != 11 {
+		t.Fatalf("first Do: got %+v, %v; want the full 11-byte body", first, err)
+	}
+	again, err := g.Do(context.Background(), key, idem.Fingerprint{}, work)
+	if err != nil || !again.Replayed || !again.Response.BodyOmitted || len(again.Response.Body) != 0 || again.Response.Status != 200 {
+		t.Fatalf("repeat: got %+v (%+v), %v; want a replay of status 200 with BodyOmitted", again, again.Response, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("work ran %d times, want 1", n)
+	}
+}
+
+func TestDoCancelledContext(t *testing.T) {
+	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	key, _ := idem.Scope{}.Key("k")
+	_, err := g.Do(ctx, key, idem.Fingerprint{}, func(context.Context) (*idem.Response, error) {
+		t.Error("work ran with a cancelled context")
+		return nil, nil
+	})
+	var se *idem.StoreError
+	if !errors.As(err, &se) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want a *StoreError wrapping context.Canceled", err)
+	}
+}
+
+func TestDoMismatchAndInFlight(t *testing.T) {
+	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	a, b := idem.Fingerprint{1}, idem.Fingerprint{2}
+	_, err := g.Do(ctx, key, a, func(ctx context.Context) (*idem.Response, error) {
+		_, err := g.Do(ctx, key, a, func(context.Context) (*idem.Response, error) { return nil, nil })
+		var inFlight *idem.InFlightError
+		if !errors.As(err, &inFlight) || !errors.Is(err, idem.ErrInFlight) || inFlight.RetryAfter <= 0 {
+			t.Errorf("Do while in flight: got %v, want an *InFlightError with RetryAfter > 0", err)
+		}
+		return &idem.Response{Status: 200}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Do(ctx, key, b, func(context.Context) (*idem.Response, error) { return nil, nil }); !errors.Is(err, idem.ErrMismatch) {
+		t.Fatalf("Do with another fingerprint: got %v, want ErrMismatch", err)
+	}
+}
+
+func TestAttemptFinishOnce(t *testing.T) {
+	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	att, acq, err := g.Begin(ctx, key, idem.Fingerprint{})
+	if err != nil || acq.Outcome != idem.Acquired || att == nil {
+		t.Fatalf("Begin: got %v, %v, %v", att, acq.Outcome, err)
+	}
+	if err := att.Complete(ctx, &idem.Response{Status: 204}); err != nil {
+		t.Fatal(err)
+	}
+	if context.Cause(att.Context()) == nil {
+		t.Error("work context still live after Complete")
+	}
+	if err := att.Release(ctx); err == nil {
+		t.Error("Release after Complete: got nil error, want one")
+	}
+}
+
+// BenchmarkGuardDo measures Guard.Do on memstore: first executions on
+// unique keys, and replays.
+func BenchmarkGuardDo(b *testing.B) {
+	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{Retention: time.Minute})
+	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}
+	work := func(context.Context) (*idem.Response, error) { return resp, nil }
+	ctx := context.Background()
+	b.Run("execute", func(b *testing.B) {
+		b.ReportAllocs()
+		var n atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				key, _ := idem.Scope{Tenant: "bench"}.Key(strconv.FormatInt(n.Add(1), 10))
+				if _, err := g.Do(ctx, key, idem.Fingerprint{}, work); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("replay", func(b *testing.B) {
+		key, _ := idem.Scope{Tenant: "bench"}.Key("replayed")
+		g.Do(ctx, key, idem.Fingerprint{}, work)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if res, err := g.Do(ctx, key, idem.Fingerprint{}, work); err != nil || !res.Replayed {
+					b.Errorf("got %v, %v; want a replay", res, err)
+					return
+				}
+			}
+		})
+	})
+}

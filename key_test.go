@@ -1,0 +1,119 @@
+package idem_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem"
+)
+
+func TestValidateKey(t *testing.T) {
+	good := []string{"a", "550e8400-e29b-41d4-a716-446655440000", strings.Repeat("k", idem.MaxKeyLen), "with space", "{x}", `"quoted"`}
+	for _, k := range good {
+		if err := idem.ValidateKey(k); err != nil {
+			t.Errorf("ValidateKey(%q): got %v, want nil", k, err)
+		}
+	}
+	bad := []string{"", strings.Repeat("k", idem.MaxKeyLen+1), "caf\u00e9", "tab\there", "nul\x00", "del\x7f", "line\nbreak"}
+	for _, k := range bad {
+		err := idem.ValidateKey(k)
+		if !errors.Is(err, idem.ErrInvalidKey) {
+			t.Errorf("ValidateKey(%q): got %v, want ErrInvalidKey", k, err)
+		}
+		if _, err := (idem.Scope{}).Key(k); !errors.Is(err, idem.ErrInvalidKey) {
+			t.Errorf("Scope.Key(%q): got %v, want ErrInvalidKey", k, err)
+		}
+	}
+}
+
+func TestScopeKeyDistinct(t *testing.T) {
+	// Tuples whose plain concatenations collide must still differ.
+	scopes := []struct {
+		s   idem.Scope
+		key string
+	}{
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x"}, "k"},
+		{idem.Scope{Tenant: "a", Method: "bPOST", Route: "/x"}, "k"},
+		{idem.Scope{Tenant: "a", Method: "b", Route: "POST/x"}, "k"},
+		{idem.Scope{Tenant: "", Method: "POST", Route: "/x"}, "k"},
+		{idem.Scope{Tenant: "B", Method: "POST", Route: "/x"}, "k"},
+		{idem.Scope{Tenant: "ab", Method: "PATCH", Route: "/x"}, "k"},
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x"}, "K"},
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/xk"}, "k"[:1]},
+	}
+	seen := map[idem.Key]int{}
+	for i, sc := range scopes {
+		k, err := sc.s.Key(sc.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, dup := seen[k]; dup {
+			t.Errorf("scopes %d and %d give the same key %s", j, i, k)
+		}
+		seen[k] = i
+		again, _ := sc.s.Key(sc.key)
+		if again != k {
+			t.Errorf("scope %d: key not deterministic", i)
+		}
+	}
+}
+
+func TestKeyString(t *testing.T) {
+	k, _ := idem.Scope{Tenant: "t"}.Key("abc")
+	s := k.String()
+	if len(s) != 22 || strings.ContainsAny(s, "{}+/=") {
+		t.Fatalf("Key.String: got %q, want 22 base64url characters", s)
+	}
+	back, err := idem.ParseKey(s)
+	if err != nil || back != k {
+		t.Fatalf("ParseKey(%q): got %v, %v; want %v", s, back, err, k)
+	}
+	for _, bad := range []string{"", "short", s + "x", strings.Repeat("*", 22)} {
+		if _, err := idem.ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q): got nil error, want one", bad)
+		}
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	fp := func(fields ...string) idem.Fingerprint {
+		h := idem.NewFingerprintHasher()
+		for _, f := range fields {
+			h.String(f)
+		}
+		return h.Sum()
+	}
+	if fp("ab", "c") == fp("a", "bc") {
+		t.Error("fields are not delimited: (ab, c) and (a, bc) collide")
+	}
+	if fp("x") != fp("x") {
+		t.Error("fingerprint not deterministic")
+	}
+	h := idem.NewFingerprintHasher()
+	h.Bytes([]byte("x"))
+	if h.Sum() != fp("x") {
+		t.Error("Bytes and String disagree on the same field")
+	}
+}
+
+// FuzzScopeKey: no panic; no raw client bytes in the key's string form;
+// distinct client keys in one scope give distinct keys.
+func FuzzScopeKey(f *testing.F) {
+	f.Add("tenant", "POST", "/charges", "key-1", "key-2")
+	f.Add("", "", "", "{slot}", "{slot}x")
+	f.Fuzz(func(t *testing.T, tenant, method, route, a, b string) {
+		s := idem.Scope{Tenant: tenant, Method: method, Route: route}
+		ka, errA := s.Key(a)
+		kb, errB := s.Key(b)
+		if errA != nil || errB != nil {
+			return
+		}
+		if a != b && ka == kb {
+			t.Fatalf("keys %q and %q collide", a, b)
+		}
+		if str := ka.String(); len(a) > 3 && strings.Contains(str, a) {
+			t.Fatalf("key %q leaks into %q", a, str)
+		}
+	})
+}
