@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,17 @@ var scriptSources = func() (src [nScripts]string) {
 // openFlushDelay is the rueidis MaxFlushDelay that Open sets.
 const openFlushDelay = 20 * time.Microsecond
 
+// openRetryDelay lets the client Open creates resend a script (safe: the
+// scripts tolerate it) at most three times, 10ms, 20ms and 40ms apart with
+// jitter, instead of rueidis's default of retrying until the context ends.
+func openRetryDelay(attempts int, _ rueidis.Completed, _ error) time.Duration {
+	if attempts >= 3 {
+		return -1
+	}
+	d := 10 * time.Millisecond << attempts
+	return d/2 + rand.N(d/2)
+}
+
 // DefaultPrefix starts every key name unless Options.Prefix says otherwise.
 const DefaultPrefix = "idem:"
 
@@ -42,15 +54,26 @@ type Options struct {
 	// Prefix + "{" + key + "}". Default "idem:". It must not contain '{'
 	// or '}', so that the record's digest is its Redis Cluster hash tag.
 	Prefix string
+
+	// Timeout bounds each store call whose context has no earlier
+	// deadline, so that a down or unreachable Redis fails the call (and
+	// the request gets 503) instead of hanging: rueidis, for one, retries
+	// a retryable script until its context ends. Default DefaultTimeout;
+	// negative means no bound besides the caller's context.
+	Timeout time.Duration
 }
+
+// DefaultTimeout is Options.Timeout's default.
+const DefaultTimeout = 3 * time.Second
 
 // Store is an idem.Store on Redis: one string key per record, every
 // transition one Lua script and one round trip, time from Redis TIME. It
 // runs on a single node, with Sentinel, and on Redis Cluster.
 type Store struct {
-	r      runner
-	prefix string
-	owned  bool // Close closes the client
+	r       runner
+	prefix  string
+	timeout time.Duration // 0: none
+	owned   bool          // Close closes the client
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -94,6 +117,10 @@ func Open(url string, opts Options) (*Store, error) {
 	}
 	o.DisableCache = true // idem never reads through client-side caching
 	o.MaxFlushDelay = openFlushDelay
+	o.RetryDelay = openRetryDelay
+	if o.ConnWriteTimeout == 0 {
+		o.ConnWriteTimeout = DefaultTimeout // notice a silent server
+	}
 	c, err := rueidis.NewClient(o)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)
@@ -112,7 +139,13 @@ func newStore(r runner, opts Options, owned bool) (*Store, error) {
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: Options.Prefix %q contains '{' or '}'", opts.Prefix)
 	}
-	return &Store{r: r, prefix: opts.Prefix, owned: owned}, nil
+	switch {
+	case opts.Timeout == 0:
+		opts.Timeout = DefaultTimeout
+	case opts.Timeout < 0:
+		opts.Timeout = 0
+	}
+	return &Store{r: r, prefix: opts.Prefix, timeout: opts.Timeout, owned: owned}, nil
 }
 
 // Close closes the client if Open created it; otherwise the client is the
@@ -209,6 +242,8 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, &idem.StoreError{Op: "delete", Key: key, Err: err}
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	n, err := s.r.del(ctx, s.KeyName(key))
 	if err != nil {
 		return false, &idem.StoreError{Op: "delete", Key: key, Err: err}
@@ -220,11 +255,24 @@ func (s *Store) run(ctx context.Context, op string, key idem.Key, script int, ar
 	if err := ctx.Err(); err != nil { // send nothing for a cancelled call
 		return reply{}, &idem.StoreError{Op: op, Key: key, Err: err}
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	r, err := s.r.run(ctx, script, s.KeyName(key), args...)
 	if err != nil {
 		return reply{}, &idem.StoreError{Op: op, Key: key, Err: err}
 	}
 	return r, nil
+}
+
+// bound applies Options.Timeout unless ctx ends sooner.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout == 0 {
+		return ctx, func() {}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
 }
 
 // leaseResult maps the {1}/{0} reply of renew, complete and release.
