@@ -104,8 +104,12 @@ func (g *Guard) Do(ctx context.Context, key Key, fp Fingerprint, fn func(context
 		return Result{}, &InFlightError{RetryAfter: acq.RetryAfter}
 	case Mismatch:
 		return Result{}, ErrMismatch
+	case Acquired:
+	default:
+		return Result{}, &StoreError{Op: "acquire", Key: key, Err: fmt.Errorf("unknown outcome %v", acq.Outcome)}
 	}
-	// Finishing must not fail because the caller's context ended meanwhile.
+	// Finishing must not fail because the caller's context ended meanwhile
+	// (nor be cut short by its deadline); the store's own timeouts bound it.
 	finish := context.WithoutCancel(ctx)
 	done := false
 	defer func() {
@@ -137,11 +141,30 @@ func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, A
 		return nil, Acquisition{}, &StoreError{Op: "acquire", Key: key, Err: err}
 	}
 	sent := time.Now()
-	acq, err := g.store.Acquire(ctx, AcquireRequest{Key: key, Fingerprint: fp, LeaseID: NewLeaseID(), TTL: g.cfg.Lease})
-	if err != nil || acq.Outcome != Acquired {
+	req := AcquireRequest{Key: key, Fingerprint: fp, LeaseID: NewLeaseID(), TTL: g.cfg.Lease}
+	acq, err := g.store.Acquire(ctx, req)
+	if err != nil {
+		// The acquire may have been applied with its reply lost: release
+		// the lease nobody will hold, in the background, rather than leave
+		// the key blocked for a whole lease.
+		go g.forget(Lease{Key: key, ID: req.LeaseID, TTL: req.TTL})
 		return nil, acq, err
 	}
+	if acq.Outcome != Acquired {
+		return nil, acq, nil
+	}
 	return g.newAttempt(ctx, acq.Lease, sent), acq, nil
+}
+
+// forgetTimeout bounds a background release.
+const forgetTimeout = 5 * time.Second
+
+// forget releases l, best effort: ErrLeaseLost (it was never acquired, or
+// already finished) and store errors are ignored.
+func (g *Guard) forget(l Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), forgetTimeout)
+	defer cancel()
+	g.store.Release(ctx, l)
 }
 
 // LeaseFromContext returns the lease of the work running with ctx: its Key
@@ -169,8 +192,10 @@ type Attempt struct {
 	// validUntil is a local, conservative end of the lease: the moment the
 	// last successful acquire or renew was sent, plus the lease.
 	validUntil time.Time
-	finished   bool
-	lost       bool
+	// stopRenew cancels the renewal in progress, if any.
+	stopRenew context.CancelFunc
+	finished  bool
+	lost      bool
 }
 
 func (g *Guard) newAttempt(parent context.Context, l Lease, sent time.Time) *Attempt {
@@ -193,19 +218,36 @@ func (a *Attempt) Context() context.Context { return a.ctx }
 func (a *Attempt) Lease() Lease { return a.lease }
 
 // Complete stores resp and ends the attempt. A body larger than the
-// guard's MaxResponseSize is not stored (see Config). If the lease was lost
-// Complete returns ErrLeaseLost and writes nothing. Use a context that is
-// not cancelled with the request (context.WithoutCancel).
+// guard's MaxResponseSize is not stored (see Config). If the lease was lost,
+// Complete returns ErrLeaseLost and writes nothing. If the store fails,
+// Complete releases the key (best effort) so that a retry need not wait
+// for the lease to end, and returns the store's error. A nil or
+// unencodable resp is an error that leaves the attempt open. Use a context
+// that is not cancelled with the request (context.WithoutCancel).
 func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
+	if err := resp.validate(); err != nil {
+		return err
+	}
 	if err := a.finish(); err != nil {
 		return err
 	}
-	if len(resp.Body) > a.g.cfg.MaxResponseSize {
-		omitted := *resp
-		omitted.Body, omitted.BodyOmitted = nil, true
-		resp = &omitted
+	if resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize {
+		resp = omitBody(resp)
 	}
-	return a.g.store.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
+	err := a.g.store.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		a.g.forget(a.lease)
+	}
+	return err
+}
+
+// omitBody returns resp without its body, and without the headers that
+// describe the body.
+func omitBody(resp *Response) *Response {
+	omitted := &Response{Status: resp.Status, Header: resp.Header.Clone(), BodyOmitted: true}
+	omitted.Header.Del("Content-Length")
+	omitted.Header.Del("Content-Encoding")
+	return omitted
 }
 
 // Release ends the attempt without a result, so the key can be run again.
@@ -216,8 +258,8 @@ func (a *Attempt) Release(ctx context.Context) error {
 	return a.g.store.Release(ctx, a.lease)
 }
 
-// finish stops renewal and cancels the work's context. It fails if the
-// attempt already finished or its lease was lost.
+// finish stops renewal, cancelling one in progress, and cancels the work's
+// context. It fails if the attempt already finished or its lease was lost.
 func (a *Attempt) finish() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -226,6 +268,9 @@ func (a *Attempt) finish() error {
 	}
 	a.finished = true
 	a.timer.Stop()
+	if a.stopRenew != nil {
+		a.stopRenew()
+	}
 	a.cancel(errFinished)
 	if a.lost {
 		return ErrLeaseLost
@@ -233,23 +278,34 @@ func (a *Attempt) finish() error {
 	return nil
 }
 
-// renew runs on the timer. It holds mu during the store call, so Complete
-// and Release wait for an in-progress renewal instead of racing it.
+// renew runs on the timer. The store call runs without the lock, so
+// Complete and Release never wait for it: they cancel it.
 func (a *Attempt) renew() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.finished || a.lost {
+		a.mu.Unlock()
 		return
 	}
 	left := time.Until(a.validUntil)
 	if left <= 0 {
 		a.loseLocked()
+		a.mu.Unlock()
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), left)
+	a.stopRenew = cancel
+	a.mu.Unlock()
+
 	sent := time.Now()
 	err := a.g.store.Renew(ctx, a.lease, a.g.cfg.Lease)
 	cancel()
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stopRenew = nil
+	if a.finished {
+		return // finished meanwhile; the answer no longer matters
+	}
 	switch {
 	case err == nil:
 		a.validUntil = sent.Add(a.g.cfg.Lease)

@@ -118,10 +118,69 @@ func TestAttemptFinishOnce(t *testing.T) {
 	}
 }
 
+// hangingRenew is a store whose Renew blocks until its context ends.
+type hangingRenew struct{ idem.Store }
+
+func (s hangingRenew) Renew(ctx context.Context, _ idem.Lease, _ time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A renewal in progress must not hold up Complete, nor cost the result.
+func TestCompleteDuringSlowRenewal(t *testing.T) {
+	g, _ := idem.New(hangingRenew{memstore.New(memstore.Options{})}, idem.Config{Lease: 900 * time.Millisecond})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	att, _, err := g.Begin(ctx, key, idem.Fingerprint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // past a third of the lease: a renewal hangs
+	start := time.Now()
+	if err := att.Complete(ctx, &idem.Response{Status: 200}); err != nil {
+		t.Fatalf("Complete: got %v, want nil (the lease is still valid)", err)
+	}
+	if took := time.Since(start); took > 200*time.Millisecond {
+		t.Errorf("Complete waited %v for the hanging renewal", took)
+	}
+}
+
+// failingComplete is a store whose Complete fails like a broken network.
+type failingComplete struct{ idem.Store }
+
+func (s failingComplete) Complete(context.Context, idem.Lease, *idem.Response, time.Duration) error {
+	return &idem.StoreError{Op: "complete", Err: errors.New("connection reset")}
+}
+
+// When the result cannot be stored, the key is released so that a retry
+// need not wait for the lease; a nil response leaves the attempt open.
+func TestCompleteFailureReleases(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	g, _ := idem.New(failingComplete{mem}, idem.Config{})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	att, _, err := g.Begin(ctx, key, idem.Fingerprint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := att.Complete(ctx, nil); err == nil {
+		t.Fatal("Complete(nil): got nil error, want one")
+	}
+	var se *idem.StoreError
+	if err := att.Complete(ctx, &idem.Response{Status: 200}); !errors.As(err, &se) {
+		t.Fatalf("Complete: got %v, want the store's error", err)
+	}
+	if rec, ok, _ := mem.Get(ctx, key); ok && rec.State != idem.StateReleased {
+		t.Fatalf("after a failed Complete: got a %v record, want the key released", rec.State)
+	}
+}
+
 // BenchmarkGuardDo measures Guard.Do on memstore: first executions on
 // unique keys, and replays.
 func BenchmarkGuardDo(b *testing.B) {
-	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{Retention: time.Minute})
+	// A short retention keeps the store at a steady size, so each op does
+	// not pay for its growth.
+	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{Retention: 50 * time.Millisecond})
 	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}
 	work := func(context.Context) (*idem.Response, error) { return resp, nil }
 	ctx := context.Background()
@@ -139,6 +198,7 @@ func BenchmarkGuardDo(b *testing.B) {
 		})
 	})
 	b.Run("replay", func(b *testing.B) {
+		g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{})
 		key, _ := idem.Scope{Tenant: "bench"}.Key("replayed")
 		g.Do(ctx, key, idem.Fingerprint{}, work)
 		b.ReportAllocs()

@@ -28,7 +28,7 @@ func ParseKey(s string) (Key, error) {
 	if base64.RawURLEncoding.DecodedLen(len(s)) != len(k) {
 		return k, fmt.Errorf("idem: stored key %q: want %d base64url characters", s, base64.RawURLEncoding.EncodedLen(len(k)))
 	}
-	if _, err := base64.RawURLEncoding.Decode(k[:], []byte(s)); err != nil {
+	if _, err := base64.RawURLEncoding.Strict().Decode(k[:], []byte(s)); err != nil {
 		return k, fmt.Errorf("idem: stored key %q: %w", s, err)
 	}
 	return k, nil
@@ -63,7 +63,10 @@ func (s Scope) Key(clientKey string) (Key, error) {
 }
 
 // ValidateKey reports whether clientKey is acceptable: 1 to 255 bytes, each
-// printable ASCII (0x20 to 0x7E). The error wraps ErrInvalidKey.
+// printable ASCII (0x20 to 0x7E). Space is allowed because an RFC 8941
+// sf-string (the quoted form of the Idempotency-Key header) may hold it; a
+// bare header token may not (idemhttp.ParseKey). The error wraps
+// ErrInvalidKey.
 func ValidateKey(clientKey string) error {
 	if clientKey == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidKey)

@@ -47,7 +47,8 @@ const (
 // Then the status when its form asks for it, then (unless bit 2) a uvarint
 // count of header lines, each a name and a value written as a uvarint table
 // code (1..len(table)) or 0 followed by a uvarint length and the bytes.
-// The body is the rest. The table is append-only: codes never change.
+// The body is the rest; a compressed body is its uvarint length, then the
+// zstd frame. The table is append-only: codes never change.
 const (
 	flagStatusMask = 0x03
 	flagJSONOnly   = 1 << 2
@@ -78,14 +79,16 @@ var headerCodes = func() map[string]uint64 {
 
 var (
 	zstdEnc = sync.OnceValue(func() *zstd.Encoder {
-		e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+		e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
 		if err != nil {
 			panic(err) // only for invalid options
 		}
 		return e
 	})
 	zstdDec = sync.OnceValue(func() *zstd.Decoder {
-		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(MaxEncodedBody))
+		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(MaxEncodedBody),
+			zstd.WithDecodeAllCapLimit(true)) // never inflate past the recorded length
+
 		if err != nil {
 			panic(err)
 		}
@@ -97,14 +100,8 @@ var (
 // CompressMinSize bytes are compressed when that saves at least an eighth
 // and the response does not already carry a Content-Encoding.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
-	if r == nil {
-		return b, errors.New("idem: nil *Response")
-	}
-	if r.Status < 0 || r.Status > 999 {
-		return b, fmt.Errorf("idem: response status %d out of range 0..999", r.Status)
-	}
-	if len(r.Body) > MaxEncodedBody {
-		return b, fmt.Errorf("idem: response body of %d bytes exceeds the %d-byte maximum", len(r.Body), MaxEncodedBody)
+	if err := r.validate(); err != nil {
+		return b, err
 	}
 	flagAt := len(b)
 	b = append(b, 0)
@@ -130,6 +127,7 @@ func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 		flags |= flagOmitted
 	case len(r.Body) >= CompressMinSize && r.Header.Get("Content-Encoding") == "":
 		start := len(b)
+		b = binary.AppendUvarint(b, uint64(len(r.Body)))
 		b = zstdEnc().EncodeAll(r.Body, b)
 		if n := len(b) - start; n <= len(r.Body)-len(r.Body)/8 {
 			flags |= flagZstd
@@ -141,6 +139,19 @@ func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 	}
 	b[flagAt] = flags
 	return b, nil
+}
+
+// validate reports a response the encoding cannot hold.
+func (r *Response) validate() error {
+	switch {
+	case r == nil:
+		return errors.New("idem: nil *Response")
+	case r.Status < 0 || r.Status > 999:
+		return fmt.Errorf("idem: response status %d out of range 0..999", r.Status)
+	case len(r.Body) > MaxEncodedBody:
+		return fmt.Errorf("idem: response body of %d bytes exceeds the %d-byte maximum", len(r.Body), MaxEncodedBody)
+	}
+	return nil
 }
 
 // UnmarshalBinary decodes data written by AppendBinary. It copies what it
@@ -186,9 +197,13 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 			return corrupt("omitted body has %d bytes", len(p))
 		}
 	case flags&flagZstd != 0:
-		body, err := zstdDec().DecodeAll(p, nil)
-		if err != nil {
-			return corrupt("body: %v", err)
+		n, k := binary.Uvarint(p)
+		if k <= 0 || n > MaxEncodedBody {
+			return corrupt("bad compressed body length")
+		}
+		body, err := zstdDec().DecodeAll(p[k:], make([]byte, 0, n))
+		if err != nil || uint64(len(body)) != n {
+			return corrupt("compressed body: got %d bytes, want %d (%v)", len(body), n, err)
 		}
 		r.Body = body
 	case len(p) > 0:
@@ -234,11 +249,11 @@ func appendString(b []byte, s string) []byte {
 
 func readHeader(p []byte) (http.Header, []byte, error) {
 	lines, n := binary.Uvarint(p)
-	if n <= 0 || lines > uint64(len(p)) { // every line takes at least two bytes
+	p = p[n:]
+	if n <= 0 || lines > uint64(len(p)/2) { // every line takes at least two bytes
 		return nil, nil, corrupt("bad header count")
 	}
-	p = p[n:]
-	h := make(http.Header, lines)
+	h := make(http.Header, min(lines, 16))
 	for range lines {
 		var name, value string
 		var err error

@@ -68,6 +68,27 @@ func TestResponseSize(t *testing.T) {
 	}
 }
 
+func TestResponseLimits(t *testing.T) {
+	if _, err := (&idem.Response{Status: 200, Body: make([]byte, idem.MaxEncodedBody+1)}).AppendBinary(nil); err == nil {
+		t.Error("body over MaxEncodedBody: got nil error, want one")
+	}
+	// Compression starts at CompressMinSize.
+	json := func(n int) []byte { return []byte(strings.Repeat("{}", n/2)) }
+	if _, n := roundTrip(t, &idem.Response{Status: 200, Body: json(idem.CompressMinSize - 2)}); n != 2+idem.CompressMinSize-2 { // flags, a zero header count, the body
+		t.Errorf("body under CompressMinSize: encoded in %d bytes, want it stored as is", n)
+	}
+	if _, n := roundTrip(t, &idem.Response{Status: 200, Body: json(idem.CompressMinSize)}); n >= idem.CompressMinSize/2 {
+		t.Errorf("body of CompressMinSize: encoded in %d bytes, want it compressed", n)
+	}
+	// A compressed body whose recorded length is wrong is refused.
+	b, _ := (&idem.Response{Status: 200, Body: json(4096)}).AppendBinary(nil)
+	b[1]++ // the uvarint length right after the flags byte
+	var r idem.Response
+	if err := r.UnmarshalBinary(b); !errors.Is(err, idem.ErrCorrupt) {
+		t.Errorf("wrong recorded length: got %v, want ErrCorrupt", err)
+	}
+}
+
 func TestResponseBadInput(t *testing.T) {
 	var nilResp *idem.Response
 	if _, err := nilResp.AppendBinary(nil); err == nil {
@@ -123,7 +144,8 @@ func FuzzResponseDecode(f *testing.F) {
 		if err := again.UnmarshalBinary(b); err != nil {
 			t.Fatalf("decode of re-encoding: %v", err)
 		}
-		if again.Status != r.Status || !bytes.Equal(again.Body, r.Body) || again.BodyOmitted != r.BodyOmitted {
+		if again.Status != r.Status || !bytes.Equal(again.Body, r.Body) || again.BodyOmitted != r.BodyOmitted ||
+			!(len(again.Header) == 0 && len(r.Header) == 0 || reflect.DeepEqual(again.Header, r.Header)) {
 			t.Fatalf("re-encoding changed the response: %+v vs %+v", again, r)
 		}
 	})

@@ -294,9 +294,13 @@ func TestServerDown(t *testing.T) {
 	srv.Kill()
 	for name, s := range stores {
 		g, _ := idem.New(s, idem.Config{})
-		callCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := g.Do(callCtx, scope(1), idem.Fingerprint{}, work)
-		cancel()
+		// No deadline of our own: Options.Timeout must end the call, even
+		// with rueidis's default retry-until-cancelled policy.
+		start := time.Now()
+		_, err := g.Do(ctx, scope(1), idem.Fingerprint{}, work)
+		if took := time.Since(start); took > redisstore.DefaultTimeout+2*time.Second {
+			t.Errorf("%s, server down: Do took %v, want it bounded by the store timeout %v", name, took, redisstore.DefaultTimeout)
+		}
 		var se *idem.StoreError
 		if !errors.As(err, &se) || se.Op != "acquire" {
 			t.Errorf("%s, server down: got %v, want a *StoreError from acquire", name, err)
@@ -355,5 +359,51 @@ func TestOpen(t *testing.T) {
 	}
 	if _, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: "a{b}"}); err == nil {
 		t.Error("Open with a bad prefix: got nil error, want one")
+	}
+}
+
+// TestForeignValues: values idem did not write (another Redis type, an
+// in-flight record someone made persistent) are reported, not obeyed.
+func TestForeignValues(t *testing.T) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: single.Addr()})
+	defer c.Close()
+	s, _ := redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("foreign")})
+	req := func(k idem.Key) idem.AcquireRequest {
+		return idem.AcquireRequest{Key: k, LeaseID: idem.NewLeaseID(), TTL: time.Second}
+	}
+
+	hash := scope(1)
+	if err := c.HSet(ctx, s.KeyName(hash), "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, req(hash)); !errors.Is(err, idem.ErrCorrupt) {
+		t.Errorf("Acquire on a hash: got %v, want ErrCorrupt", err)
+	}
+	if _, _, err := s.Get(ctx, hash); !errors.Is(err, idem.ErrCorrupt) {
+		t.Errorf("Get on a hash: got %v, want ErrCorrupt", err)
+	}
+	l := idem.Lease{Key: hash, ID: idem.NewLeaseID(), Token: 1, TTL: time.Second}
+	for name, err := range map[string]error{
+		"Renew":    s.Renew(ctx, l, time.Second),
+		"Complete": s.Complete(ctx, l, &idem.Response{Status: 200}, time.Hour),
+		"Release":  s.Release(ctx, l),
+	} {
+		if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("%s on a hash: got %v, want ErrLeaseLost", name, err)
+		}
+	}
+	if typ := c.Type(ctx, s.KeyName(hash)).Val(); typ != "hash" {
+		t.Errorf("the hash was changed into a %s", typ)
+	}
+
+	persisted := scope(2)
+	acq, err := s.Acquire(ctx, req(persisted))
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatalf("Acquire: %v %v", acq.Outcome, err)
+	}
+	c.Persist(ctx, s.KeyName(persisted))
+	if _, err := s.Acquire(ctx, req(persisted)); !errors.Is(err, idem.ErrCorrupt) {
+		t.Errorf("Acquire on an in-flight record without expiry: got %v, want ErrCorrupt (else it is in flight forever)", err)
 	}
 }

@@ -80,6 +80,59 @@ func (s *suite) testTakeover(t *testing.T) {
 
 // testStaleLease checks that only the current lease may renew, complete
 // or release.
+// testExpiredLease: a holder that outlived its lease, with nobody taking
+// over, can neither renew, complete nor release, and writes nothing: the
+// key stays absent.
+func (s *suite) testExpiredLease(t *testing.T) {
+	e := s.env(t)
+	key := newKey()
+	l := e.lease(key, fpA, shortTTL)
+	e.Sleep(pastShort)
+	e.wantLost("Renew after the lease ended", e.Store.Renew(e.ctx, l, longTTL))
+	e.wantLost("Complete after the lease ended", e.Store.Complete(e.ctx, l, &idem.Response{Status: 200}, retention))
+	e.wantLost("Release after the lease ended", e.Store.Release(e.ctx, l))
+	e.wantMiss("after the late calls", key)
+	if next := e.lease(key, fpA, longTTL); next.Token <= l.Token {
+		e.t.Errorf("next token: got %d, want more than %d", next.Token, l.Token)
+	}
+}
+
+// testTokensAheadOfClock drives tokens ahead of the store clock (many
+// acquisitions within a few milliseconds each add one), then lets a short
+// lease expire. The record must not vanish before the clock has passed
+// its token, or the next token, taken from the clock, would be smaller.
+func (s *suite) testTokensAheadOfClock(t *testing.T) {
+	e := s.env(t)
+	key := newKey()
+	var last uint64
+	for range 300 {
+		l := e.lease(key, fpA, longTTL)
+		e.release(l)
+		last = l.Token
+	}
+	l := e.lease(key, fpA, time.Millisecond)
+	if l.Token <= last {
+		t.Fatalf("token after the releases: got %d, want more than %d", l.Token, last)
+	}
+	// Wait for the key to free up, however long the clock needs to catch
+	// up with the tokens: the next token must still be larger.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e.Sleep(5 * time.Millisecond)
+		acq := e.acquire(key, fpA, idem.NewLeaseID(), longTTL)
+		if acq.Outcome == idem.Acquired {
+			if acq.Lease.Token <= l.Token {
+				t.Fatalf("token after the expiry: got %d, want more than %d", acq.Lease.Token, l.Token)
+			}
+			return
+		}
+		e.wantOutcome("Acquire while the short lease lives", acq, idem.InFlight)
+		if time.Now().After(deadline) {
+			t.Fatal("the key stayed in flight for 5s after a 1ms lease")
+		}
+	}
+}
+
 func (s *suite) testStaleLease(t *testing.T) {
 	resp := &idem.Response{Status: 200}
 	t.Run("WrongID", func(t *testing.T) {

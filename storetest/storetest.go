@@ -76,6 +76,8 @@ func Run(t *testing.T, h Harness) {
 	}{
 		{"Outcomes", (*suite).testOutcomes},
 		{"Takeover", (*suite).testTakeover},
+		{"ExpiredLease", (*suite).testExpiredLease},
+		{"TokensAheadOfClock", (*suite).testTokensAheadOfClock},
 		{"StaleLease", (*suite).testStaleLease},
 		{"RenewExtends", (*suite).testRenewExtends},
 		{"FencingTokens", (*suite).testFencingTokens},

@@ -11,7 +11,8 @@
 --   2 replay     the record's token, retention ms left, the record value
 --   3 in flight  the holder's token, lease ms left
 --   4 mismatch   the record's token (the fingerprint differs)
---   0 corrupt    the stored value is not a record
+--   0 corrupt    the stored value is not a record (or not a string, or an
+--                in-flight record without an expiry)
 --
 -- Record values (token: 6-byte big-endian ms-based fencing token):
 --   'F' token fingerprint(16) lease_id(16)   in flight, expires at lease end
@@ -22,21 +23,27 @@
 -- record expires only after the clock has passed its token, so tokens
 -- strictly increase per key even across expiry.
 local key = KEYS[1]
-local rec = redis.call('GET', key)
+local rec = redis.pcall('GET', key)
+if type(rec) == 'table' then -- WRONGTYPE: another kind of value
+  return {0, 0, 0}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = now
 if rec then
   local kind, n = string.byte(rec, 1), #rec
   if kind == 70 and n == 39 then -- 'F'
-    local held = struct.unpack('>I6', rec, 2)
+    local held, left = struct.unpack('>I6', rec, 2), redis.call('PTTL', key)
+    if left < 0 then
+      return {0, 0, 0}
+    end
     if string.sub(rec, 24) == ARGV[1] then
-      return {1, held, redis.call('PTTL', key)}
+      return {1, held, left}
     end
     if string.sub(rec, 8, 23) ~= ARGV[2] then
       return {4, held, 0}
     end
-    return {3, held, redis.call('PTTL', key)}
+    return {3, held, left}
   elseif kind == 67 and n >= 24 then -- 'C'
     local done = struct.unpack('>I6', rec, 2)
     if string.sub(rec, 8, 23) ~= ARGV[2] then

@@ -9,8 +9,8 @@
 -- Reply {1} completed (also when this lease already completed it: a repeat
 -- after a lost reply), {0} lease lost: nothing changed.
 local key = KEYS[1]
-local rec = redis.call('GET', key)
-if not rec then
+local rec = redis.pcall('GET', key)
+if type(rec) ~= 'string' then -- absent, or another kind of value
   return {0}
 end
 local kind = string.byte(rec, 1)

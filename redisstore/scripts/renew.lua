@@ -7,8 +7,8 @@
 -- Reply {1} renewed, {0} lease lost (expired, taken over, released or
 -- completed): nothing changed.
 local key = KEYS[1]
-local rec = redis.call('GET', key)
-if not rec or #rec ~= 39 or string.byte(rec, 1) ~= 70 or string.sub(rec, 24) ~= ARGV[1] then
+local rec = redis.pcall('GET', key)
+if type(rec) ~= 'string' or #rec ~= 39 or string.byte(rec, 1) ~= 70 or string.sub(rec, 24) ~= ARGV[1] then
   return {0}
 end
 local t = redis.call('TIME')
