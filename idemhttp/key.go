@@ -1,0 +1,81 @@
+package idemhttp
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/idemkit/idem"
+)
+
+// HeaderKey is the request header that carries the idempotency key.
+const HeaderKey = "Idempotency-Key"
+
+// HeaderReplayed is set to "true" on replayed responses.
+const HeaderReplayed = "Idempotent-Replayed"
+
+var errKeyMissing = errors.New("idemhttp: no Idempotency-Key")
+
+// ParseKey returns the client key of a request: the single Idempotency-Key
+// header, either a bare token of visible ASCII (0x21-0x7E) or an RFC 8941
+// sf-string ("..." with \" and \\ escapes, printable ASCII inside),
+// surrounded by optional whitespace, 1 to 255 characters after unquoting.
+// A missing header gives an error for which errors.Is(err,
+// idem.ErrInvalidKey) is false; everything else wrong (two headers, control
+// bytes, non-ASCII, bad quoting, length) wraps idem.ErrInvalidKey.
+func ParseKey(h http.Header) (string, error) {
+	vs := h.Values(HeaderKey)
+	switch len(vs) {
+	case 0:
+		return "", errKeyMissing
+	case 1:
+	default:
+		return "", invalidKey("more than one Idempotency-Key header")
+	}
+	v := strings.Trim(vs[0], " \t")
+	if strings.HasPrefix(v, `"`) {
+		return parseSFString(v)
+	}
+	if v == "" {
+		return "", invalidKey("empty Idempotency-Key")
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x21 || c > 0x7E {
+			return "", invalidKey("Idempotency-Key holds a character that is not visible ASCII; quote it as a string to include spaces")
+		}
+	}
+	return v, idem.ValidateKey(v)
+}
+
+// parseSFString parses an RFC 8941 sf-string (§3.3.3) that must make up the
+// whole value.
+func parseSFString(v string) (string, error) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", invalidKey(`Idempotency-Key string has a bad escape; only \" and \\ are allowed`)
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			if i != len(v)-1 {
+				return "", invalidKey("Idempotency-Key has characters after its closing quote")
+			}
+			return b.String(), idem.ValidateKey(b.String())
+		case c < 0x20 || c > 0x7E:
+			return "", invalidKey("Idempotency-Key string holds a character that is not printable ASCII")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", invalidKey("Idempotency-Key string has no closing quote")
+}
+
+func invalidKey(why string) error { return &keyError{why} }
+
+type keyError struct{ why string }
+
+func (e *keyError) Error() string        { return "idemhttp: " + e.why }
+func (e *keyError) Is(target error) bool { return target == idem.ErrInvalidKey }

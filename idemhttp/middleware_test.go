@@ -1,0 +1,584 @@
+package idemhttp_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/redisstore"
+)
+
+var redisSrv *redistest.Server
+
+func TestMain(m *testing.M) {
+	redisSrv = redistest.MustStartServer()
+	code := m.Run()
+	redisSrv.Stop()
+	os.Exit(code)
+}
+
+var prefixSeq atomic.Int64
+
+// newRedisStore returns a store on the package's redis-server with a
+// prefix of its own.
+func newRedisStore(t testing.TB, addr string) *redisstore.Store {
+	prefix := fmt.Sprintf("t%d-%d:", time.Now().UnixNano(), prefixSeq.Add(1))
+	s, err := redisstore.Open("redis://"+addr, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// eachStore runs f against memstore and against the real Redis store.
+func eachStore(t *testing.T, f func(t *testing.T, store idem.Store)) {
+	t.Run("memstore", func(t *testing.T) { f(t, memstore.New(memstore.Options{})) })
+	t.Run("redis", func(t *testing.T) { f(t, newRedisStore(t, redisSrv.Addr())) })
+}
+
+// server is a test API behind the middleware; runs counts handler
+// executions.
+type server struct {
+	*httptest.Server
+	runs atomic.Int64
+}
+
+func newServer(t *testing.T, store idem.Store, cfg idemhttp.Config, h http.HandlerFunc) *server {
+	s := &server{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.runs.Add(1)
+		h(w, r)
+	})
+	s.Server = httptest.NewServer(idemhttp.Middleware(store, cfg)(mux))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// charge is a handler that answers 201 with a body naming the request.
+func charge(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	lease, _ := idem.LeaseFromContext(r.Context())
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Token", strconv.FormatUint(lease.Token, 10))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"charged":%q,"auth":%q}`, body, r.Header.Get("Authorization"))
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (s *server) do(t testing.TB, method, path, key, body string, header ...string) answer {
+	t.Helper()
+	a, err := s.try(method, path, key, body, header...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// try is do for goroutines other than the test's: it returns the error.
+func (s *server) try(method, path, key, body string, header ...string) (answer, error) {
+	req, err := http.NewRequest(method, s.URL+path, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	if key != "" {
+		req.Header.Set(idemhttp.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	resp, err := s.Client().Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, string(b)}, err
+}
+
+// raw sends one POST over its own TCP connection, with header lines
+// written as given (net/http's client refuses control bytes, and resends an
+// Idempotency-Key request once when the connection dies). It returns the
+// status, or 0 when the connection ended without a response.
+func (s *server) raw(t *testing.T, path string, headerLines ...string) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", s.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	req := "POST " + path + " HTTP/1.1\r\nHost: test\r\nContent-Length: 2\r\nConnection: close\r\n"
+	for _, l := range headerLines {
+		req += l + "\r\n"
+	}
+	if _, err := io.WriteString(conn, req+"\r\n{}"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// goDo runs a request in another goroutine and delivers its answer.
+func (s *server) goDo(t *testing.T, method, path, key, body string) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		a, err := s.try(method, path, key, body)
+		if err != nil {
+			t.Error(err)
+		}
+		ch <- a
+	}()
+	return ch
+}
+
+func TestConcurrentDuplicates(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		var release = make(chan struct{})
+		s := newServer(t, store, idemhttp.Config{}, func(w http.ResponseWriter, r *http.Request) {
+			<-release // hold the first request so the others meet it in flight
+			charge(w, r)
+		})
+		const n = 200
+		answers := make([]answer, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { answers[i] = <-s.goDo(t, "POST", "/charges", "dup-1", `{"amount":1000}`) })
+		}
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		wg.Wait()
+		if got := s.runs.Load(); got != 1 {
+			t.Fatalf("handler executions: got %d, want 1", got)
+		}
+		var first *answer
+		conflicts, replays := 0, 0
+		for i := range answers {
+			a := &answers[i]
+			switch {
+			case a.status == http.StatusConflict:
+				conflicts++
+				if a.header.Get("Retry-After") == "" || a.header.Get("Content-Type") != "application/problem+json" {
+					t.Errorf("409 without Retry-After or problem+json: %v", a.header)
+				}
+			case a.status == http.StatusCreated && a.header.Get(idemhttp.HeaderReplayed) == "":
+				if first != nil {
+					t.Fatal("two original (non-replayed) answers")
+				}
+				first = a
+			case a.status == http.StatusCreated:
+				replays++
+			default:
+				t.Fatalf("unexpected answer %d %q", a.status, a.body)
+			}
+		}
+		if first == nil {
+			t.Fatal("no original answer")
+		}
+		for _, a := range answers {
+			if a.status == http.StatusCreated && (a.body != first.body || a.header.Get("X-Token") != first.header.Get("X-Token") ||
+				a.header.Get("Content-Type") != first.header.Get("Content-Type")) {
+				t.Fatalf("replay differs: got %q %v, want %q %v", a.body, a.header, first.body, first.header)
+			}
+		}
+		// Later repeats are replays, byte for byte.
+		again := s.do(t, "POST", "/charges", "dup-1", `{"amount":1000}`)
+		if again.status != 201 || again.body != first.body || again.header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatalf("later repeat: got %d %q %v, want a replay of %q", again.status, again.body, again.header, first.body)
+		}
+		t.Logf("%d requests: 1 execution, %d replays, %d conflicts", n, replays, conflicts)
+	})
+}
+
+func TestMismatch(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		s := newServer(t, store, idemhttp.Config{}, charge)
+		s.do(t, "POST", "/charges", "k", `{"amount":1000}`)
+		for _, c := range []struct{ path, body string }{
+			{"/charges", `{"amount":9999}`},
+			{"/charges?x=1", `{"amount":1000}`},
+		} {
+			a := s.do(t, "POST", c.path, "k", c.body)
+			if a.status != http.StatusUnprocessableEntity || !strings.Contains(a.body, idemhttp.ProblemMismatch) {
+				t.Errorf("%s %s: got %d %q, want 422 %s", c.path, c.body, a.status, a.body, idemhttp.ProblemMismatch)
+			}
+		}
+		// Another Content-Type with the same bytes is another request too.
+		a := s.do(t, "POST", "/charges", "k", `{"amount":1000}`, "Content-Type", "text/plain")
+		if a.status != http.StatusUnprocessableEntity {
+			t.Errorf("other Content-Type: got %d, want 422", a.status)
+		}
+		if got := s.runs.Load(); got != 1 {
+			t.Fatalf("handler executions: got %d, want 1", got)
+		}
+	})
+}
+
+func TestBadKeys(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	required := newServer(t, store, idemhttp.Config{RequireKeyFunc: func(r *http.Request) bool {
+		return strings.HasPrefix(r.URL.Path, "/charges")
+	}}, charge)
+	if a := required.do(t, "POST", "/charges", "", "{}"); a.status != 400 || !strings.Contains(a.body, idemhttp.ProblemKeyMissing) {
+		t.Errorf("missing key on a required route: got %d %q, want 400 %s", a.status, a.body, idemhttp.ProblemKeyMissing)
+	}
+	if a := required.do(t, "POST", "/other", "", "{}"); a.status != 201 || a.header.Get(idemhttp.HeaderReplayed) != "" {
+		t.Errorf("missing key on an optional route: got %d, want the handler's 201", a.status)
+	}
+	if a := required.do(t, "GET", "/charges", "", ""); a.status != 201 {
+		t.Errorf("GET passes through: got %d, want the handler's 201", a.status)
+	}
+	bad := map[string][]string{
+		"too long":        {strings.Repeat("k", 256)},
+		"non-ASCII":       {"caf\xc3\xa9"},
+		"control byte":    {"a\x01b"},
+		"DEL byte":        {"a\x7fb"},
+		"two headers":     {"a", "b"},
+		"space in token":  {"a b"},
+		"bad sf-string":   {`"unterminated`},
+		"bad escape":      {`"a\nb"`},
+		"after the quote": {`"a"b`},
+		"empty string":    {`""`},
+	}
+	before := required.runs.Load()
+	for name, values := range bad {
+		var lines []string
+		for _, v := range values {
+			lines = append(lines, idemhttp.HeaderKey+": "+v)
+		}
+		if got := required.raw(t, "/charges", lines...); got != 400 {
+			t.Errorf("%s: got %d, want 400", name, got)
+		}
+	}
+	if got := required.runs.Load() - before; got != 0 {
+		t.Errorf("handler ran %d times for bad keys, want 0", got)
+	}
+	a := required.do(t, "POST", "/charges", strings.Repeat("k", 256), "{}")
+	if a.status != 400 || !strings.Contains(a.body, idemhttp.ProblemKeyInvalid) || a.header.Get("Content-Type") != "application/problem+json" {
+		t.Errorf("key too long: got %d %q, want 400 problem+json %s", a.status, a.body, idemhttp.ProblemKeyInvalid)
+	}
+	// A quoted key and the same bare key are the same key.
+	required.do(t, "POST", "/charges", `"k-1"`, "{}")
+	if a := required.do(t, "POST", "/charges", "k-1", "{}"); a.header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Errorf(`"k-1" then k-1: got %d without a replay, want a replay`, a.status)
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		s := newServer(t, store, idemhttp.Config{MaxBodySize: 100}, charge)
+		a := s.do(t, "POST", "/charges", "big", strings.Repeat("x", 101))
+		if a.status != http.StatusRequestEntityTooLarge || !strings.Contains(a.body, idemhttp.ProblemBodyTooLarge) {
+			t.Fatalf("got %d %q, want 413", a.status, a.body)
+		}
+		if s.runs.Load() != 0 {
+			t.Fatal("handler ran for a body over the limit")
+		}
+		// Nothing was stored: the same key with a small body runs.
+		if a := s.do(t, "POST", "/charges", "big", "ok"); a.status != 201 || a.header.Get(idemhttp.HeaderReplayed) != "" {
+			t.Fatalf("same key, small body: got %d %v, want a first execution", a.status, a.header)
+		}
+		// Chunked (no Content-Length) over the limit: also 413.
+		req, _ := http.NewRequest("POST", s.URL+"/charges", io.MultiReader(strings.NewReader(strings.Repeat("y", 150))))
+		req.ContentLength = -1
+		req.Header.Set(idemhttp.HeaderKey, "chunked")
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("chunked body over the limit: got %d, want 413", resp.StatusCode)
+		}
+	})
+}
+
+func TestTenantsIsolated(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		s := newServer(t, store, idemhttp.Config{}, charge)
+		a := s.do(t, "POST", "/charges", "shared", "{}", "Authorization", "Bearer tenant-a")
+		b := s.do(t, "POST", "/charges", "shared", "{}", "Authorization", "Bearer tenant-b")
+		if b.header.Get(idemhttp.HeaderReplayed) != "" || strings.Contains(b.body, "tenant-a") {
+			t.Fatalf("tenant B got %q %v, want its own execution, never A's body %q", b.body, b.header, a.body)
+		}
+		if s.runs.Load() != 2 {
+			t.Fatalf("executions: got %d, want 2", s.runs.Load())
+		}
+		if again := s.do(t, "POST", "/charges", "shared", "{}", "Authorization", "Bearer tenant-a"); again.body != a.body {
+			t.Fatalf("tenant A's repeat: got %q, want %q", again.body, a.body)
+		}
+	})
+}
+
+func TestReplayDropsHeaders(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		s := newServer(t, store, idemhttp.Config{ReplayHeaderDenylist: []string{"X-Secret"}}, func(w http.ResponseWriter, r *http.Request) {
+			http.SetCookie(w, &http.Cookie{Name: "session", Value: "s3cr3t"})
+			w.Header().Set("X-Secret", "private")
+			w.Header().Set("X-Kept", "yes")
+			w.Header().Set("Connection", "X-Hop")
+			w.Header().Set("X-Hop", "1")
+			w.Write([]byte("done"))
+		})
+		first := s.do(t, "POST", "/x", "cookie", "")
+		if first.header.Get("Set-Cookie") == "" || first.header.Get("X-Secret") == "" {
+			t.Fatalf("first answer lost its own headers: %v", first.header)
+		}
+		again := s.do(t, "POST", "/x", "cookie", "")
+		if again.header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatalf("not a replay: %v", again.header)
+		}
+		for _, h := range []string{"Set-Cookie", "X-Secret", "X-Hop"} {
+			if v := again.header.Get(h); v != "" {
+				t.Errorf("replay carries %s: %q", h, v)
+			}
+		}
+		if again.header.Get("X-Kept") != "yes" || again.body != "done" {
+			t.Errorf("replay: got %v %q, want X-Kept and body done", again.header, again.body)
+		}
+	})
+}
+
+func TestReleaseOnFailureAndPanic(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		var fail atomic.Value
+		fail.Store("5xx")
+		s := newServer(t, store, idemhttp.Config{Logger: quietLogger()}, func(w http.ResponseWriter, r *http.Request) {
+			switch fail.Load() {
+			case "5xx":
+				http.Error(w, "upstream down", http.StatusBadGateway)
+			case "panic":
+				panic("handler bug")
+			case "429":
+				w.WriteHeader(http.StatusTooManyRequests)
+			default:
+				charge(w, r)
+			}
+		})
+		s.Config.ErrorLog = quietStdLogger()
+		if a := s.do(t, "POST", "/x", "k", ""); a.status != 502 {
+			t.Fatalf("got %d, want 502", a.status)
+		}
+		fail.Store("429")
+		if a := s.do(t, "POST", "/x", "k", ""); a.status != 429 {
+			t.Fatalf("after a 502 the retry ran? got %d, want the handler's 429", a.status)
+		}
+		fail.Store("panic")
+		if got := s.raw(t, "/x", idemhttp.HeaderKey+": k"); got != 0 {
+			t.Fatalf("panicking handler: got %d, want the connection aborted", got)
+		}
+		fail.Store("ok")
+		if a := s.do(t, "POST", "/x", "k", ""); a.status != 201 || a.header.Get(idemhttp.HeaderReplayed) != "" {
+			t.Fatalf("after a panic the retry: got %d %v, want a first execution", a.status, a.header)
+		}
+		if got := s.runs.Load(); got != 4 {
+			t.Fatalf("executions: got %d, want 4 (502, 429, panic, 201)", got)
+		}
+	})
+}
+
+func TestCapture(t *testing.T) {
+	cases := map[string]struct {
+		h          http.HandlerFunc
+		wantStatus int
+		wantBody   string
+	}{
+		"writes nothing": {func(w http.ResponseWriter, r *http.Request) {}, 200, ""},
+		"header only": {func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusAccepted)
+		}, 202, ""},
+		"WriteHeader twice": {func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, "a")
+		}, 201, "a"},
+		"late WriteHeader": {func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "b")
+			w.WriteHeader(http.StatusTeapot)
+		}, 200, "b"},
+		"1xx then final": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</a.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "c")
+		}, 201, "c"},
+		"flushed stream": {func(w http.ResponseWriter, r *http.Request) {
+			for i := range 3 {
+				fmt.Fprintf(w, "part%d;", i)
+				http.NewResponseController(w).Flush()
+			}
+		}, 200, "part0;part1;part2;"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{}, c.h)
+			s.Config.ErrorLog = quietStdLogger()
+			first := s.do(t, "POST", "/", "k", "")
+			again := s.do(t, "POST", "/", "k", "")
+			if first.status != c.wantStatus || first.body != c.wantBody {
+				t.Errorf("first: got %d %q, want %d %q", first.status, first.body, c.wantStatus, c.wantBody)
+			}
+			if again.status != c.wantStatus || again.body != c.wantBody || again.header.Get(idemhttp.HeaderReplayed) != "true" {
+				t.Errorf("replay: got %d %q %v, want %d %q replayed", again.status, again.body, again.header, c.wantStatus, c.wantBody)
+			}
+			if s.runs.Load() != 1 {
+				t.Errorf("executions: got %d, want 1", s.runs.Load())
+			}
+		})
+	}
+}
+
+func TestLargeResponseNotRerun(t *testing.T) {
+	big := strings.Repeat("z", 2000)
+	s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{MaxResponseSize: 1000}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, big)
+	})
+	if first := s.do(t, "POST", "/", "k", ""); first.body != big {
+		t.Fatalf("first answer: got %d bytes, want the full %d", len(first.body), len(big))
+	}
+	again := s.do(t, "POST", "/", "k", "")
+	if again.status != 201 || again.body != "" || again.header.Get(idemhttp.HeaderBodyOmitted) != "true" || again.header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("replay: got %d, %d bytes, %v; want 201, empty body, body-omitted and replayed headers", again.status, len(again.body), again.header)
+	}
+	if s.runs.Load() != 1 {
+		t.Fatalf("executions: got %d, want 1", s.runs.Load())
+	}
+}
+
+func TestWaitForInFlight(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		started := make(chan struct{})
+		s := newServer(t, store, idemhttp.Config{Wait: 5 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+			close(started)
+			time.Sleep(200 * time.Millisecond)
+			charge(w, r)
+		})
+		firstDone := s.goDo(t, "POST", "/charges", "w", "{}")
+		<-started
+		waited := s.do(t, "POST", "/charges", "w", "{}")
+		first := <-firstDone
+		if waited.status != 201 || waited.body != first.body || waited.header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatalf("waiting duplicate: got %d %q %v, want the replay of %q", waited.status, waited.body, waited.header, first.body)
+		}
+		if s.runs.Load() != 1 {
+			t.Fatalf("executions: got %d, want 1", s.runs.Load())
+		}
+	})
+	// The wait is bounded: past it, 409.
+	started := make(chan struct{})
+	unblock := make(chan struct{})
+	s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{Wait: 50 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-unblock
+	})
+	slow := s.goDo(t, "POST", "/", "slow", "")
+	<-started
+	if a := s.do(t, "POST", "/", "slow", ""); a.status != http.StatusConflict {
+		t.Fatalf("wait past its bound: got %d, want 409", a.status)
+	}
+	close(unblock)
+	<-slow
+}
+
+func TestStoreDown(t *testing.T) {
+	srv, err := redistest.StartServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FailOpen=%t", failOpen), func(t *testing.T) {
+			s := newServer(t, newRedisStore(t, srv.Addr()), idemhttp.Config{FailOpen: failOpen, Logger: quietLogger()}, charge)
+			if a := s.do(t, "POST", "/charges", "before", "{}"); a.status != 201 {
+				t.Fatalf("Redis up: got %d, want 201", a.status)
+			}
+			srv.Kill()
+			runs := s.runs.Load()
+			a := s.do(t, "POST", "/charges", "during", "{}")
+			switch {
+			case failOpen && (a.status != 201 || s.runs.Load() != runs+1):
+				t.Fatalf("Redis down, fail-open: got %d, want the handler's 201", a.status)
+			case !failOpen && (a.status != 503 || a.header.Get("Retry-After") == "" || !strings.Contains(a.body, idemhttp.ProblemStoreUnavailable)):
+				t.Fatalf("Redis down: got %d %v %q, want 503 with Retry-After", a.status, a.header, a.body)
+			case !failOpen && s.runs.Load() != runs:
+				t.Fatal("Redis down: the handler ran")
+			}
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				a := s.do(t, "POST", "/charges", "after", "{}")
+				if a.status == 201 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("Redis back: still %d after 10s", a.status)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+func TestHandlerContext(t *testing.T) {
+	var got idem.Lease
+	var ok bool
+	s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		got, ok = idem.LeaseFromContext(r.Context())
+	})
+	s.do(t, "POST", "/pay", "ctx-key", "")
+	want, _ := idem.Scope{Method: "POST", Route: "/"}.Key("ctx-key")
+	if !ok || got.Key != want || got.Token == 0 {
+		t.Fatalf("lease in the handler's context: got %+v (ok %t), want key %s (route = the mux pattern \"/\") and a token", got, ok, want)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	s := memstore.New(memstore.Options{})
+	for _, cfg := range []idemhttp.Config{
+		{MaxBodySize: -1}, {Wait: -time.Second}, {Methods: []string{"post"}}, {Lease: time.Millisecond},
+	} {
+		if _, err := idemhttp.NewMiddleware(s, cfg); err == nil {
+			t.Errorf("NewMiddleware(%+v): got nil error, want one", cfg)
+		}
+	}
+	if _, err := idemhttp.NewMiddleware(nil, idemhttp.Config{}); err == nil {
+		t.Error("nil store: got nil error, want one")
+	}
+}
+
+func TestProblemBody(t *testing.T) {
+	rec := httptest.NewRecorder()
+	idemhttp.WriteProblem(rec, nil, &idemhttp.Problem{Type: idemhttp.ProblemInFlight, Title: "t", Status: 409, RetryAfter: 2})
+	if rec.Code != 409 || rec.Header().Get("Retry-After") != "2" || !bytes.Contains(rec.Body.Bytes(), []byte(`"type":"urn:idem:problem:in-flight"`)) {
+		t.Fatalf("got %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+}

@@ -1,0 +1,54 @@
+package idemhttp
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Problem types: the stable `type` member of each problem+json answer
+// (RFC 9457). Clients branch on these, not on titles or details.
+const (
+	ProblemKeyMissing       = "urn:idem:problem:key-missing"       // 400: the route requires an Idempotency-Key
+	ProblemKeyInvalid       = "urn:idem:problem:key-invalid"       // 400: malformed or repeated Idempotency-Key
+	ProblemBodyTooLarge     = "urn:idem:problem:body-too-large"    // 413: request body over Config.MaxBodySize
+	ProblemInFlight         = "urn:idem:problem:in-flight"         // 409: the same key is being processed
+	ProblemMismatch         = "urn:idem:problem:mismatch"          // 422: the key was used with a different request
+	ProblemStoreUnavailable = "urn:idem:problem:store-unavailable" // 503: the idempotency store failed; nothing ran
+)
+
+// Problem is an RFC 9457 problem details object.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// RetryAfter, in seconds, is sent as the Retry-After header when
+	// positive (409 and 503).
+	RetryAfter int `json:"-"`
+}
+
+// WriteProblem writes p as application/problem+json. It is the default
+// Config.ErrorHandler.
+func WriteProblem(w http.ResponseWriter, _ *http.Request, p *Problem) {
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	w.WriteHeader(p.Status)
+	json.NewEncoder(w).Encode(p)
+}
+
+var (
+	problemKeyMissing = Problem{Type: ProblemKeyMissing, Title: "Idempotency-Key required", Status: http.StatusBadRequest,
+		Detail: "This request must carry an Idempotency-Key header."}
+	problemBodyTooLarge = Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
+	problemInFlight     = Problem{Type: ProblemInFlight, Title: "Request in progress", Status: http.StatusConflict, RetryAfter: 1,
+		Detail: "A request with this Idempotency-Key is being processed. Retry later with the same key to get its result."}
+	problemMismatch = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body)."}
+	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
+		Detail: "The request was not processed. Retry later with the same key."}
+)
