@@ -249,10 +249,10 @@ func appendString(b []byte, s string) []byte {
 
 func readHeader(p []byte) (http.Header, []byte, error) {
 	lines, n := binary.Uvarint(p)
-	p = p[n:]
-	if n <= 0 || lines > uint64(len(p)/2) { // every line takes at least two bytes
+	if n <= 0 || lines > uint64(len(p)-n)/2 { // every line takes at least two bytes
 		return nil, nil, corrupt("bad header count")
 	}
+	p = p[n:]
 	h := make(http.Header, min(lines, 16))
 	for range lines {
 		var name, value string
