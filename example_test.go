@@ -47,11 +47,7 @@ func ExampleGuard_Do() {
 func ExampleGuard_Do_mismatch() {
 	g, _ := idem.New(memstore.New(memstore.Options{}), idem.Config{})
 	key, _ := idem.Scope{Method: "POST", Route: "/charges"}.Key("order-42")
-	fingerprint := func(body string) idem.Fingerprint {
-		h := idem.NewFingerprintHasher()
-		h.String(body)
-		return h.Sum()
-	}
+	fingerprint := func(body string) idem.Fingerprint { return idem.SumFingerprint([]byte(body), "POST", "/charges") }
 	ok := func(context.Context) (*idem.Response, error) { return &idem.Response{Status: 201}, nil }
 	g.Do(context.Background(), key, fingerprint(`{"amount":1000}`), ok)
 	_, err := g.Do(context.Background(), key, fingerprint(`{"amount":9999}`), ok)

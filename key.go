@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
-	"hash"
 )
 
 // MaxKeyLen is the longest client key accepted, in bytes.
@@ -51,15 +50,13 @@ func (s Scope) Key(clientKey string) (Key, error) {
 	if err := ValidateKey(clientKey); err != nil {
 		return Key{}, err
 	}
-	h := sha256.New()
-	h.Write([]byte("idem/key/v1"))
+	var buf [512]byte // most scopes fit: no allocation
+	b := append(buf[:0], "idem/key/v1"...)
 	for _, f := range [...]string{s.Tenant, s.Method, s.Route, clientKey} {
-		writeField(h, f)
+		b = appendField(b, f)
 	}
-	var k Key
-	var sum [sha256.Size]byte
-	copy(k[:], h.Sum(sum[:0]))
-	return k, nil
+	sum := sha256.Sum256(b)
+	return Key(sum[:16]), nil
 }
 
 // ValidateKey reports whether clientKey is acceptable: 1 to 255 bytes, each
@@ -88,39 +85,26 @@ func ValidateKey(clientKey string) error {
 // callers that do not hash content (message consumers) pass it every time.
 type Fingerprint [16]byte
 
-// FingerprintHasher builds a Fingerprint from fields, each written with its
-// length first so field boundaries are unambiguous.
-type FingerprintHasher struct{ h hash.Hash }
-
-// NewFingerprintHasher returns an empty hasher.
-func NewFingerprintHasher() *FingerprintHasher {
+// SumFingerprint returns the fingerprint of some fields and a body: SHA-256
+// over a version tag, each field with its length first, then the body with
+// its length first, so field boundaries are unambiguous.
+func SumFingerprint(body []byte, fields ...string) Fingerprint {
+	var buf [256]byte
+	b := append(buf[:0], "idem/fp/v1"...)
+	for _, f := range fields {
+		b = appendField(b, f)
+	}
+	b = binary.AppendUvarint(b, uint64(len(body)))
 	h := sha256.New()
-	h.Write([]byte("idem/fp/v1"))
-	return &FingerprintHasher{h: h}
-}
-
-// String adds one field.
-func (f *FingerprintHasher) String(s string) { writeField(f.h, s) }
-
-// Bytes adds one field.
-func (f *FingerprintHasher) Bytes(b []byte) {
-	var n [binary.MaxVarintLen64]byte
-	f.h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
-	f.h.Write(b)
-}
-
-// Sum returns the fingerprint of the fields written so far.
-func (f *FingerprintHasher) Sum() Fingerprint {
-	var fp Fingerprint
+	h.Write(b)
+	h.Write(body)
 	var sum [sha256.Size]byte
-	copy(fp[:], f.h.Sum(sum[:0]))
-	return fp
+	return Fingerprint(h.Sum(sum[:0])[:16])
 }
 
-func writeField(h hash.Hash, s string) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-	h.Write([]byte(s))
+func appendField(b []byte, f string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(f)))
+	return append(b, f...)
 }
 
 // LeaseID names one acquisition. It is random, chosen by the caller before

@@ -16,9 +16,10 @@ import (
 //
 // Implementations are safe for concurrent use. Renew, Complete and Release
 // succeed only for the current lease; otherwise they return ErrLeaseLost
-// and change nothing. Every method may be called again with the same
-// arguments after a lost reply and then gives the same answer. Backend
-// failures are returned as *StoreError.
+// and change nothing. Every method but Delete may be called again with the
+// same arguments after a lost reply and then gives the same answer (a
+// repeated Delete reports false). Backend failures are returned as
+// *StoreError.
 type Store interface {
 	// Acquire takes the key when it is absent, released, or its lease has
 	// expired, and otherwise reports why not. See Outcome.

@@ -113,13 +113,7 @@ func DefaultTenant(r *http.Request) string {
 
 // DefaultFingerprint hashes the method, path, query, Content-Type and body.
 func DefaultFingerprint(r *http.Request, body []byte) idem.Fingerprint {
-	h := idem.NewFingerprintHasher()
-	h.String(r.Method)
-	h.String(r.URL.Path)
-	h.String(r.URL.RawQuery)
-	h.String(r.Header.Get("Content-Type"))
-	h.Bytes(body)
-	return h.Sum()
+	return idem.SumFingerprint(body, r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"))
 }
 
 // DefaultShouldStore stores final answers and releases retryable ones:
@@ -280,6 +274,15 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 	}
 	if r.ContentLength > m.cfg.MaxBodySize {
 		return tooLarge()
+	}
+	if r.ContentLength >= 0 { // net/http enforces a declared length
+		body := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
+				Detail: "The request body could not be read."})
+			return nil, false
+		}
+		return body, true
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodySize))
 	var tooBig *http.MaxBytesError

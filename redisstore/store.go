@@ -58,8 +58,12 @@ type Options struct {
 	// Timeout bounds each store call whose context has no earlier
 	// deadline, so that a down or unreachable Redis fails the call (and
 	// the request gets 503) instead of hanging: rueidis, for one, retries
-	// a retryable script until its context ends. Default DefaultTimeout;
-	// negative means no bound besides the caller's context.
+	// a retryable script until its context ends by default. Negative means
+	// no bound besides the caller's context. Default: DefaultTimeout for a
+	// client given to New or NewRueidis; none for the client Open creates,
+	// which is set up to fail within DefaultTimeout by itself (a connection
+	// timeout and at most three retries) and is faster without a deadline
+	// per call.
 	Timeout time.Duration
 }
 
@@ -124,6 +128,9 @@ func Open(url string, opts Options) (*Store, error) {
 	c, err := rueidis.NewClient(o)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = -1 // the client is bounded (see Options.Timeout)
 	}
 	s, err := newStore(newRueidisRunner(c), opts, true)
 	if err != nil {

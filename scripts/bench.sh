@@ -31,3 +31,28 @@ echo "$out" | awk -v half=$((limit / 2)) '/pairs\/s/ {
 	split($1, n, "/"); printf "%-9s %6.0f pairs/s = %3.0f%% of the limit for pairs\n", n[2], r, 100 * r / half }'
 
 go test -run '^$' -bench . -benchtime "$benchtime" -count 1 ./memstore/ . | grep Benchmark
+
+# The HTTP middleware (idemhttp): latency one request at a time, and
+# throughput from 16 and 128 goroutines, against the test package's private
+# redis-server. The targets compare with the Redis round trip as a handler
+# pays it (a handler making one PING), measured in the same run.
+lat=$(go test -run '^$' -bench 'Latency' -benchtime 10000x -count 1 ./idemhttp/)
+echo "$lat" | grep Benchmark
+echo "$lat" | awk '
+	/Benchmark/ { for (i = 1; i <= NF; i++) if ($(i+1) == "p50-µs") v = $i
+		n = $1; sub(/^BenchmarkLatency\//, "", n); sub(/-[0-9]+$/, "", n); p[n] = v }
+	END {
+		rtt = p["no-layer+ping"] - p["no-layer"]
+		printf "Redis round trip in a handler: %.1f µs\n", rtt
+		printf "first request adds %.1f µs (target <= 2 x RTT + 50 = %.1f)\n", p["first/redis"] - p["no-layer"], 2 * rtt + 50
+		printf "replay adds        %.1f µs (target <= RTT + 50 = %.1f)\n", p["replay/redis"] - p["no-layer"], rtt + 50
+	}'
+thr=$(go test -run '^$' -bench 'Throughput' -benchtime "$benchtime" -count 1 ./idemhttp/)
+echo "$thr" | grep Benchmark
+echo "$thr" | awk '
+	/Benchmark/ { for (i = 1; i <= NF; i++) if ($(i+1) == "req/s") v = $i
+		n = $1; sub(/^BenchmarkThroughput\//, "", n); sub(/-[0-9]+$/, "", n); r[n] = v }
+	END { for (g = 16; g <= 128; g *= 8)
+		printf "g%d: first/redis %.0f%%, replay/redis %.0f%%, first/memstore %.0f%% of no-layer\n", g,
+			100 * r["g" g "/first/redis"] / r["g" g "/no-layer"], 100 * r["g" g "/replay/redis"] / r["g" g "/no-layer"],
+			100 * r["g" g "/first/memstore"] / r["g" g "/no-layer"] }'

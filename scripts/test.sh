@@ -21,12 +21,17 @@ if ((${#missing[@]})); then
 fi
 
 go vet ./...
-go test -race -count=1 -timeout 30m "$@" ./...
 
 # Each fuzz target also runs for a few seconds beyond its seed corpus
 # (longer: FUZZTIME=5m ./scripts/test.sh).
 fuzztime=${FUZZTIME:-5s}
-for target in FuzzScopeKey FuzzResponseDecode; do
-	go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" . >/dev/null
-	echo "fuzz: $target ran for $fuzztime, no failure"
+for target in .:FuzzScopeKey .:FuzzResponseDecode ./idemhttp:FuzzParseKey; do
+	go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}" >/dev/null
+	echo "fuzz: ${target#*:} ran for $fuzztime, no failure"
 done
+
+go test -race -count=1 -timeout 30m "$@" ./...
+
+# The router examples are a module of their own (examples/frameworks/go.mod),
+# so the main module does not depend on gin, echo, chi or gorilla/mux.
+(cd examples/frameworks && go vet ./... && go test -race -count=1 ./...)
