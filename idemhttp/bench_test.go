@@ -164,3 +164,32 @@ func BenchmarkThroughput(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPingAfterIdle measures a Redis PING sent after Redis has been
+// idle for a while (the client busy-waits, so only Redis idles): on a
+// virtual machine an idle CPU is slow to wake, which is why the round trip
+// a serial request pays is longer than a back-to-back PING.
+//
+//	go test -run '^$' -bench PingAfterIdle -benchtime 3000x ./idemhttp/
+func BenchmarkPingAfterIdle(b *testing.B) {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redisSrv.Addr()}, DisableCache: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for _, gap := range []time.Duration{0, 20 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond} {
+		b.Run("gap="+gap.String(), func(b *testing.B) {
+			lat := make([]time.Duration, 0, b.N)
+			for b.Loop() {
+				for t := time.Now(); time.Since(t) < gap; {
+				}
+				t0 := time.Now()
+				if err := c.Do(b.Context(), c.B().Ping().Build()).Error(); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			reportLatency(b, lat)
+		})
+	}
+}
