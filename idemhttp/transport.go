@@ -163,27 +163,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return base.RoundTrip(out)
 	}
 
-	maxAttempts := t.MaxAttempts
-	if maxAttempts <= 0 {
-		maxAttempts = transportDefaultMaxAttempts
-	}
-	maxElapsed := t.MaxElapsed
-	if maxElapsed <= 0 {
-		maxElapsed = transportDefaultMaxElapsed
-	}
-	minBackoff := t.MinBackoff
-	if minBackoff <= 0 {
-		minBackoff = transportDefaultMinBackoff
-	}
-	maxBackoff := t.MaxBackoff
-	if maxBackoff <= 0 {
-		maxBackoff = transportDefaultMaxBackoff
-	}
-	checkRetry := t.CheckRetry
+	maxAttempts := positiveOr(t.MaxAttempts, transportDefaultMaxAttempts)
+	maxElapsed := positiveOr(t.MaxElapsed, transportDefaultMaxElapsed)
+	minBackoff := positiveOr(t.MinBackoff, transportDefaultMinBackoff)
+	maxBackoff := positiveOr(t.MaxBackoff, transportDefaultMaxBackoff)
+	checkRetry, backoff := t.CheckRetry, t.Backoff
 	if checkRetry == nil {
 		checkRetry = DefaultCheckRetry
 	}
-	backoff := t.Backoff
 	if backoff == nil {
 		backoff = DefaultBackoff
 	}
@@ -239,6 +226,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case <-timer.C:
 		}
 	}
+}
+
+// positiveOr returns v, or def when v is not positive.
+func positiveOr[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a
