@@ -39,6 +39,8 @@ type Config struct {
 type Guard struct {
 	store Store
 	cfg   Config
+	// forgets bounds the background releases in flight (see Begin).
+	forgets chan struct{}
 }
 
 // New returns a Guard over store. It validates cfg and fills in defaults.
@@ -63,7 +65,7 @@ func New(store Store, cfg Config) (*Guard, error) {
 	case cfg.MaxResponseSize < 0 || cfg.MaxResponseSize > MaxEncodedBody:
 		return nil, fmt.Errorf("idem: Config.MaxResponseSize %d is outside 1..%d", cfg.MaxResponseSize, MaxEncodedBody)
 	}
-	return &Guard{store: store, cfg: cfg}, nil
+	return &Guard{store: store, cfg: cfg, forgets: make(chan struct{}, maxForgets)}, nil
 }
 
 // Config returns the guard's configuration with defaults filled in.
@@ -146,8 +148,17 @@ func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, A
 	if err != nil {
 		// The acquire may have been applied with its reply lost: release
 		// the lease nobody will hold, in the background, rather than leave
-		// the key blocked for a whole lease.
-		go g.forget(Lease{Key: key, ID: req.LeaseID, TTL: req.TTL})
+		// the key blocked for a whole lease. During an outage every call
+		// fails, so at most maxForgets of these run at once; the others are
+		// skipped (their keys free up when the lease ends).
+		select {
+		case g.forgets <- struct{}{}:
+			go func() {
+				defer func() { <-g.forgets }()
+				g.forget(Lease{Key: key, ID: req.LeaseID, TTL: req.TTL})
+			}()
+		default:
+		}
 		return nil, acq, err
 	}
 	if acq.Outcome != Acquired {
@@ -156,8 +167,12 @@ func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, A
 	return g.newAttempt(ctx, acq.Lease, sent), acq, nil
 }
 
-// forgetTimeout bounds a background release.
-const forgetTimeout = 5 * time.Second
+// forgetTimeout bounds a background release; maxForgets bounds how many
+// run at once.
+const (
+	forgetTimeout = 5 * time.Second
+	maxForgets    = 64
+)
 
 // forget releases l, best effort: ErrLeaseLost (it was never acquired, or
 // already finished) and store errors are ignored.

@@ -175,6 +175,41 @@ func TestCompleteFailureReleases(t *testing.T) {
 	}
 }
 
+// lostReply is a store whose Acquire is applied but reports an error, as
+// when the reply is lost on the way back.
+type lostReply struct{ idem.Store }
+
+func (s lostReply) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	s.Store.Acquire(ctx, req)
+	return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: errors.New("i/o timeout")}
+}
+
+// A failed Acquire may have taken the key: Begin releases that lease in
+// the background, so the key does not stay blocked for a whole lease.
+func TestBeginReleasesAfterLostReply(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	g, _ := idem.New(lostReply{mem}, idem.Config{Lease: time.Hour})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	if _, _, err := g.Begin(ctx, key, idem.Fingerprint{}); err == nil {
+		t.Fatal("Begin: got nil error, want the store's")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec, ok, err := mem.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && rec.State == idem.StateReleased {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a lost acquire reply: record %v (present %t), want it released, not in flight for the hour-long lease", rec.State, ok)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // BenchmarkGuardDo measures Guard.Do on memstore: first executions on
 // unique keys, and replays.
 func BenchmarkGuardDo(b *testing.B) {
