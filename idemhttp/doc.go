@@ -29,11 +29,18 @@
 // Error answers are RFC 9457 application/problem+json with a stable type
 // (the Problem* constants); Config.ErrorHandler can write them otherwise.
 //
-// The record is scoped by tenant (default: a hash of the Authorization
-// header), method, route (default: the ServeMux pattern) and key, so one
-// tenant never receives another's replay, and reusing a key on another
-// route is a new operation. The fingerprint (default: method, path, query,
-// Content-Type and body) detects a key reused for a different request.
+// The record is scoped by tenant, method, route and key, so one tenant
+// never receives another's replay. The tenant defaults to a hash of the
+// Authorization header: a client that refreshes its bearer token between
+// two retries becomes a new tenant and runs the operation again, so set
+// Config.Tenant to a stable account id where tokens rotate. The route
+// defaults to the ServeMux pattern when the middleware wraps a
+// *http.ServeMux or runs inside one (Request.Pattern), and to the escaped
+// path otherwise (chi, echo, gin, gorilla: set Config.Route to use their
+// route templates). A key reused on another route is a new operation; a
+// key reused under the same route for a different request (another path
+// under one pattern, another body) gets 422: the fingerprint (default:
+// method, escaped path, query, Content-Type and body) tells them apart.
 //
 // The handler's context carries the lease: idem.LeaseFromContext gives the
 // key and the fencing token, to pass on to the system of record. If the
@@ -42,14 +49,26 @@
 //
 // # What is stored and replayed
 //
-// The final status, the header as it was when the status was written, and
-// the body. Never stored: Set-Cookie, the hop-by-hop headers (Connection
-// and the headers it names, Keep-Alive, Transfer-Encoding, Upgrade, TE,
-// Trailer, Proxy-*) and Config.ReplayHeaderDenylist. Trailers and 1xx
-// informational responses are not stored. net/http adds Date on every
-// response, and Content-Length and a sniffed Content-Type when the handler
-// did not set them; a replay gets them computed from the same body, so
-// they match.
+// The final status, the header as the handler had set it when the status
+// was written, and the body as net/http sent it (nothing for 204, 304 and
+// HEAD). Headers that outer middleware set before the handler ran (a
+// request id, tracing) are the new request's, not the response's: they are
+// not stored, and a replay leaves the new request's values in place. Never
+// stored: Set-Cookie, the hop-by-hop headers (Connection and the headers it
+// names, Keep-Alive, Transfer-Encoding, Upgrade, TE, Trailer, Proxy-*) and
+// Config.ReplayHeaderDenylist. Trailers and 1xx informational responses are
+// not stored.
+//
+// When the handler set no Content-Type, net/http sniffs one from the first
+// bytes, or sends none if the handler flushed before writing any; the
+// stored header records what the client got, and a replay sends exactly
+// that. net/http adds Date to every response; the framing may differ (a
+// flushed original is chunked, its replay has a Content-Length).
+//
+// Handlers must write their response before returning: a framework that
+// writes an error returned by the handler after the middleware chain has
+// returned (echo does) would have an empty 200 stored. See
+// examples/frameworks for the one-line fix.
 //
 // # Streaming and large responses
 //
@@ -63,7 +82,10 @@
 //
 // net/http buffers small responses until the handler returns, and the
 // middleware stores the response before returning, so a client normally
-// receives a response only once it is stored. A streamed (flushed) or large
+// receives a response only once it is stored. If storing fails (the store
+// is down, the lease was lost), the failure is logged and the key released
+// when possible: the client still gets the handler's response, and a retry
+// runs the handler again. A streamed (flushed) or large
 // response can reach the client first; a retry in that short window gets
 // 409 (or waits, with Config.Wait), never a second execution.
 //

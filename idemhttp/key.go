@@ -44,7 +44,15 @@ func ParseKey(h http.Header) (string, error) {
 			return "", invalidKey("Idempotency-Key holds a character that is not visible ASCII; quote it as a string to include spaces")
 		}
 	}
-	return v, idem.ValidateKey(v)
+	return v, validate(v)
+}
+
+// validate is idem.ValidateKey with its error as a keyError.
+func validate(key string) error {
+	if err := idem.ValidateKey(key); err != nil {
+		return invalidKey(strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ") + " (Idempotency-Key must be 1 to 255 printable ASCII characters)")
+	}
+	return nil
 }
 
 // parseSFString parses an RFC 8941 sf-string (§3.3.3) that must make up the
@@ -63,7 +71,7 @@ func parseSFString(v string) (string, error) {
 			if i != len(v)-1 {
 				return "", invalidKey("Idempotency-Key has characters after its closing quote")
 			}
-			return b.String(), idem.ValidateKey(b.String())
+			return b.String(), validate(b.String())
 		case c < 0x20 || c > 0x7E:
 			return "", invalidKey("Idempotency-Key string holds a character that is not printable ASCII")
 		default:
@@ -74,6 +82,14 @@ func parseSFString(v string) (string, error) {
 }
 
 func invalidKey(why string) error { return &keyError{why} }
+
+// keyErrorDetail is the text of a ParseKey error, for a problem's detail.
+func keyErrorDetail(err error) string {
+	if ke, ok := err.(*keyError); ok {
+		return ke.why
+	}
+	return err.Error()
+}
 
 type keyError struct{ why string }
 

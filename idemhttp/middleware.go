@@ -21,10 +21,11 @@ import (
 const (
 	DefaultMaxBodySize     = 1 << 20
 	DefaultMaxResponseSize = idem.DefaultMaxResponseSize
-	// maxWaitPoll caps the wait between two store checks while waiting
-	// for a holder in another process.
-	maxWaitPoll = 250 * time.Millisecond
 )
+
+// maxWaitPoll caps the pause between two store checks while waiting for a
+// holder in another process.
+const maxWaitPoll = 250 * time.Millisecond
 
 // HeaderBodyOmitted is set to "true" on a replay whose body was larger than
 // Config.MaxResponseSize when it was first produced and was not stored.
@@ -113,7 +114,7 @@ func DefaultTenant(r *http.Request) string {
 
 // DefaultFingerprint hashes the method, path, query, Content-Type and body.
 func DefaultFingerprint(r *http.Request, body []byte) idem.Fingerprint {
-	return idem.SumFingerprint(body, r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"))
+	return idem.SumFingerprint(body, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
 }
 
 // DefaultShouldStore stores final answers and releases retryable ones:
@@ -223,21 +224,16 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			return
 		case err != nil:
 			m.problem(w, r, Problem{Type: ProblemKeyInvalid, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest,
-				Detail: strings.TrimPrefix(strings.TrimPrefix(err.Error(), "idemhttp: "), "idem: ")})
+				Detail: keyErrorDetail(err)})
 			return
 		}
 		body, ok := m.readBody(w, r)
 		if !ok {
 			return
 		}
-		key, err := idem.Scope{Tenant: m.cfg.Tenant(r), Method: r.Method, Route: route(r)}.Key(clientKey)
-		if err != nil { // ParseKey validated it; kept for safety
-			m.problem(w, r, Problem{Type: ProblemKeyInvalid, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest})
-			return
-		}
-		fp := m.cfg.Fingerprint(r, body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		m.serve(w, r, next, key, fp)
+		// ParseKey validated the key, so Key cannot fail.
+		key, _ := idem.Scope{Tenant: m.cfg.Tenant(r), Method: r.Method, Route: route(r)}.Key(clientKey)
+		m.serve(w, r, next, key, m.cfg.Fingerprint(r, body), body)
 	})
 }
 
@@ -252,7 +248,7 @@ func defaultRoute(next http.Handler) func(*http.Request) string {
 				return p
 			}
 		}
-		return r.URL.Path
+		return r.URL.EscapedPath()
 	}
 }
 
@@ -266,49 +262,49 @@ func (m *middleware) required(r *http.Request) bool {
 // readBody reads the whole request body, up to MaxBodySize; past it the
 // request gets 413 and nothing is stored.
 func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	tooLarge := func() ([]byte, bool) {
-		p := problemBodyTooLarge
-		p.Detail = fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes of body.", m.cfg.MaxBodySize)
-		m.problem(w, r, p)
+	if r.ContentLength > m.cfg.MaxBodySize {
+		m.tooLarge(w, r)
 		return nil, false
 	}
-	if r.ContentLength > m.cfg.MaxBodySize {
-		return tooLarge()
-	}
-	if r.ContentLength >= 0 { // net/http enforces a declared length
-		body := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
-			m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
-				Detail: "The request body could not be read."})
-			return nil, false
-		}
-		return body, true
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodySize))
+	// The declared length is a hint only: an outer middleware may have
+	// replaced the body (decompressing it, say), and a client that
+	// declares a length and sends nothing must not pin that much memory.
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodySize))
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
-		return tooLarge()
+		m.tooLarge(w, r)
+		return nil, false
 	case err != nil:
 		m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
 			Detail: "The request body could not be read."})
 		return nil, false
 	}
-	return body, true
+	return buf.Bytes(), true
+}
+
+func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
+	p := problemBodyTooLarge
+	p.Detail = fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes of body.", m.cfg.MaxBodySize)
+	m.problem(w, r, p)
 }
 
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
 // 503; with Config.Wait, an in-flight key is waited for first.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint) {
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint, body []byte) {
 	deadline := time.Now().Add(m.cfg.Wait)
 	pause := 5 * time.Millisecond
 	for {
 		att, acq, err := m.g.Begin(r.Context(), key, fp)
+		if err != nil && r.Context().Err() != nil {
+			return // the client is gone (or an outer deadline passed): nobody to answer, nothing to run
+		}
 		if err != nil {
 			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: store failed before the handler ran",
 				slog.String("key", key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
 			if m.cfg.FailOpen {
-				next.ServeHTTP(w, r)
+				next.ServeHTTP(w, withBody(r, r.Context(), body))
 				return
 			}
 			m.problem(w, r, problemStore)
@@ -316,7 +312,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		switch acq.Outcome {
 		case idem.Acquired:
-			m.execute(w, r, next, att)
+			m.execute(w, withBody(r, att.Context(), body), next, att)
 		case idem.Replay:
 			m.replay(w, acq.Response)
 		case idem.Mismatch:
@@ -332,18 +328,30 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			pause = min(2*pause, maxWaitPoll)
 			continue
+		default: // a store answering something else is a broken store
+			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idem: store gave an unknown outcome",
+				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
+			m.problem(w, r, problemStore)
 		}
 		return
 	}
 }
 
+// withBody returns a copy of r with ctx and the body that was read for
+// the fingerprint.
+func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
+	r = r.WithContext(ctx)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return r
+}
+
 // execute runs the handler under the lease, then stores its response or
 // releases the key according to ShouldStore. A panic releases the key and
-// goes on.
+// goes on. r carries the attempt's context.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, att *idem.Attempt) {
 	key := att.Lease().Key
 	finish := context.WithoutCancel(r.Context())
-	c := &capture{w: w, max: m.cfg.MaxResponseSize}
+	c := newCapture(w, m.cfg.MaxResponseSize)
 	defer m.waiters.wake(key)
 	defer func() {
 		if p := recover(); p != nil {
@@ -351,13 +359,13 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			panic(p)
 		}
 	}()
-	next.ServeHTTP(c, r.WithContext(att.Context()))
-	c.finish()
+	next.ServeHTTP(c, r)
+	header := c.finish()
 	if c.hijacked || !m.cfg.ShouldStore(r, c.status) {
 		m.release(finish, att)
 		return
 	}
-	resp := &idem.Response{Status: c.status, Header: m.storable(c.header), Body: c.body, BodyOmitted: c.overflow}
+	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
 	if err := att.Complete(finish, resp); err != nil {
 		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
@@ -390,6 +398,9 @@ func (m *middleware) replay(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
 		h[name] = vs
+	}
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil // the original had none: net/http must not sniff one
 	}
 	h.Set(HeaderReplayed, "true")
 	if resp.BodyOmitted {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,7 +67,9 @@ func newServer(t *testing.T, store idem.Store, cfg idemhttp.Config, h http.Handl
 		s.runs.Add(1)
 		h(w, r)
 	})
-	s.Server = httptest.NewServer(idemhttp.Middleware(store, cfg)(mux))
+	s.Server = httptest.NewUnstartedServer(idemhttp.Middleware(store, cfg)(mux))
+	s.Config.ErrorLog = quietStdLogger() // panicking handlers are expected
+	s.Start()
 	t.Cleanup(s.Close)
 	return s
 }
@@ -380,7 +383,6 @@ func TestReleaseOnFailureAndPanic(t *testing.T) {
 				charge(w, r)
 			}
 		})
-		s.Config.ErrorLog = quietStdLogger()
 		if a := s.do(t, "POST", "/x", "k", ""); a.status != 502 {
 			t.Fatalf("got %d, want 502", a.status)
 		}
@@ -433,11 +435,22 @@ func TestCapture(t *testing.T) {
 				http.NewResponseController(w).Flush()
 			}
 		}, 200, "part0;part1;part2;"},
+		"flushed before the body": {func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			http.NewResponseController(w).Flush() // no Content-Type is sniffed
+			io.WriteString(w, "<html>late</html>")
+		}, 201, "<html>late</html>"},
+		"sniffed type": {func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "<html>hi</html>")
+		}, 200, "<html>hi</html>"},
+		"204 with a body": {func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusNoContent)
+			io.WriteString(w, "dropped by net/http")
+		}, 204, ""},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{}, c.h)
-			s.Config.ErrorLog = quietStdLogger()
 			first := s.do(t, "POST", "/", "k", "")
 			again := s.do(t, "POST", "/", "k", "")
 			if first.status != c.wantStatus || first.body != c.wantBody {
@@ -445,6 +458,18 @@ func TestCapture(t *testing.T) {
 			}
 			if again.status != c.wantStatus || again.body != c.wantBody || again.header.Get(idemhttp.HeaderReplayed) != "true" {
 				t.Errorf("replay: got %d %q %v, want %d %q replayed", again.status, again.body, again.header, c.wantStatus, c.wantBody)
+			}
+			// The same header, but for the replay mark, the date and the
+			// framing (a flushed original is chunked, its replay is not).
+			strip := func(h http.Header) http.Header {
+				h = h.Clone()
+				for _, name := range []string{"Date", "Content-Length", "Transfer-Encoding", idemhttp.HeaderReplayed} {
+					delete(h, name)
+				}
+				return h
+			}
+			if got, want := strip(again.header), strip(first.header); !reflect.DeepEqual(got, want) {
+				t.Errorf("replay header: got %v, want %v", got, want)
 			}
 			if s.runs.Load() != 1 {
 				t.Errorf("executions: got %d, want 1", s.runs.Load())
@@ -549,12 +574,18 @@ func TestStoreDown(t *testing.T) {
 }
 
 func TestHandlerContext(t *testing.T) {
-	var got idem.Lease
-	var ok bool
+	type seen struct {
+		lease idem.Lease
+		ok    bool
+	}
+	ch := make(chan seen, 1)
 	s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		got, ok = idem.LeaseFromContext(r.Context())
+		l, ok := idem.LeaseFromContext(r.Context())
+		ch <- seen{l, ok}
 	})
 	s.do(t, "POST", "/pay", "ctx-key", "")
+	sn := <-ch
+	got, ok := sn.lease, sn.ok
 	want, _ := idem.Scope{Method: "POST", Route: "/"}.Key("ctx-key")
 	if !ok || got.Key != want || got.Token == 0 {
 		t.Fatalf("lease in the handler's context: got %+v (ok %t), want key %s (route = the mux pattern \"/\") and a token", got, ok, want)
