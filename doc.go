@@ -30,11 +30,13 @@
 // # Fencing tokens
 //
 // Every acquisition gets a fencing token, readable in the work's context
-// with LeaseFromContext. A token is the larger of the key's previous token
-// plus one and the store clock in milliseconds, so it strictly increases
-// per key across takeovers and releases, and keeps increasing after the
-// record has expired or (on Redis) after a failover lost the record, as
-// long as the store's clock does not step back. Pass it to the system of
+// with LeaseFromContext. It strictly increases per key across takeovers and
+// releases, and keeps increasing after the record has expired. On Redis and
+// in memory a token is the larger of the key's previous token plus one and
+// the store clock in milliseconds (so it also survives a Redis failover
+// that lost the record, as long as the clock does not step back); on
+// PostgreSQL it comes from a database sequence. Tokens of different stores
+// are not comparable. Pass it to the system of
 // record and have it refuse a token lower than the last one it accepted:
 // that stops a paused or partitioned holder whose lease ended (Kleppmann's
 // fencing).
@@ -57,7 +59,7 @@
 //   - Work whose holder crashes, or loses its lease, before Complete may run
 //     again after the lease ends: that is at-least-once with fencing, not
 //     exactly-once. Only an effect committed in the same transaction as the
-//     completion (the PostgreSQL store) is exactly-once; any other effect
+//     completion (pgstore.CompleteTx) is exactly-once; any other effect
 //     should check the fencing token.
 //   - Redis replicates asynchronously: a failover can lose a record written
 //     just before it, and the operation may then run again.

@@ -30,6 +30,34 @@ for target in .:FuzzScopeKey .:FuzzResponseDecode ./idemhttp:FuzzParseKey; do
 	echo "fuzz: ${target#*:} ran for $fuzztime, no failure"
 done
 
+# The PostgreSQL tests (pgstore, examples/payments-pg) each create a private
+# database on the local cluster at 127.0.0.1:5432 (internal/pgtest). Start
+# the cluster when it does not answer; install it first (trusting local TCP
+# connections, as the tests connect without a password) when it is missing.
+if ! pg_isready -q -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	if [ ! -d /etc/postgresql ] || [ -z "$(ls /etc/postgresql)" ]; then
+		echo "test.sh: installing postgresql" >&2
+		$sudo apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+		for hba in /etc/postgresql/*/main/pg_hba.conf; do
+			$sudo sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+		done
+	fi
+	pgversion=$(ls /etc/postgresql | sort -V | tail -n 1)
+	$sudo pg_ctlcluster --skip-systemctl-redirect "$pgversion" main start >/dev/null 2>&1 ||
+		$sudo pg_ctlcluster --skip-systemctl-redirect "$pgversion" main reload >/dev/null 2>&1 || true
+	for _ in $(seq 100); do
+		pg_isready -q -h 127.0.0.1 -p 5432 && break
+		sleep 0.1
+	done
+	pg_isready -q -h 127.0.0.1 -p 5432 || {
+		echo "test.sh: PostgreSQL $pgversion does not answer on 127.0.0.1:5432 after 10s" >&2
+		exit 1
+	}
+fi
+
 go test -race -count=1 -timeout 30m "$@" ./...
 
 # The router examples are a module of their own (examples/frameworks/go.mod),

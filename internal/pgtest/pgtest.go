@@ -1,0 +1,106 @@
+// Package pgtest gives tests a private database on a real PostgreSQL
+// server.
+//
+// New connects to the server at IDEM_PG_URL (default DefaultURL: the local
+// cluster, which scripts/test.sh starts, or installs and starts, before the
+// tests), creates a database of its own named idemtest_<random>, and
+// returns a pool on it. The database is dropped, with its connections,
+// when the test ends. Nothing is shared between tests but the server, so
+// tests and test packages may run in parallel.
+//
+//	func TestSomething(t *testing.T) {
+//		pool := pgtest.New(t)
+//		...
+//	}
+//
+// A server that cannot be reached fails the test with a message saying how
+// to start one: tests that need PostgreSQL never skip.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultURL is the server used when IDEM_PG_URL is unset: the local
+// cluster, with trust authentication for local TCP connections.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// MaxConns bounds each pool New returns. A server allows 100 connections
+// by default, and several test packages may hold a pool at once.
+const MaxConns = 16
+
+// setupTimeout bounds connecting, creating and dropping a database.
+const setupTimeout = 30 * time.Second
+
+// URL returns the administrative connection string: IDEM_PG_URL, or
+// DefaultURL.
+func URL() string {
+	if u := os.Getenv("IDEM_PG_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// New creates a private database and returns a pool on it, of at most
+// MaxConns connections. The pool is closed and the database dropped when tb
+// ends. It stops tb when the server cannot be reached or the database
+// cannot be created.
+func New(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		tb.Fatalf("pgtest: cannot reach PostgreSQL at %s: %v\n"+
+			"Run the tests with ./scripts/test.sh, which starts the local cluster (or installs it),\n"+
+			"or start it yourself: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n"+
+			"or set IDEM_PG_URL to a server where this user may CREATE DATABASE.", URL(), err)
+	}
+	defer admin.Close(context.Background())
+
+	name := "idemtest_" + strings.ToLower(rand.Text()[:16])
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		tb.Fatalf("pgtest: CREATE DATABASE %s: %v", name, err)
+	}
+	tb.Cleanup(func() { drop(tb, ident) })
+
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		tb.Fatalf("pgtest: IDEM_PG_URL: %v", err)
+	}
+	cfg.ConnConfig.Database = name
+	cfg.MaxConns = MaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: pool on %s: %v", name, err)
+	}
+	tb.Cleanup(pool.Close) // runs before drop: cleanups run last added, first called
+	if err := pool.Ping(ctx); err != nil {
+		tb.Fatalf("pgtest: connect to %s: %v", name, err)
+	}
+	return pool
+}
+
+// drop drops the database ident (quoted), ending any session still on it.
+func drop(tb testing.TB, ident string) {
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		tb.Errorf("pgtest: drop %s: %v", ident, err)
+		return
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		tb.Errorf("pgtest: DROP DATABASE %s: %v", ident, err)
+	}
+}

@@ -1,0 +1,170 @@
+package pgstore
+
+// The statements of the store. Each transition is one statement, so one
+// round trip (pgx prepares each statement once per connection and then
+// sends Bind+Execute only). {table}, {index} and {seq} stand for the quoted
+// names of the table, its expiry index and its token sequence.
+//
+// Time is the database's: statement_timestamp(), read once per statement,
+// so that the check of a lease and the expiry written by the same
+// statement agree. Inside a caller's transaction (CompleteTx) it is the
+// start of the statement, not of the transaction (now()), which may be
+// long before. A record whose expires_at is not after it is absent to
+// every statement; the reaper only reclaims the space.
+//
+// The state column holds idem.State: 1 in flight, 2 completed, 3 released.
+
+// migrateSQL creates the table, its expiry index and the token sequence.
+// It runs as one simple-protocol query, hence in one implicit transaction,
+// under a transaction-level advisory lock, so that concurrent migrations
+// (several processes starting at once) wait for each other instead of
+// failing on the catalog's unique indexes.
+//
+// The sequence keeps CACHE 1 (the default, written out): with a larger
+// cache, each session would hand out values from its own range, and a
+// value drawn later could be smaller than one drawn earlier, which the
+// fencing argument in the package documentation rules out.
+const migrateSQL = `
+SELECT pg_advisory_xact_lock(7306316441219102001);
+CREATE TABLE IF NOT EXISTS {table} (
+	namespace   text        NOT NULL,
+	key         bytea       NOT NULL,
+	state       smallint    NOT NULL,
+	token       bigint      NOT NULL,
+	fingerprint bytea,
+	lease_id    bytea,
+	expires_at  timestamptz NOT NULL,
+	response    bytea,
+	PRIMARY KEY (namespace, key)
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1;
+`
+
+// acquireSQL takes the key or reports why not.
+//
+// $1 namespace, $2 key, $3 fingerprint, $4 lease id, $5 lease TTL.
+//
+// It returns exactly one row: the record as it is after the statement
+// (state, token, fingerprint, lease_id, time left, response), and the time
+// left at the statement's end. The caller took the key when the row is in
+// flight with its own lease id, whether this statement took it (then the
+// time left is exactly $5) or an earlier one with the same lease id did (a
+// repeat after a lost reply). The time left at the end is for in-flight
+// answers: a statement that waited for the row lock of an acquirer that
+// started after it would otherwise report more time left than that
+// acquirer's whole lease.
+//
+// cur reads the live, unreleased record from the statement's snapshot.
+// When there is one, nothing is written: in flight, replay and mismatch
+// (the common answers to a repeat) cost a read only, and answer as of the
+// snapshot, which is taken during the statement.
+//
+// Otherwise ins inserts a new in-flight record. When a record appeared
+// meanwhile or is there but dead (expired or released), the insert
+// conflicts, and the ON CONFLICT branch, which locks the row and sees its
+// latest committed version, whatever the snapshot, takes it over if it is
+// dead and leaves it as it is if it is live. The unconditional DO UPDATE
+// (with CASE, not DO UPDATE ... WHERE) is what makes RETURNING give the
+// row in both cases: a row left out by WHERE would have to be read again,
+// and the snapshot may not show it. Concurrent acquirers of one key
+// serialise on the row lock, so exactly one of them takes it.
+//
+// Tokens: the inserted row's token is drawn when the insert is tried; a
+// takeover draws a fresh one under the row lock, after the token it
+// replaces was drawn, so it is larger. Values drawn by an insert that
+// conflicts are lost: tokens have gaps, and only tokens of leases granted
+// are ever returned.
+const acquireSQL = `
+WITH cur AS (
+	SELECT state, token, fingerprint, lease_id, expires_at, response
+	FROM {table}
+	WHERE namespace = $1 AND key = $2 AND state <> 3 AND expires_at > statement_timestamp()
+), ins AS (
+	INSERT INTO {table} AS r (namespace, key, state, token, fingerprint, lease_id, expires_at)
+	SELECT $1, $2, 1, nextval('{seq}'), $3, $4, statement_timestamp() + $5::interval
+	WHERE NOT EXISTS (SELECT FROM cur)
+	ON CONFLICT (namespace, key) DO UPDATE SET
+		state       = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN 1 ELSE r.state END,
+		token       = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN nextval('{seq}') ELSE r.token END,
+		fingerprint = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.fingerprint ELSE r.fingerprint END,
+		lease_id    = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.lease_id ELSE r.lease_id END,
+		response    = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN NULL ELSE r.response END,
+		expires_at  = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE r.expires_at END
+	RETURNING r.state, r.token, r.fingerprint, r.lease_id, r.expires_at, r.response
+)
+SELECT state, token, fingerprint, lease_id, expires_at - statement_timestamp(), response, expires_at - clock_timestamp() FROM ins
+UNION ALL
+SELECT state, token, fingerprint, lease_id, expires_at - statement_timestamp(), response, expires_at - clock_timestamp() FROM cur`
+
+// renewSQL extends a live lease. $1 namespace, $2 key, $3 lease id, $4 TTL.
+// One row affected: renewed; none: lease lost.
+const renewSQL = `
+UPDATE {table} SET expires_at = statement_timestamp() + $4::interval
+WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_id = $3
+	AND expires_at > statement_timestamp()`
+
+// completeTxSQL stores the response of a live lease. $1 namespace, $2 key,
+// $3 lease id, $4 encoded response, $5 retention. One row affected:
+// completed; none: lease lost. It is CompleteTx's statement, and the first
+// half of completeSQL.
+const completeTxSQL = `
+UPDATE {table} SET state = 2, lease_id = NULL, response = $4,
+	expires_at = statement_timestamp() + $5::interval
+WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_id = $3
+	AND expires_at > statement_timestamp()`
+
+// completeSQL is completeTxSQL ($1 to $5) that also accepts, as a repeat
+// after a lost reply, a record this lease completed already: the same
+// token ($6), which is unique per key. It returns one boolean: true for
+// completed (now or before), false for lease lost.
+const completeSQL = `
+WITH done AS (` + completeTxSQL + `
+	RETURNING true
+)
+SELECT EXISTS (SELECT FROM done) OR EXISTS (
+	SELECT FROM {table}
+	WHERE namespace = $1 AND key = $2 AND state = 2 AND token = $6
+		AND expires_at > statement_timestamp())`
+
+// releaseSQL ends a live lease without a result, leaving a tombstone
+// (state 3) that keeps the token for the given time. $1 namespace, $2 key,
+// $3 lease id, $4 tombstone TTL, $5 the lease's token for a repeat. It
+// returns true for released (now or before), false for lease lost.
+const releaseSQL = `
+WITH done AS (
+	UPDATE {table} SET state = 3, fingerprint = NULL, lease_id = NULL,
+		expires_at = statement_timestamp() + $4::interval
+	WHERE namespace = $1 AND key = $2 AND state = 1 AND lease_id = $3
+		AND expires_at > statement_timestamp()
+	RETURNING true
+)
+SELECT EXISTS (SELECT FROM done) OR EXISTS (
+	SELECT FROM {table}
+	WHERE namespace = $1 AND key = $2 AND state = 3 AND token = $5
+		AND expires_at > statement_timestamp())`
+
+// getSQL reads a live record. $1 namespace, $2 key.
+const getSQL = `
+SELECT state, token, fingerprint, lease_id, expires_at - statement_timestamp(), response
+FROM {table}
+WHERE namespace = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
+// deleteSQL removes a record, expired or not, and returns whether it was
+// live. $1 namespace, $2 key.
+const deleteSQL = `
+DELETE FROM {table} WHERE namespace = $1 AND key = $2
+RETURNING expires_at > statement_timestamp()`
+
+// reapSQL deletes up to $1 expired records of every namespace. It looks
+// them up on the expiry index and deletes them by ctid (a TID scan, not a
+// join). FOR UPDATE locks them, and rechecks the expiry on a version
+// changed since the snapshot; SKIP LOCKED passes over records a
+// transaction holds (a CompleteTx not yet committed), so the reaper never
+// waits for the application's transactions, nor they for it.
+const reapSQL = `
+DELETE FROM {table} WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM {table}
+	WHERE expires_at <= statement_timestamp()
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED))`
