@@ -273,6 +273,13 @@ func (a *Attempt) Release(ctx context.Context) error {
 	return a.g.store.Release(ctx, a.lease)
 }
 
+// Stop ends the attempt without touching the store: renewal stops and
+// the work's context is cancelled. It is for callers that finished the
+// record themselves, such as pgstore.CompleteTx inside their own
+// transaction (call Stop after the commit; Release after a rollback). It
+// returns ErrLeaseLost if the lease was lost before.
+func (a *Attempt) Stop() error { return a.finish() }
+
 // finish stops renewal, cancelling one in progress, and cancels the work's
 // context. It fails if the attempt already finished or its lease was lost.
 func (a *Attempt) finish() error {

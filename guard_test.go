@@ -210,6 +210,36 @@ func TestBeginReleasesAfterLostReply(t *testing.T) {
 	}
 }
 
+// Stop ends an attempt whose record the caller finished itself: the store
+// is not touched, the context ends, and the attempt cannot finish twice.
+func TestAttemptStop(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	g, _ := idem.New(mem, idem.Config{Lease: 30 * time.Millisecond})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	att, _, err := g.Begin(ctx, key, idem.Fingerprint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The caller completes the record through the store (as CompleteTx).
+	if err := mem.Complete(ctx, att.Lease(), &idem.Response{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := att.Stop(); err != nil {
+		t.Fatalf("Stop: got %v, want nil", err)
+	}
+	if context.Cause(att.Context()) == nil {
+		t.Error("work context still live after Stop")
+	}
+	time.Sleep(50 * time.Millisecond) // past a renewal's time: none may run
+	if rec, _, _ := mem.Get(ctx, key); rec.State != idem.StateCompleted {
+		t.Errorf("after Stop: got a %v record, want the completed one untouched", rec.State)
+	}
+	if err := att.Release(ctx); err == nil {
+		t.Error("Release after Stop: got nil error, want one")
+	}
+}
+
 // BenchmarkGuardDo measures Guard.Do on memstore: first executions on
 // unique keys, and replays.
 func BenchmarkGuardDo(b *testing.B) {
