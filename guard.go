@@ -32,6 +32,13 @@ type Config struct {
 	// the status and headers and Response.BodyOmitted set, and the work is
 	// never run again for it. Default 1 MiB; at most MaxEncodedBody.
 	MaxResponseSize int
+
+	// OnRenew, when set, is called after each background lease renewal
+	// with its result: nil, ErrLeaseLost (the lease is gone: the work's
+	// context is cancelled), or the store's error (renewal is retried until
+	// the lease may have ended, which then counts as ErrLeaseLost). For
+	// metrics and logs; it must not block.
+	OnRenew func(key Key, err error)
 }
 
 // Guard runs work at most once per key, replaying the stored result to
@@ -312,6 +319,9 @@ func (a *Attempt) renew() {
 	if left <= 0 {
 		a.loseLocked()
 		a.mu.Unlock()
+		if a.g.cfg.OnRenew != nil {
+			a.g.cfg.OnRenew(a.lease.Key, ErrLeaseLost)
+		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), left)
@@ -328,6 +338,9 @@ func (a *Attempt) renew() {
 	if a.finished {
 		return // finished meanwhile; the answer no longer matters
 	}
+	if a.g.cfg.OnRenew != nil {
+		a.g.cfg.OnRenew(a.lease.Key, err)
+	}
 	switch {
 	case err == nil:
 		a.validUntil = sent.Add(a.g.cfg.Lease)
@@ -339,6 +352,9 @@ func (a *Attempt) renew() {
 		// lease up once it may have ended.
 		if left = time.Until(a.validUntil); left <= 0 {
 			a.loseLocked()
+			if a.g.cfg.OnRenew != nil {
+				a.g.cfg.OnRenew(a.lease.Key, ErrLeaseLost)
+			}
 			return
 		}
 		a.timer.Reset(min(a.g.cfg.Lease/10, left))

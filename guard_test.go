@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ func TestNewValidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := idem.Config{Lease: idem.DefaultLease, Retention: idem.DefaultRetention, MaxResponseSize: idem.DefaultMaxResponseSize}
-	if got := g.Config(); got != want {
+	if got := g.Config(); got.Lease != want.Lease || got.Retention != want.Retention || got.MaxResponseSize != want.MaxResponseSize {
 		t.Errorf("defaults: got %+v, want %+v", got, want)
 	}
 }
@@ -237,6 +238,28 @@ func TestAttemptStop(t *testing.T) {
 	}
 	if err := att.Release(ctx); err == nil {
 		t.Error("Release after Stop: got nil error, want one")
+	}
+}
+
+// OnRenew sees every background renewal, and the loss of the lease.
+func TestOnRenew(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	var mu sync.Mutex
+	var results []error
+	g, _ := idem.New(mem, idem.Config{Lease: 30 * time.Millisecond, OnRenew: func(_ idem.Key, err error) {
+		mu.Lock()
+		results = append(results, err)
+		mu.Unlock()
+	}})
+	key, _ := idem.Scope{}.Key("k")
+	att, _, _ := g.Begin(context.Background(), key, idem.Fingerprint{})
+	time.Sleep(45 * time.Millisecond)     // past at least one renewal
+	mem.Delete(context.Background(), key) // the lease is gone
+	<-att.Context().Done()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(results) < 2 || results[0] != nil || !errors.Is(results[len(results)-1], idem.ErrLeaseLost) {
+		t.Fatalf("renewals: got %v, want successes, then ErrLeaseLost", results)
 	}
 }
 

@@ -97,7 +97,29 @@ type Config struct {
 	// Logger receives store failures and lost leases. Keys are logged as
 	// their digest, never raw. Default slog.Default().
 	Logger *slog.Logger
+
+	// OnOutcome, when set, is called once for every request of a covered
+	// method with what the middleware did with it (for metrics). It must
+	// not block.
+	OnOutcome func(r *http.Request, o Outcome)
+
+	// OnRenew: see idem.Config.
+	OnRenew func(key idem.Key, err error)
 }
+
+// Outcome is what the middleware did with a request of a covered method.
+type Outcome string
+
+const (
+	OutcomePassedThrough Outcome = "passed_through" // no key, none required: handler ran unprotected
+	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease
+	OutcomeReplayed      Outcome = "replayed"       // the stored response was replayed
+	OutcomeConflict      Outcome = "conflict"       // 409: in flight (after the wait, if any)
+	OutcomeMismatch      Outcome = "mismatch"       // 422
+	OutcomeRejected      Outcome = "rejected"       // 400 or 413: key missing or invalid, body too large or unreadable
+	OutcomeStoreError    Outcome = "store_error"    // the store failed: 503, or the handler ran unprotected (FailOpen)
+	OutcomeGone          Outcome = "gone"           // the client left before an answer
+)
 
 // DefaultTenant scopes keys by the caller's credentials: a hash of the
 // Authorization header, or "" when there is none. Replace it when callers
@@ -160,7 +182,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.MaxResponseSize == 0 {
 		cfg.MaxResponseSize = DefaultMaxResponseSize
 	}
-	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize})
+	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew})
 	if err != nil {
 		return nil, err
 	}
@@ -192,6 +214,9 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if m.cfg.Logger == nil {
 		m.cfg.Logger = slog.Default()
 	}
+	if m.cfg.OnOutcome == nil {
+		m.cfg.OnOutcome = func(*http.Request, Outcome) {}
+	}
 	return m.wrap, nil
 }
 
@@ -217,18 +242,22 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 		switch {
 		case errors.Is(err, errKeyMissing):
 			if m.required(r) {
+				m.cfg.OnOutcome(r, OutcomeRejected)
 				m.problem(w, r, problemKeyMissing)
 				return
 			}
+			m.cfg.OnOutcome(r, OutcomePassedThrough)
 			next.ServeHTTP(w, r)
 			return
 		case err != nil:
+			m.cfg.OnOutcome(r, OutcomeRejected)
 			m.problem(w, r, Problem{Type: ProblemKeyInvalid, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest,
 				Detail: keyErrorDetail(err)})
 			return
 		}
 		body, ok := m.readBody(w, r)
 		if !ok {
+			m.cfg.OnOutcome(r, OutcomeRejected)
 			return
 		}
 		// ParseKey validated the key, so Key cannot fail.
@@ -298,9 +327,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	for {
 		att, acq, err := m.g.Begin(r.Context(), key, fp)
 		if err != nil && r.Context().Err() != nil {
+			m.cfg.OnOutcome(r, OutcomeGone)
 			return // the client is gone (or an outer deadline passed): nobody to answer, nothing to run
 		}
 		if err != nil {
+			m.cfg.OnOutcome(r, OutcomeStoreError)
 			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: store failed before the handler ran",
 				slog.String("key", key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
 			if m.cfg.FailOpen {
@@ -312,23 +343,29 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		switch acq.Outcome {
 		case idem.Acquired:
+			m.cfg.OnOutcome(r, OutcomeExecuted)
 			m.execute(w, withBody(r, att.Context(), body), next, att)
 		case idem.Replay:
+			m.cfg.OnOutcome(r, OutcomeReplayed)
 			m.replay(w, acq.Response)
 		case idem.Mismatch:
+			m.cfg.OnOutcome(r, OutcomeMismatch)
 			m.problem(w, r, problemMismatch)
 		case idem.InFlight:
 			left := time.Until(deadline)
 			if left <= 0 {
+				m.cfg.OnOutcome(r, OutcomeConflict)
 				m.problem(w, r, problemInFlight)
 				return
 			}
 			if !m.waiters.wait(r.Context(), key, min(pause, left, acq.RetryAfter+time.Millisecond)) {
+				m.cfg.OnOutcome(r, OutcomeGone)
 				return // the client is gone
 			}
 			pause = min(2*pause, maxWaitPoll)
 			continue
 		default: // a store answering something else is a broken store
+			m.cfg.OnOutcome(r, OutcomeStoreError)
 			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idem: store gave an unknown outcome",
 				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
 			m.problem(w, r, problemStore)

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -204,5 +206,40 @@ func TestConfigHooks(t *testing.T) {
 	}
 	if a := s.do(t, "POST", "/a", "", ""); a.status != http.StatusBadRequest || len(problems) != 1 || problems[0] != idemhttp.ProblemKeyMissing {
 		t.Errorf("RequireKey with a custom ErrorHandler: got %d and problems %v", a.status, problems)
+	}
+}
+
+// OnOutcome reports what happened to each covered request, once.
+func TestOnOutcome(t *testing.T) {
+	var mu sync.Mutex
+	got := map[idemhttp.Outcome]int{}
+	block := make(chan struct{})
+	started := make(chan struct{}, 1)
+	cfg := idemhttp.Config{RequireKeyFunc: func(r *http.Request) bool { return r.URL.Path == "/required" },
+		OnOutcome: func(_ *http.Request, o idemhttp.Outcome) { mu.Lock(); got[o]++; mu.Unlock() }}
+	s := newServer(t, memstore.New(memstore.Options{}), cfg, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-block
+		}
+		io.WriteString(w, "ok")
+	})
+	s.do(t, "POST", "/a", "k", "x")             // executed
+	s.do(t, "POST", "/a", "k", "x")             // replayed
+	s.do(t, "POST", "/a", "k", "y")             // mismatch
+	s.do(t, "POST", "/a", "", "")               // passed through
+	s.do(t, "POST", "/required", "", "")        // rejected
+	s.do(t, "GET", "/a", "k", "")               // not covered: not reported
+	slow := s.goDo(t, "POST", "/slow", "s", "") // executed
+	<-started
+	s.do(t, "POST", "/slow", "s", "") // conflict
+	close(block)
+	<-slow
+	want := map[idemhttp.Outcome]int{idemhttp.OutcomeExecuted: 2, idemhttp.OutcomeReplayed: 1, idemhttp.OutcomeMismatch: 1,
+		idemhttp.OutcomePassedThrough: 1, idemhttp.OutcomeRejected: 1, idemhttp.OutcomeConflict: 1}
+	mu.Lock()
+	defer mu.Unlock()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("outcomes: got %v, want %v", got, want)
 	}
 }
