@@ -10,7 +10,7 @@ bench:
 
 # The main job on the embedded in-memory store: no Redis needed.
 demo:
-	go run ./examples/quickstart
+	go run ./cmd/idem demo
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem"
+)
+
+func init() {
+	commands["inspect"] = command{
+		summary: "show the record of one idempotency key",
+		run:     runInspect,
+	}
+	commands["purge"] = command{
+		summary: "delete the record of one idempotency key",
+		run:     runPurge,
+	}
+}
+
+// inspectBodyShown is how much of a stored body inspect prints.
+const inspectBodyShown = 256
+
+const inspectUsage = `usage: idem inspect --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--json]
+
+Shows the record of one key: its state, fencing token, the lease (in
+flight) or retention (completed) left, its stored size and fingerprint,
+and for a completed record the stored status, headers and the start of
+the body. A missing (or expired) record prints "no record" and exits
+with status 1.
+`
+
+const purgeUsage = `usage: idem purge --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) --yes [--json]
+
+Deletes the record of one key, whatever its state: a completed key runs
+its operation again on its next request, an in-flight one can be taken
+by another caller at once, and the key's fencing-token history is lost.
+Without --yes it does nothing. A missing record prints "no record" and
+exits with status 1.
+`
+
+const inspectSelectUsage = `
+Which record: --key with its scope (as idem.Scope{Tenant, Method, Route}.Key
+derives it), or --stored-key, the 22-character form in idem's logs and in
+the Redis key name idem:{…}. For idemhttp's middleware and the proxy, the
+method is the HTTP method, the route the ServeMux pattern that matched
+(such as "POST /charges") or else the path, and the tenant is empty when
+the request had no Authorization header.
+
+STORE is Redis or PostgreSQL: --store memory (the default) is an empty
+store private to this process, so it never holds a record.
+
+flags:
+`
+
+// inspectString is a string flag that knows whether it was set, on the
+// command line or from the environment.
+type inspectString struct {
+	v   string
+	set bool
+}
+
+func (s *inspectString) String() string {
+	if s == nil {
+		return ""
+	}
+	return s.v
+}
+
+func (s *inspectString) Set(v string) error {
+	s.v, s.set = v, true
+	return nil
+}
+
+// inspectFlags are the flags inspect and purge share.
+type inspectFlags struct {
+	store, prefix                         string
+	tenant, method, route, key, storedKey inspectString
+	json                                  bool
+	yes                                   bool // purge only
+}
+
+func newInspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *inspectFlags) {
+	f := &inspectFlags{method: inspectString{v: http.MethodPost}}
+	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
+	fs.StringVar(&f.store, "store", "memory", storeFlagHelp)
+	fs.StringVar(&f.prefix, "prefix", "", `Redis key prefix (empty: redisstore's default, "idem:") or PostgreSQL namespace (empty: the default namespace)`)
+	fs.Var(&f.tenant, "tenant", "the key's `tenant` (idemhttp's default: empty when the request had no Authorization header)")
+	fs.Var(&f.method, "method", "the key's `method`, as sent (upper case for HTTP)")
+	fs.Var(&f.route, "route", "the key's `route`: the ServeMux pattern such as \"POST /charges\", or the path")
+	fs.Var(&f.key, "key", "the client's idempotency `key` (the Idempotency-Key header's value)")
+	fs.Var(&f.storedKey, "stored-key", "the stored key, `S`: 22 base64url characters, as in logs and Redis key names")
+	fs.BoolVar(&f.json, "json", false, "print JSON")
+	if name == "purge" {
+		fs.BoolVar(&f.yes, "yes", false, "really delete the record")
+	}
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage, inspectSelectUsage)
+		fs.PrintDefaults()
+	}
+	return fs, f
+}
+
+// selected returns the key the flags name.
+func (f *inspectFlags) selected() (idem.Key, error) {
+	switch {
+	case f.key.set && f.storedKey.set:
+		return idem.Key{}, usageError{"--key and --stored-key both name the record: give one of them"}
+	case f.storedKey.set:
+		if f.tenant.set || f.method.set || f.route.set {
+			return idem.Key{}, usageError{"--tenant, --method and --route go with --key; --stored-key is the whole key already"}
+		}
+		k, err := idem.ParseKey(f.storedKey.v)
+		if err != nil {
+			return idem.Key{}, usageError{"--stored-key: " + strings.TrimPrefix(err.Error(), "idem: ")}
+		}
+		return k, nil
+	case f.key.set:
+		if !f.route.set {
+			return idem.Key{}, usageError{`--key needs --route, the route the key was used on (the ServeMux pattern such as "POST /charges", or the path)`}
+		}
+		k, err := idem.Scope{Tenant: f.tenant.v, Method: f.method.v, Route: f.route.v}.Key(f.key.v)
+		if err != nil {
+			return idem.Key{}, usageError{"--key: " + strings.TrimPrefix(err.Error(), "idem: ")}
+		}
+		return k, nil
+	}
+	return idem.Key{}, usageError{"which record? give --key K with --route R (and --tenant, --method), or --stored-key S"}
+}
+
+// open opens the store, with a note on stderr when it is the empty
+// in-memory one.
+func (f *inspectFlags) open(ctx context.Context, cmd string, stderr io.Writer) (idem.Store, func(), error) {
+	if f.store == "" || f.store == "memory" {
+		fmt.Fprintf(stderr, "idem %s: note: --store memory is a new, empty store in this process; "+
+			"inspect and purge are for Redis (--store redis://…) and PostgreSQL (--store postgres://…)\n", cmd)
+	}
+	return openStoreChecked(ctx, f.store, f.prefix)
+}
+
+func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, f := newInspectFlags("inspect", inspectUsage, stderr)
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	key, err := f.selected()
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := f.open(ctx, "inspect", stderr)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	rec, ok, err := store.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if f.json {
+			if err := inspectJSON(stdout, struct {
+				StoredKey string `json:"stored_key"`
+				Found     bool   `json:"found"`
+			}{key.String(), false}); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintln(stdout, "no record")
+		}
+		return fmt.Errorf("no record for stored key %s", key)
+	}
+	if f.json {
+		return inspectJSON(stdout, newInspectRecord(key, rec))
+	}
+	return printRecord(stdout, key, rec)
+}
+
+func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, f := newInspectFlags("purge", purgeUsage, stderr)
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	key, err := f.selected()
+	if err != nil {
+		return err
+	}
+	if !f.yes {
+		return usageError{fmt.Sprintf("not deleting the record of stored key %s without --yes: "+
+			"deleting is for good (a completed operation runs again on its next request)", key)}
+	}
+	store, closeStore, err := f.open(ctx, "purge", stderr)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	rec, had, err := store.Get(ctx, key) // to say what is deleted
+	if err != nil {
+		return err
+	}
+	deleted, err := store.Delete(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !deleted {
+		if f.json {
+			if err := inspectJSON(stdout, struct {
+				StoredKey string `json:"stored_key"`
+				Deleted   bool   `json:"deleted"`
+			}{key.String(), false}); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintln(stdout, "no record")
+		}
+		return fmt.Errorf("no record for stored key %s", key)
+	}
+	if f.json {
+		out := struct {
+			StoredKey string `json:"stored_key"`
+			Deleted   bool   `json:"deleted"`
+			State     string `json:"state,omitempty"`
+			Token     uint64 `json:"token,omitempty"`
+		}{StoredKey: key.String(), Deleted: true}
+		if had {
+			out.State, out.Token = rec.State.String(), rec.Token
+		}
+		return inspectJSON(stdout, out)
+	}
+	if had {
+		fmt.Fprintf(stdout, "purged %s (was %s, token %d)\n", key, rec.State, rec.Token)
+	} else {
+		fmt.Fprintf(stdout, "purged %s\n", key)
+	}
+	return nil
+}
+
+// inspectRecord is a record as inspect --json prints it.
+type inspectRecord struct {
+	StoredKey   string           `json:"stored_key"`
+	Found       bool             `json:"found"`
+	State       string           `json:"state"`
+	Token       uint64           `json:"token"`
+	LeaseID     string           `json:"lease_id,omitempty"`    // in flight
+	TTLMS       int64            `json:"ttl_ms"`                // until the record expires: lease left (in flight), retention left (completed)
+	Fingerprint string           `json:"fingerprint,omitempty"` // hex; none when released
+	Size        int              `json:"size,omitempty"`        // stored bytes, when the store knows
+	Response    *inspectResponse `json:"response,omitempty"`    // completed
+}
+
+type inspectResponse struct {
+	Status      int         `json:"status"`
+	Header      http.Header `json:"header"`
+	BodySize    int         `json:"body_size"`
+	Body        []byte      `json:"body_base64"`
+	BodyOmitted bool        `json:"body_omitted,omitempty"` // larger than MaxResponseSize: not stored
+}
+
+func newInspectRecord(key idem.Key, rec idem.Record) inspectRecord {
+	out := inspectRecord{StoredKey: key.String(), Found: true, State: rec.State.String(), Token: rec.Token,
+		TTLMS: rec.TTL.Milliseconds(), Size: rec.Size}
+	if rec.State != idem.StateReleased {
+		out.Fingerprint = hex.EncodeToString(rec.Fingerprint[:])
+	}
+	if rec.State == idem.StateInFlight {
+		out.LeaseID = rec.LeaseID.String()
+	}
+	if resp := rec.Response; resp != nil {
+		out.Response = &inspectResponse{Status: resp.Status, Header: resp.Header, BodySize: len(resp.Body),
+			Body: resp.Body, BodyOmitted: resp.BodyOmitted}
+		if out.Response.Header == nil {
+			out.Response.Header = http.Header{}
+		}
+	}
+	return out
+}
+
+func inspectJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// printRecord prints rec as "name: value" lines.
+func printRecord(w io.Writer, key idem.Key, rec idem.Record) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	line := func(name, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t%s\n", name, fmt.Sprintf(format, args...))
+	}
+	line("stored key", "%s", key)
+	line("state", "%s", rec.State)
+	line("token", "%d", rec.Token)
+	switch rec.State {
+	case idem.StateInFlight:
+		line("lease left", "%s", inspectDuration(rec.TTL))
+		line("lease id", "%s", rec.LeaseID)
+	case idem.StateCompleted:
+		line("retention left", "%s", inspectDuration(rec.TTL))
+	default:
+		line("expires in", "%s", inspectDuration(rec.TTL))
+	}
+	if rec.State != idem.StateReleased { // a released record keeps only the token
+		line("fingerprint", "%s", hex.EncodeToString(rec.Fingerprint[:]))
+	}
+	if rec.Size > 0 {
+		line("size", "%d bytes stored", rec.Size)
+	}
+	if resp := rec.Response; resp != nil {
+		line("status", "%d %s", resp.Status, http.StatusText(resp.Status))
+		names := make([]string, 0, len(resp.Header))
+		for name := range resp.Header {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			for _, v := range resp.Header[name] {
+				line("header", "%s: %s", inspectEscape(name, 200), inspectEscape(v, 200))
+			}
+		}
+		switch {
+		case resp.BodyOmitted:
+			line("body", "(not stored: it was larger than the maximum response size)")
+		case len(resp.Body) == 0:
+			line("body", "(empty)")
+		default:
+			line("body", "%s (%d bytes)", inspectEscape(string(resp.Body), inspectBodyShown), len(resp.Body))
+		}
+	}
+	return tw.Flush()
+}
+
+// inspectDuration rounds a time left for reading: to the second past a
+// minute, else to the millisecond.
+func inspectDuration(d time.Duration) string {
+	if d >= time.Minute {
+		d = d.Round(time.Second)
+	} else {
+		d = d.Round(time.Millisecond)
+	}
+	return d.String()
+}
+
+// inspectEscape makes stored bytes safe to print on a terminal: printable
+// characters as they are, backslash, newline, tab and carriage return as
+// Go escapes, anything else (control bytes, invalid UTF-8) as \xNN or
+// \uNNNN. It stops after max bytes of s and then ends in "…".
+func inspectEscape(s string, max int) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if i >= max {
+			b.WriteString("…")
+			break
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			b.WriteString(strings.Trim(strconv.QuoteRuneToASCII(r), `'`))
+		}
+		i += size
+	}
+	return b.String()
+}

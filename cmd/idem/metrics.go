@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// outcomeNotCovered counts requests whose method the route does not cover:
+// the proxy passes them on without looking at them.
+const outcomeNotCovered = "not_covered"
+
+// proxyMetrics are the proxy's Prometheus metrics, on a registry of their
+// own (never the global one).
+type proxyMetrics struct {
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec   // idem_requests_total{outcome}
+	renewals *prometheus.CounterVec   // idem_lease_renewals_total{result}
+	store    *prometheus.HistogramVec // idem_store_duration_seconds{op}
+	upstream prometheus.Histogram     // idem_upstream_duration_seconds
+}
+
+func newProxyMetrics() *proxyMetrics {
+	m := &proxyMetrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_requests_total",
+			Help: "Requests by what idem did with them: executed, replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (client left), not_covered (method not covered).",
+		}, []string{"outcome"}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_lease_renewals_total",
+			Help: "Background lease renewals by result: ok, lost (another holder may run the key), error (store failed; retried).",
+		}, []string{"result"}),
+		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_store_duration_seconds",
+			Help:    "Latency of idempotency store calls by operation.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"op"}),
+		upstream: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idem_upstream_duration_seconds",
+			Help:    "Time the upstream took to answer a forwarded request, body included.",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}),
+	}
+	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every series exists from the start, at zero, so that rate() and
+	// alerts see the first increment.
+	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReplayed, idemhttp.OutcomeConflict,
+		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
+		idemhttp.OutcomeGone} {
+		m.requests.WithLabelValues(string(o))
+	}
+	m.requests.WithLabelValues(outcomeNotCovered)
+	for _, r := range []string{"ok", "lost", "error"} {
+		m.renewals.WithLabelValues(r)
+	}
+	return m
+}
+
+// onRenew is idem.Config.OnRenew.
+func (m *proxyMetrics) onRenew(_ idem.Key, err error) {
+	switch {
+	case err == nil:
+		m.renewals.WithLabelValues("ok").Inc()
+	case errors.Is(err, idem.ErrLeaseLost):
+		m.renewals.WithLabelValues("lost").Inc()
+	default:
+		m.renewals.WithLabelValues("error").Inc()
+	}
+}
+
+// timedStore is an idem.Store that records the latency of every call.
+type timedStore struct {
+	s                                                 idem.Store
+	acquire, renew, complete, release, get, deleteObs prometheus.Observer
+}
+
+var _ idem.Store = (*timedStore)(nil)
+
+func newTimedStore(s idem.Store, h *prometheus.HistogramVec) *timedStore {
+	return &timedStore{s: s,
+		acquire: h.WithLabelValues("acquire"), renew: h.WithLabelValues("renew"),
+		complete: h.WithLabelValues("complete"), release: h.WithLabelValues("release"),
+		get: h.WithLabelValues("get"), deleteObs: h.WithLabelValues("delete")}
+}
+
+func since(o prometheus.Observer, start time.Time) { o.Observe(time.Since(start).Seconds()) }
+
+func (t *timedStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	defer since(t.acquire, time.Now())
+	return t.s.Acquire(ctx, req)
+}
+
+func (t *timedStore) Renew(ctx context.Context, l idem.Lease, ttl time.Duration) error {
+	defer since(t.renew, time.Now())
+	return t.s.Renew(ctx, l, ttl)
+}
+
+func (t *timedStore) Complete(ctx context.Context, l idem.Lease, resp *idem.Response, retention time.Duration) error {
+	defer since(t.complete, time.Now())
+	return t.s.Complete(ctx, l, resp, retention)
+}
+
+func (t *timedStore) Release(ctx context.Context, l idem.Lease) error {
+	defer since(t.release, time.Now())
+	return t.s.Release(ctx, l)
+}
+
+func (t *timedStore) Get(ctx context.Context, key idem.Key) (idem.Record, bool, error) {
+	defer since(t.get, time.Now())
+	return t.s.Get(ctx, key)
+}
+
+func (t *timedStore) Delete(ctx context.Context, key idem.Key) (bool, error) {
+	defer since(t.deleteObs, time.Now())
+	return t.s.Delete(ctx, key)
+}
+
+// readyProbeTimeout bounds the store check behind /readyz.
+const readyProbeTimeout = 2 * time.Second
+
+// readyProbeKey is the record /readyz reads: no request can produce it
+// (no route is named like this), and a miss is the expected answer.
+var readyProbeKey, _ = idem.Scope{Tenant: "idem-proxy", Method: "READYZ", Route: "idem proxy readiness probe"}.Key("probe")
+
+// adminHandler serves /metrics, /healthz and /readyz. /readyz answers 503
+// while draining is set (the proxy is shutting down) or when a read of a
+// fixed probe key fails within readyProbeTimeout.
+func adminHandler(m *proxyMetrics, store idem.Store, draining *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		plain(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			plain(w, http.StatusServiceUnavailable, "shutting down")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), readyProbeTimeout)
+		defer cancel()
+		if _, _, err := store.Get(ctx, readyProbeKey); err != nil {
+			plain(w, http.StatusServiceUnavailable, "store unavailable: "+err.Error())
+			return
+		}
+		plain(w, http.StatusOK, "ok")
+	})
+	return mux
+}
+
+func plain(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write([]byte(msg + "\n"))
+}

@@ -1,0 +1,505 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+)
+
+func init() {
+	commands["proxy"] = command{summary: "sidecar reverse proxy that makes POST and PATCH idempotent", run: runProxy}
+}
+
+// Server limits. WriteTimeout is deliberately none: a covered request may
+// legitimately run long (its lease is renewed meanwhile) and responses may
+// stream; the upstream bounds its own work, and a client that stops
+// reading only holds its own connection. ReadTimeout bounds slow request
+// bodies; ReadHeaderTimeout and MaxHeaderBytes stop slowloris clients.
+const (
+	readHeaderTimeout = 5 * time.Second
+	maxHeaderBytes    = 1 << 20
+	// drainGrace bounds the wait, after the connections were cut at the
+	// end of --shutdown-timeout, for handlers to release their leases.
+	drainGrace = 5 * time.Second
+)
+
+// ProblemBadGateway is the problem type of the proxy's 502 answer when
+// the upstream cannot be reached or fails to answer. The default storage
+// policy releases the key on 502: a retry forwards the request again.
+const ProblemBadGateway = "urn:idem:problem:bad-gateway"
+
+// proxyOptions are the proxy's flags.
+type proxyOptions struct {
+	listen, upstream, store, prefix string
+	adminListen                     string
+	logFormat, logLevel             string
+	configFile                      string
+	methods                         string
+	shutdownTimeout                 time.Duration
+	readTimeout, idleTimeout        time.Duration
+	maxBody, maxResponse            byteSize
+	settings                        routeSettings // from the flags; maxBody, maxResponse and methods filled after parsing
+}
+
+func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o proxyOptions
+	o.maxBody, o.maxResponse = idemhttp.DefaultMaxBodySize, idemhttp.DefaultMaxResponseSize
+	fs := flag.NewFlagSet("idem proxy", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--listen ADDR] [--store STORE] [flags]
+
+Forwards every request to --upstream. Requests of the covered methods that
+carry an Idempotency-Key run once per key: repeats get the stored response
+(Idempotent-Replayed: true), 409 while the first is in flight, 422 when the
+key comes with another request. Every flag can be set as IDEM_<FLAG>
+(--admin-listen is IDEM_ADMIN_LISTEN). Flags:
+
+`)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on")
+	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy, http://host:port[/path] (required)")
+	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
+	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
+	fs.BoolVar(&o.settings.requireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
+	fs.StringVar(&o.methods, "methods", "POST,PATCH", "comma-separated methods covered; others pass through untouched")
+	fs.StringVar(&o.settings.tenantHeader, "tenant-header", "", "scope keys by this request header's value (set by a trusted gateway); default a hash of Authorization")
+	fs.DurationVar(&o.settings.lease, "lease", idem.DefaultLease, "how long a crashed proxy blocks a key; renewed while the upstream works")
+	fs.DurationVar(&o.settings.retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
+	fs.DurationVar(&o.settings.wait, "wait", 0, "wait up to this long for an in-flight duplicate's result instead of answering 409 at once")
+	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
+	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
+	fs.Var(&o.maxResponse, "max-response", "largest response body stored, in bytes or with a unit; a larger one is completed without its body")
+	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
+	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.configFile, "config", "", "YAML file with per-route overrides (see the README)")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM or SIGINT, how long in-flight requests may take to finish")
+	fs.DurationVar(&o.readTimeout, "read-timeout", time.Minute, "longest time to read a whole request, body included (0: none)")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	target, err := o.validate()
+	if err != nil {
+		return err
+	}
+	var routes []routeConfig
+	if o.configFile != "" {
+		if routes, err = loadProxyConfig(o.configFile, o.settings); err != nil {
+			return usageError{"--config " + err.Error()}
+		}
+	}
+	logger, err := newLogger(stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+
+	rawStore, closeStore, err := openStore(ctx, o.store, o.prefix)
+	if errors.As(err, new(usageError)) {
+		return err
+	} else if err != nil {
+		return fmt.Errorf("--store %s: %w", storeForLog(o.store), err)
+	}
+	defer closeStore()
+	metrics := newProxyMetrics()
+	store := newTimedStore(rawStore, metrics.store)
+
+	p, err := newProxy(target, store, o.settings, routes, metrics, logger)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       o.readTimeout,
+		IdleTimeout:       o.idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	var draining atomic.Bool
+	var admin *http.Server
+	adminAddr := ""
+	if o.adminListen != "" {
+		aln, err := net.Listen("tcp", o.adminListen)
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		admin = &http.Server{
+			Handler:           adminHandler(metrics, rawStore, &draining),
+			ReadHeaderTimeout: readHeaderTimeout,
+			ReadTimeout:       10 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       o.idleTimeout,
+			MaxHeaderBytes:    maxHeaderBytes,
+			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		}
+		adminAddr = aln.Addr().String()
+		go func() { serveErr <- admin.Serve(aln) }()
+	}
+	logger.Info("idem proxy listening", "listen", ln.Addr().String(), "admin", adminAddr,
+		"upstream", target.Redacted(), "store", storeForLog(o.store), "routes", len(routes),
+		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String())
+
+	select {
+	case err := <-serveErr:
+		srv.Close()
+		if admin != nil {
+			admin.Close()
+		}
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+
+	// Stop accepting, let in-flight requests finish (their handlers
+	// complete or release their keys), then close the store.
+	draining.Store(true)
+	logger.Info("shutting down: finishing in-flight requests", "timeout", o.shutdownTimeout.String(), "in_flight", p.inFlight.Load())
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	shutdownErr := srv.Shutdown(sctx)
+	if shutdownErr != nil {
+		logger.Warn("in-flight requests did not finish in time; closing their connections", "in_flight", p.inFlight.Load())
+		srv.Close()
+	}
+	// Handlers outlive Shutdown when it times out, and hijacked
+	// connections are not waited for: give them a moment to release
+	// their leases before the store goes.
+	if !p.wait(drainGrace) {
+		logger.Warn("handlers still running at exit (upgraded connections, or keyed requests whose keys stay blocked until their leases end)",
+			"in_flight", p.inFlight.Load())
+	}
+	if admin != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		admin.Shutdown(actx)
+		acancel()
+	}
+	if shutdownErr != nil {
+		return fmt.Errorf("shutdown: in-flight requests cut off after %v", o.shutdownTimeout)
+	}
+	logger.Info("idem proxy stopped")
+	return nil
+}
+
+// validate checks the flags and returns the upstream URL.
+func (o *proxyOptions) validate() (*url.URL, error) {
+	if o.upstream == "" {
+		return nil, usageError{"--upstream is required (or IDEM_UPSTREAM): the URL of the service behind the proxy"}
+	}
+	target, err := url.Parse(o.upstream)
+	if err != nil {
+		return nil, usageError{fmt.Sprintf("--upstream %q: %v", o.upstream, err)}
+	}
+	if (target.Scheme != "http" && target.Scheme != "https") || target.Host == "" {
+		return nil, usageError{fmt.Sprintf("--upstream %q: want an absolute http:// or https:// URL", target.Redacted())}
+	}
+	if target.RawQuery != "" || target.Fragment != "" {
+		return nil, usageError{fmt.Sprintf("--upstream %q: a query or fragment makes no sense here", target.Redacted())}
+	}
+	if o.listen == "" {
+		return nil, usageError{"--listen is empty"}
+	}
+	if o.shutdownTimeout <= 0 {
+		return nil, usageError{fmt.Sprintf("--shutdown-timeout %v: want a positive duration", o.shutdownTimeout)}
+	}
+	if o.readTimeout < 0 || o.idleTimeout < 0 {
+		return nil, usageError{"--read-timeout and --idle-timeout must not be negative"}
+	}
+	switch o.logFormat {
+	case "json", "text":
+	default:
+		return nil, usageError{fmt.Sprintf("--log-format %q: want json or text", o.logFormat)}
+	}
+	o.settings.methods = parseMethods(o.methods)
+	o.settings.maxBody = int64(o.maxBody)
+	o.settings.maxResponse = int64(o.maxResponse)
+	if err := o.settings.validate(func(n string) string { return "--" + n }); err != nil {
+		return nil, usageError{err.Error()}
+	}
+	return target, nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError{fmt.Sprintf("--log-level %q: want debug, info, warn or error", level)}
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}
+
+// storeForLog names the store without credentials, query or database
+// path: its scheme and host.
+func storeForLog(spec string) string {
+	if spec == "" || spec == "memory" {
+		return "memory"
+	}
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return u.Scheme + "://" + u.Host
+}
+
+// proxy is the proxy's handler: it picks the route of each request, runs
+// it through that route's middleware to the upstream, and logs it.
+type proxy struct {
+	mux      *http.ServeMux // the --config patterns, each with its *route; nil without a file
+	def      *route         // requests no pattern matches
+	logger   *slog.Logger
+	metrics  *proxyMetrics
+	inFlight atomic.Int64
+	wg       sync.WaitGroup
+}
+
+// route is one middleware configuration in front of the upstream.
+type route struct {
+	name    string          // the pattern, or "" for the defaults
+	covered map[string]bool // methods the middleware covers
+	handler http.Handler    // the middleware around the upstream, or the upstream alone
+	tenant  func(*http.Request) string
+	routeOf func(*http.Request) string // idemhttp Config.Route
+}
+
+// ServeHTTP lets a route be registered on the ServeMux; the proxy only
+// uses the mux to find routes and calls them itself.
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.ServeHTTP(w, r) }
+
+// reqInfo carries what the middleware reported about a request to the
+// proxy's log line.
+type reqInfo struct{ outcome string }
+
+type reqInfoKey struct{}
+
+func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
+	metrics *proxyMetrics, logger *slog.Logger) (*proxy, error) {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = 256
+	transport.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+		},
+		Transport: transport,
+		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			level := slog.LevelWarn
+			if r.Context().Err() != nil {
+				level = slog.LevelDebug // the client left, or the lease was lost
+			}
+			logger.LogAttrs(r.Context(), level, "upstream request failed", slog.String("method", r.Method), slog.Any("error", err))
+			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
+				Status: http.StatusBadGateway, Detail: "The upstream service could not be reached or did not answer."})
+		},
+	}
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rp.ServeHTTP(w, r)
+		metrics.upstream.Observe(time.Since(start).Seconds())
+	})
+	p := &proxy{logger: logger, metrics: metrics}
+	var err error
+	if p.def, err = newRoute("", defaults, upstream, store, p); err != nil {
+		return nil, err
+	}
+	if len(routes) > 0 {
+		p.mux = http.NewServeMux()
+		for _, rc := range routes {
+			rt, err := newRoute(rc.pattern, rc.settings, upstream, store, p)
+			if err != nil {
+				return nil, err
+			}
+			p.mux.Handle(rc.pattern, rt) // validated by loadProxyConfig
+		}
+	}
+	return p, nil
+}
+
+func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem.Store, p *proxy) (*route, error) {
+	rt := &route{name: pattern, covered: map[string]bool{}, tenant: tenantFunc(s.tenantHeader), handler: upstream}
+	if pattern == "" {
+		rt.routeOf = func(r *http.Request) string { return r.URL.EscapedPath() }
+	} else {
+		rt.routeOf = func(*http.Request) string { return pattern }
+	}
+	for _, m := range s.methods {
+		rt.covered[m] = true
+	}
+	if len(s.methods) == 0 {
+		return rt, nil // nothing covered: straight to the upstream
+	}
+	cfg := idemhttp.Config{
+		Methods:         s.methods,
+		RequireKey:      s.requireKey,
+		Tenant:          rt.tenant,
+		Route:           rt.routeOf,
+		MaxBodySize:     s.maxBody,
+		Lease:           s.lease,
+		Retention:       s.retention,
+		MaxResponseSize: int(s.maxResponse),
+		Wait:            s.wait,
+		FailOpen:        s.failOpen,
+		Logger:          p.logger,
+		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
+			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+				info.outcome = string(o)
+			}
+			p.metrics.requests.WithLabelValues(string(o)).Inc()
+		},
+		OnRenew: p.metrics.onRenew,
+	}
+	if s.storeStatuses != nil {
+		statuses := map[int]bool{}
+		for _, st := range s.storeStatuses {
+			statuses[st] = true
+		}
+		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
+	}
+	mw, err := idemhttp.NewMiddleware(store, cfg)
+	if err != nil {
+		where := "the flags"
+		if pattern != "" {
+			where = fmt.Sprintf("route %q", pattern)
+		}
+		return nil, usageError{fmt.Sprintf("%s: %v", where, err)}
+	}
+	rt.handler = mw(upstream)
+	return rt, nil
+}
+
+// tenantFunc scopes keys by the named header, "hdr:" + its value, or by
+// idemhttp.DefaultTenant when there is no header name or the request
+// lacks the header.
+func tenantFunc(header string) func(*http.Request) string {
+	if header == "" {
+		return idemhttp.DefaultTenant
+	}
+	return func(r *http.Request) string {
+		if v := r.Header.Get(header); v != "" {
+			return "hdr:" + v
+		}
+		return idemhttp.DefaultTenant(r)
+	}
+}
+
+// find returns the route of r: the --config route whose pattern matches
+// it as ServeMux would, or the defaults. A request ServeMux would redirect
+// (a path to clean, a missing trailing slash) or answer 405 for gets the
+// defaults, and is forwarded as it is.
+func (p *proxy) find(r *http.Request) *route {
+	if p.mux != nil {
+		if h, _ := p.mux.Handler(r); h != nil {
+			if rt, ok := h.(*route); ok {
+				return rt
+			}
+		}
+	}
+	return p.def
+}
+
+func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.wg.Add(1)
+	p.inFlight.Add(1)
+	defer func() {
+		p.inFlight.Add(-1)
+		p.wg.Done()
+	}()
+	start := time.Now()
+	rt := p.find(r)
+	info := &reqInfo{}
+	if !rt.covered[r.Method] {
+		info.outcome = outcomeNotCovered
+		p.metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	rt.handler.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info)))
+
+	if !p.logger.Enabled(r.Context(), slog.LevelInfo) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.EscapedPath()),
+		slog.String("route", rt.name),
+		slog.String("outcome", info.outcome),
+		slog.Int("status", cmp.Or(sw.status, http.StatusOK)),
+		slog.Int64("bytes", sw.written),
+		slog.Duration("duration", time.Since(start)),
+	}
+	if rt.covered[r.Method] {
+		// The key as its stored digest (what idem inspect --stored-key
+		// takes), never the client's raw key.
+		if ck, err := idemhttp.ParseKey(r.Header); err == nil {
+			if k, err := (idem.Scope{Tenant: rt.tenant(r), Method: r.Method, Route: rt.routeOf(r)}).Key(ck); err == nil {
+				attrs = append(attrs, slog.String("key", k.String()))
+			}
+		}
+	}
+	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// wait waits up to d for every handler to return.
+func (p *proxy) wait(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// statusWriter records the status and size of a response for the log.
+// Unwrap gives http.ResponseController (and so ReverseProxy's flushes and
+// upgrades) the connection's writer.
+type statusWriter struct {
+	http.ResponseWriter
+	status  int
+	written int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.written += int64(n)
+	return n, err
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,308 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idemkit/idem"
+)
+
+// routeSettings is what the idemhttp middleware does on one route: the
+// flags give the defaults, and each route of the --config file overrides
+// some of them.
+type routeSettings struct {
+	methods       []string // covered methods; empty: none (the route is not covered)
+	requireKey    bool
+	tenantHeader  string // "": idemhttp.DefaultTenant
+	lease         time.Duration
+	retention     time.Duration
+	wait          time.Duration
+	failOpen      bool
+	maxBody       int64
+	maxResponse   int64
+	storeStatuses []int // nil: idemhttp.DefaultShouldStore
+}
+
+// validate reports the first bad setting; name turns a setting's name into
+// how the user wrote it ("--lease" for a flag, "lease" in the file).
+func (s routeSettings) validate(name func(string) string) error {
+	switch {
+	case s.lease < 10*time.Millisecond:
+		return fmt.Errorf("%s %v: want at least 10ms", name("lease"), s.lease)
+	case s.retention < time.Second:
+		return fmt.Errorf("%s %v: want at least 1s", name("retention"), s.retention)
+	case s.wait < 0:
+		return fmt.Errorf("%s %v: must not be negative", name("wait"), s.wait)
+	case s.maxBody < 1:
+		return fmt.Errorf("%s %d: want at least 1 byte", name("max-body"), s.maxBody)
+	case s.maxResponse < 1 || s.maxResponse > idem.MaxEncodedBody:
+		return fmt.Errorf("%s %d: want 1 to %d bytes", name("max-response"), s.maxResponse, idem.MaxEncodedBody)
+	}
+	for _, m := range s.methods {
+		if err := checkMethod(m); err != nil {
+			return fmt.Errorf("%s: %v", name("methods"), err)
+		}
+	}
+	if s.tenantHeader != "" && !validToken(s.tenantHeader) {
+		return fmt.Errorf("%s %q: not a header name", name("tenant-header"), s.tenantHeader)
+	}
+	for _, st := range s.storeStatuses {
+		if st < 200 || st > 599 {
+			return fmt.Errorf("%s: %d is not a final HTTP status (200-599)", name("store-statuses"), st)
+		}
+	}
+	return nil
+}
+
+// parseMethods parses a comma-separated method list, upper-cased.
+func parseMethods(list string) []string {
+	var methods []string
+	for m := range strings.SplitSeq(list, ",") {
+		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" && !slices.Contains(methods, m) {
+			methods = append(methods, m)
+		}
+	}
+	return methods
+}
+
+func checkMethod(m string) error {
+	if !validToken(m) || strings.ToUpper(m) != m {
+		return fmt.Errorf("%q is not an HTTP method", m)
+	}
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token (method and header
+// names).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// proxyFile is the --config file.
+type proxyFile struct {
+	Routes []routeOverride `yaml:"routes"`
+}
+
+// routeOverride is one entry of routes: a ServeMux pattern and the
+// settings that differ from the flags there. An absent field keeps the
+// flag's value.
+type routeOverride struct {
+	Match         string        `yaml:"match"`
+	Methods       *[]string     `yaml:"methods"`
+	RequireKey    *bool         `yaml:"require_key"`
+	TenantHeader  *string       `yaml:"tenant_header"`
+	Lease         *fileDuration `yaml:"lease"`
+	Retention     *fileDuration `yaml:"retention"`
+	Wait          *fileDuration `yaml:"wait"`
+	FailOpen      *bool         `yaml:"fail_open"`
+	MaxBody       *byteSize     `yaml:"max_body"`
+	MaxResponse   *byteSize     `yaml:"max_response"`
+	StoreStatuses *[]int        `yaml:"store_statuses"`
+}
+
+// routeFields lists routeOverride's fields for error messages.
+const routeFields = "match, methods, require_key, tenant_header, lease, retention, wait, fail_open, max_body, max_response, store_statuses"
+
+// routeConfig is a validated route of the file.
+type routeConfig struct {
+	pattern  string
+	settings routeSettings
+}
+
+// loadProxyConfig reads and validates the --config file. Every route is
+// checked: unknown fields, a missing or invalid match pattern, two
+// patterns ServeMux would refuse together, and bad settings are errors
+// naming the file and the route.
+func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error) {
+	data, err := os.ReadFile(path)
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return nil, fmt.Errorf("%s: %v", path, pe.Err)
+	} else if err != nil {
+		return nil, err
+	}
+	var f proxyFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	switch err := dec.Decode(&f); {
+	case errors.Is(err, io.EOF): // an empty file: no overrides
+		return nil, nil
+	case err != nil:
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
+		msg = strings.ReplaceAll(msg, " in type main.proxyFile", " (want routes)")
+		msg = strings.ReplaceAll(msg, " in type main.routeOverride", " (want "+routeFields+")")
+		return nil, fmt.Errorf("%s: %s", path, msg)
+	}
+	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: want one YAML document, found more", path)
+	}
+	routes := make([]routeConfig, 0, len(f.Routes))
+	mux := http.NewServeMux() // to check the patterns as the proxy will use them
+	for i, o := range f.Routes {
+		where := fmt.Sprintf("%s: routes[%d]", path, i)
+		if o.Match == "" {
+			return nil, fmt.Errorf("%s: match is missing (a ServeMux pattern such as \"POST /payments/{id}\")", where)
+		}
+		where += fmt.Sprintf(" (match %q)", o.Match)
+		if err := registerPattern(mux, o.Match); err != nil {
+			return nil, fmt.Errorf("%s: %v", where, err)
+		}
+		s := o.apply(defaults)
+		if err := s.validate(func(n string) string { return strings.ReplaceAll(n, "-", "_") }); err != nil {
+			return nil, fmt.Errorf("%s: %v", where, err)
+		}
+		routes = append(routes, routeConfig{pattern: o.Match, settings: s})
+	}
+	return routes, nil
+}
+
+// registeredAt is the source position ServeMux gives in its panics.
+var registeredAt = regexp.MustCompile(` \(registered at [^)]*\)`)
+
+// registerPattern adds pattern to mux, turning ServeMux's panic on a bad
+// or conflicting pattern into an error.
+func registerPattern(mux *http.ServeMux, pattern string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg := registeredAt.ReplaceAllString(fmt.Sprint(p), "")
+			msg = strings.TrimSpace(strings.TrimPrefix(msg, "http: "))
+			msg = strings.ReplaceAll(strings.ReplaceAll(msg, ":\n", ": "), "\n", "; ")
+			err = fmt.Errorf("invalid pattern: %s", msg)
+		}
+	}()
+	mux.Handle(pattern, http.NotFoundHandler())
+	return nil
+}
+
+// apply returns s with the route's overrides.
+func (o routeOverride) apply(s routeSettings) routeSettings {
+	if o.Methods != nil {
+		s.methods = []string{} // methods: [] covers none
+		for _, m := range *o.Methods {
+			if m = strings.ToUpper(strings.TrimSpace(m)); !slices.Contains(s.methods, m) {
+				s.methods = append(s.methods, m) // validate reports bad ones
+			}
+		}
+	}
+	if o.RequireKey != nil {
+		s.requireKey = *o.RequireKey
+	}
+	if o.TenantHeader != nil {
+		s.tenantHeader = *o.TenantHeader
+	}
+	if o.Lease != nil {
+		s.lease = time.Duration(*o.Lease)
+	}
+	if o.Retention != nil {
+		s.retention = time.Duration(*o.Retention)
+	}
+	if o.Wait != nil {
+		s.wait = time.Duration(*o.Wait)
+	}
+	if o.FailOpen != nil {
+		s.failOpen = *o.FailOpen
+	}
+	if o.MaxBody != nil {
+		s.maxBody = int64(*o.MaxBody)
+	}
+	if o.MaxResponse != nil {
+		s.maxResponse = int64(*o.MaxResponse)
+	}
+	if o.StoreStatuses != nil {
+		s.storeStatuses = slices.Clone(*o.StoreStatuses)
+		if s.storeStatuses == nil {
+			s.storeStatuses = []int{} // store_statuses: [] stores nothing
+		}
+	}
+	return s
+}
+
+// fileDuration is a duration in the config file, written as Go writes
+// them: "10s", "1m30s", "250ms".
+type fileDuration time.Duration
+
+func (d *fileDuration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if n.Kind != yaml.ScalarNode || err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (want e.g. 10s or 250ms)", n.Line, n.Value)
+	}
+	*d = fileDuration(v)
+	return nil
+}
+
+// byteSize is a size in bytes: a plain number, or one with a unit (KiB,
+// MiB, GiB; KB, MB, GB are decimal). It is a flag.Value and reads from
+// YAML.
+type byteSize int64
+
+var sizeUnits = []struct {
+	suffix string
+	n      int64
+}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range sizeUnits {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = strings.TrimSpace(num), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, errors.New("want a size in bytes such as 1048576, 64KiB or 1MiB")
+	}
+	return n * mult, nil
+}
+
+func (b *byteSize) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*b = byteSize(n)
+	return nil
+}
+
+func (b *byteSize) String() string {
+	if b == nil {
+		return "0"
+	}
+	n := int64(*b)
+	for i := 2; i >= 0; i-- { // GiB, MiB, KiB
+		if u := sizeUnits[i]; n >= u.n && n%u.n == 0 {
+			return strconv.FormatInt(n/u.n, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func (b *byteSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseSize(n.Value)
+	if n.Kind != yaml.ScalarNode || err != nil {
+		return fmt.Errorf("line %d: %q is not a size (want bytes such as 1048576, 64KiB or 1MiB)", n.Line, n.Value)
+	}
+	*b = byteSize(v)
+	return nil
+}
