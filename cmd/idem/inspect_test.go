@@ -287,7 +287,7 @@ func TestInspectFlags(t *testing.T) {
 		{[]string{"inspect", "--stored-key", valid, "--method", "POST"}, "go with --key"},
 		{[]string{"inspect", "--stored-key", valid, "--yes"}, "flag provided but not defined: -yes"},
 		{[]string{"inspect", "--stored-key", valid, "extra"}, `unexpected argument "extra"`},
-		{[]string{"inspect", "--stored-key", valid, "--store", "ftp://x"}, `--store "ftp://x"`},
+		{[]string{"inspect", "--stored-key", valid, "--store", "ftp://x"}, `--store: unknown scheme "ftp"`},
 		{[]string{"purge", "--route", "/a", "--key", "k"}, "without --yes"},
 		{[]string{"purge"}, "which record?"},
 	} {
@@ -327,5 +327,34 @@ func TestInspectEscape(t *testing.T) {
 		if got := inspectEscape(tc.in, tc.max); got != tc.want {
 			t.Errorf("inspectEscape(%q, %d): got %q, want %q", tc.in, tc.max, got, tc.want)
 		}
+	}
+}
+
+// Store URLs may carry passwords: no error repeats them.
+func TestStoreErrorsHideCredentials(t *testing.T) {
+	for _, spec := range []string{
+		"redis://user:s3cretpw@127.0.0.1:notaport",
+		"host=db password=s3cretpw",
+		"ftp://user:s3cretpw@host",
+	} {
+		for _, cmd := range [][]string{{"inspect", "--stored-key", "AQAAAAAAAAAAAAAAAAAAAA"}, {"demo", "--payments", "1"}} {
+			code, out, errOut := inspectExec(t, append(cmd, "--store", spec)...)
+			if code == 0 || strings.Contains(errOut+out, "s3cretpw") {
+				t.Errorf("idem %s --store %q: exit %d, output %q: want a failure that does not show the password", cmd[0], spec, code, errOut+out)
+			}
+		}
+	}
+	code, _, errOut := inspectExec(t, "proxy", "--upstream", "http://user:s3cretpw@127.0.0.1:1")
+	if code != 2 || strings.Contains(errOut, "s3cretpw") || !strings.Contains(errOut, "credentials") {
+		t.Errorf("proxy with credentials in --upstream: exit %d, stderr %q; want 2, refused, password not shown", code, errOut)
+	}
+}
+
+// A confirmation must be typed: IDEM_YES does not confirm a purge.
+func TestPurgeIgnoresYesFromEnvironment(t *testing.T) {
+	t.Setenv("IDEM_YES", "true")
+	code, _, errOut := inspectExec(t, "purge", "--route", "/a", "--key", "k")
+	if code != 2 || !strings.Contains(errOut, "without --yes") {
+		t.Fatalf("purge with IDEM_YES=true: exit %d, stderr %q; want 2 and the --yes refusal", code, errOut)
 	}
 }

@@ -9,7 +9,8 @@
 // STORE is memory (the default), redis://…, rediss://…, the Redis Cluster
 // and Sentinel URL forms of redisstore.Open, or postgres://…. Every flag can
 // also be set in the environment as IDEM_<FLAG> (dashes as underscores:
-// --admin-listen is IDEM_ADMIN_LISTEN); a flag on the command line wins.
+// --admin-listen is IDEM_ADMIN_LISTEN), except purge's --yes; a flag on the
+// command line wins.
 // Run "idem COMMAND -h" for a command's flags.
 package main
 
@@ -38,6 +39,7 @@ var commands = map[string]command{}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }() // a second signal ends the process at once
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -102,6 +104,9 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "yes" { // a confirmation must be typed, not left in the environment
+			return
+		}
 		env := "IDEM_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		v, ok := os.LookupEnv(env)
 		if !ok || set[f.Name] || err != nil {

@@ -19,6 +19,10 @@ import (
 // the proxy passes them on without looking at them.
 const outcomeNotCovered = "not_covered"
 
+// outcomeUpstreamAborted is logged (not counted: the middleware already
+// counted the request) when the upstream failed in the middle of a body.
+const outcomeUpstreamAborted = "upstream_aborted"
+
 // proxyMetrics are the proxy's Prometheus metrics, on a registry of their
 // own (never the global one).
 type proxyMetrics struct {
@@ -150,7 +154,7 @@ func adminHandler(m *proxyMetrics, store idem.Store, draining *atomic.Bool) http
 		ctx, cancel := context.WithTimeout(r.Context(), readyProbeTimeout)
 		defer cancel()
 		if _, _, err := store.Get(ctx, readyProbeKey); err != nil {
-			plain(w, http.StatusServiceUnavailable, "store unavailable: "+err.Error())
+			plain(w, http.StatusServiceUnavailable, "store unavailable") // the error names hosts and users: not for this port
 			return
 		}
 		plain(w, http.StatusOK, "ok")

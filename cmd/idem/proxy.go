@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,7 +90,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&o.configFile, "config", "", "YAML file with per-route overrides (see the README)")
+	fs.StringVar(&o.configFile, "config", "", "YAML (or JSON) file with per-route overrides (see the README)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM or SIGINT, how long in-flight requests may take to finish")
 	fs.DurationVar(&o.readTimeout, "read-timeout", time.Minute, "longest time to read a whole request, body included (0: none)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
@@ -211,7 +213,10 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	}
 	target, err := url.Parse(o.upstream)
 	if err != nil {
-		return nil, usageError{fmt.Sprintf("--upstream %q: %v", o.upstream, err)}
+		return nil, usageError{"--upstream: not a URL (the value is not shown: it may hold a password)"}
+	}
+	if target.User != nil {
+		return nil, usageError{fmt.Sprintf("--upstream %q: credentials in the URL are not forwarded; the upstream sees the client's Authorization header", target.Redacted())}
 	}
 	if (target.Scheme != "http" && target.Scheme != "https") || target.Host == "" {
 		return nil, usageError{fmt.Sprintf("--upstream %q: want an absolute http:// or https:// URL", target.Redacted())}
@@ -321,8 +326,8 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 	}
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		rp.ServeHTTP(w, r)
-		metrics.upstream.Observe(time.Since(start).Seconds())
 	})
 	p := &proxy{logger: logger, metrics: metrics}
 	var err error
@@ -415,6 +420,16 @@ func tenantFunc(header string) func(*http.Request) string {
 // defaults, and is forwarded as it is.
 func (p *proxy) find(r *http.Request) *route {
 	if p.mux != nil {
+		// Match the cleaned path, so that //payments/7 or /x/../payments/7
+		// cannot step around a route's settings (ServeMux would redirect
+		// them, and many upstreams clean paths themselves).
+		if c := cleanPath(r.URL.Path); c != r.URL.Path {
+			u := *r.URL
+			u.Path, u.RawPath = c, ""
+			rc := *r
+			rc.URL = &u
+			r = &rc
+		}
 		if h, _ := p.mux.Handler(r); h != nil {
 			if rt, ok := h.(*route); ok {
 				return rt
@@ -422,6 +437,18 @@ func (p *proxy) find(r *http.Request) *route {
 		}
 	}
 	return p.def
+}
+
+// cleanPath is path.Clean that keeps a trailing slash, as net/http does.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	c := path.Clean("/" + strings.TrimPrefix(p, "/"))
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -439,17 +466,35 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
 	}
 	sw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		// ReverseProxy panics with http.ErrAbortHandler when the upstream
+		// fails in the middle of a body: log that request too, then let
+		// the panic abort the connection.
+		if v := recover(); v != nil {
+			info.outcome = outcomeUpstreamAborted
+			p.logRequest(r, rt, info, sw, start)
+			panic(v)
+		}
+	}()
 	rt.handler.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info)))
+	p.logRequest(r, rt, info, sw, start)
+}
 
+// logRequest writes the request's log line.
+func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *statusWriter, start time.Time) {
 	if !p.logger.Enabled(r.Context(), slog.LevelInfo) {
 		return
+	}
+	status := sw.status
+	if info.outcome == outcomeUpstreamAborted {
+		status = http.StatusBadGateway
 	}
 	attrs := []slog.Attr{
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.EscapedPath()),
 		slog.String("route", rt.name),
 		slog.String("outcome", info.outcome),
-		slog.Int("status", cmp.Or(sw.status, http.StatusOK)),
+		slog.Int("status", cmp.Or(status, http.StatusOK)),
 		slog.Int64("bytes", sw.written),
 		slog.Duration("duration", time.Since(start)),
 	}

@@ -703,6 +703,20 @@ routes:
 	if r := mustSend(t, "POST", p.url("/payments/7"), "pay-1", "{}"); !r.replayed() {
 		t.Fatal("POST /payments/7 repeated: not replayed")
 	}
+	// Unclean spellings of the path match the same route: its settings
+	// cannot be stepped around.
+	for _, path := range []string{"/payments//7", "/x/../payments/7", "/payments/./7"} {
+		req, _ := http.NewRequest("POST", p.url("/"), strings.NewReader("{}"))
+		req.URL.Opaque = path // sent as written, not cleaned by the client
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("POST %s without a key: got %d, want 400 (the route requires one)", path, resp.StatusCode)
+		}
+	}
 	// Elsewhere the flags' default: no key needed.
 	wantStatus(t, "POST /other without a key", mustSend(t, "POST", p.url("/other"), "", "{}"), http.StatusCreated, "")
 	// GET /payments/7 is not the pattern's method: the defaults, which

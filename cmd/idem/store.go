@@ -24,9 +24,10 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 	if spec == "" || spec == "memory" {
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
+	// Errors never repeat spec: it may hold a password.
 	u, err := url.Parse(spec)
 	if err != nil {
-		return nil, nil, usageError{fmt.Sprintf("--store %q: %v", spec, err)}
+		return nil, nil, usageError{"--store: not a URL (the value is not shown: it may hold a password)"}
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "valkey", "valkeys":
@@ -47,5 +48,5 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 		}
 		return s, pool.Close, nil
 	}
-	return nil, nil, usageError{fmt.Sprintf("--store %q: want memory, redis://…, rediss://… or postgres://…", spec)}
+	return nil, nil, usageError{fmt.Sprintf("--store: unknown scheme %q: want memory, redis://…, rediss://…, valkey(s)://… or postgres://…", u.Scheme)}
 }
