@@ -58,8 +58,13 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
 	}
 fi
 
-go test -race -count=1 -timeout 30m "$@" ./...
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+go test -race -count=1 -timeout 30m "$@" ./... 2>&1 | tee "$log"
 
 # The router examples are a module of their own (examples/frameworks/go.mod),
 # so the main module does not depend on gin, echo, chi or gorilla/mux.
-(cd examples/frameworks && go vet ./... && go test -race -count=1 ./...)
+(cd examples/frameworks && go vet ./... && go test -race -count=1 ./...) 2>&1 | tee -a "$log"
+
+# One closing line for CI: test packages that passed and failed.
+echo "packages: $(grep -c '^ok ' "$log") passed, $(grep -c '^FAIL' "$log") failed"
