@@ -2,18 +2,13 @@ package pgstore_test
 
 import (
 	"context"
-	"runtime"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgstore"
+	"github.com/idemkit/idem/storetest"
 )
 
 // BenchmarkAcquireComplete measures full acquire+complete pairs on unique
@@ -46,52 +41,7 @@ func BenchmarkAcquireComplete(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pool.Close()
-			benchPairs(b, newStore(b, pool, pgstore.Options{Migrate: true, Namespace: name}))
+			storetest.BenchmarkPairs(b, newStore(b, pool, pgstore.Options{Migrate: true, Namespace: name}), 64)
 		})
 	}
 }
-
-func benchPairs(b *testing.B, s *pgstore.Store) {
-	ctx := context.Background()
-	var mu sync.Mutex
-	var lat []time.Duration
-	const goroutines = 64
-	b.SetParallelism(max(1, goroutines/runtime.GOMAXPROCS(0)))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	b.RunParallel(func(pb *testing.PB) {
-		local := make([]time.Duration, 0, 1024)
-		for pb.Next() {
-			k := newKey(int(benchKeys.Add(1)))
-			t0 := time.Now()
-			acq, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, LeaseID: idem.NewLeaseID(), TTL: 30 * time.Second})
-			if err != nil || acq.Outcome != idem.Acquired {
-				b.Errorf("acquire: %v %v", acq.Outcome, err)
-				return
-			}
-			if err := s.Complete(ctx, acq.Lease, benchResp, time.Minute); err != nil {
-				b.Error(err)
-				return
-			}
-			local = append(local, time.Since(t0))
-		}
-		mu.Lock()
-		lat = append(lat, local...)
-		mu.Unlock()
-	})
-	elapsed := time.Since(start)
-	b.StopTimer()
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "pairs/s")
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-}
-
-// benchKeys numbers the benchmark's keys: every run takes new ones.
-var benchKeys atomic.Int64
-
-var benchResp = &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1","amount":1000}`)}

@@ -1,18 +1,12 @@
 package redisstore_test
 
 import (
-	"context"
-	"runtime"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/storetest"
 )
 
 // BenchmarkAcquireComplete measures full acquire+complete pairs on unique
@@ -41,49 +35,7 @@ func BenchmarkAcquireComplete(b *testing.B) {
 	}
 	for _, name := range []string{"rueidis", "go-redis"} {
 		b.Run(name, func(b *testing.B) {
-			benchPairs(b, stores[name](b))
+			storetest.BenchmarkPairs(b, stores[name](b), 64)
 		})
 	}
-}
-
-func benchPairs(b *testing.B, s idem.Store) {
-	ctx := context.Background()
-	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1","amount":1000}`)}
-	var seq atomic.Int64
-	var mu sync.Mutex
-	var lat []time.Duration
-	const goroutines = 64
-	b.SetParallelism(max(1, goroutines/runtime.GOMAXPROCS(0)))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	b.RunParallel(func(pb *testing.PB) {
-		local := make([]time.Duration, 0, 1024)
-		for pb.Next() {
-			k := scope(int(seq.Add(1)) + 1_000_000)
-			t0 := time.Now()
-			acq, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, LeaseID: idem.NewLeaseID(), TTL: 30 * time.Second})
-			if err != nil || acq.Outcome != idem.Acquired {
-				b.Errorf("acquire: %v %v", acq.Outcome, err)
-				return
-			}
-			if err := s.Complete(ctx, acq.Lease, resp, time.Minute); err != nil {
-				b.Error(err)
-				return
-			}
-			local = append(local, time.Since(t0))
-		}
-		mu.Lock()
-		lat = append(lat, local...)
-		mu.Unlock()
-	})
-	elapsed := time.Since(start)
-	b.StopTimer()
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "pairs/s")
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
