@@ -56,3 +56,12 @@ echo "$thr" | awk '
 		printf "g%d: first/redis %.0f%%, replay/redis %.0f%%, first/memstore %.0f%% of no-layer\n", g,
 			100 * r["g" g "/first/redis"] / r["g" g "/no-layer"], 100 * r["g" g "/replay/redis"] / r["g" g "/no-layer"],
 			100 * r["g" g "/first/memstore"] / r["g" g "/no-layer"] }'
+
+# idem bench: the source articles' comparison (BENCHMARKS.md, last section).
+# The same net/http handler behind naive GET-then-SET, WATCH/MULTI/EXEC,
+# plain Lua and idem (both clients) on a private redis-server that idem bench
+# starts, in four scenarios; idem's scenario b is set against the physical
+# limit measured above. About two minutes; IDEM_QUICK=true for the reduced
+# size (every flag of idem bench can come from IDEM_<FLAG>).
+mkdir -p docs
+go run ./cmd/idem bench --physical-limit "$limit" --json "$dir/idem-bench.json" --svg docs/bench.svg

@@ -1,0 +1,361 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/redisstore"
+)
+
+// The implementations idem bench compares, in report order. "none" runs
+// only in scenario b, as its baseline.
+var benchImpls = []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis"}
+
+const (
+	// benchPoolSize is the connection pool of every go-redis client in the
+	// bench (the three baselines and idem-goredis), as in BENCHMARKS.md.
+	benchPoolSize = 64
+	// benchPendingTTL and benchRetention are the baselines' TTLs for
+	// PENDING and COMPLETED records; idem gets the same retention (its
+	// lease is its default 30s). Short, so that a run against a given
+	// Redis (--redis) leaves nothing behind for long.
+	benchPendingTTL = 5 * time.Minute
+	benchRetention  = 10 * time.Minute
+	// watchAttempts bounds the WATCH/MULTI/EXEC retries after a conflict.
+	watchAttempts = 5
+)
+
+// benchApp is the one handler every implementation protects: a "payment"
+// that counts its executions per Idempotency-Key, sleeps, and answers 201
+// with a small JSON body.
+type benchApp struct {
+	sleep time.Duration
+	mu    sync.Mutex
+	execs map[string]int
+}
+
+func newBenchApp(sleep time.Duration) *benchApp {
+	return &benchApp{sleep: sleep, execs: map[string]int{}}
+}
+
+func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key := r.Header.Get(idemhttp.HeaderKey)
+	a.mu.Lock()
+	a.execs[key]++
+	n := a.execs[key]
+	a.mu.Unlock()
+	if a.sleep > 0 {
+		t := time.NewTimer(a.sleep)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"payment":%q,"execution":%d,"status":"captured"}`, key, n)
+}
+
+// counts returns a copy of the executions per key.
+func (a *benchApp) counts() map[string]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := make(map[string]int, len(a.execs))
+	for k, v := range a.execs {
+		m[k] = v
+	}
+	return m
+}
+
+// benchLayer is one implementation built for one run: the handler to
+// serve and what to close afterwards.
+type benchLayer struct {
+	handler http.Handler
+	close   func()
+}
+
+// buildLayer wraps app in the named implementation against Redis at url.
+func buildLayer(ctx context.Context, impl, url string, app http.Handler, logger *slog.Logger) (*benchLayer, error) {
+	switch impl {
+	case "none":
+		return &benchLayer{handler: app, close: func() {}}, nil
+	case "idem-rueidis":
+		st, err := redisstore.Open(url, redisstore.Options{})
+		if err != nil {
+			return nil, err
+		}
+		mw := idemhttp.Middleware(st, idemhttp.Config{Retention: benchRetention, Logger: logger})
+		return &benchLayer{handler: mw(app), close: func() { st.Close() }}, nil
+	}
+	rdb, err := newGoredis(url)
+	if err != nil {
+		return nil, err
+	}
+	l := &benchLayer{close: func() { rdb.Close() }}
+	switch impl {
+	case "idem-goredis":
+		st, err := redisstore.New(rdb, redisstore.Options{})
+		if err != nil {
+			rdb.Close()
+			return nil, err
+		}
+		l.handler = idemhttp.Middleware(st, idemhttp.Config{Retention: benchRetention, Logger: logger})(app)
+	case "naive":
+		l.handler = &naiveLayer{rdb: rdb, next: app, logger: logger}
+	case "watch":
+		l.handler = &watchLayer{rdb: rdb, next: app, logger: logger}
+	case "lua":
+		if err := luaAcquire.Load(ctx, rdb).Err(); err != nil {
+			rdb.Close()
+			return nil, fmt.Errorf("lua: SCRIPT LOAD: %w", err)
+		}
+		l.handler = &luaLayer{rdb: rdb, next: app, logger: logger}
+	default:
+		rdb.Close()
+		return nil, usageError{fmt.Sprintf("unknown implementation %q", impl)}
+	}
+	return l, nil
+}
+
+func newGoredis(url string) (*redis.Client, error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("--redis: %w", err)
+	}
+	o.PoolSize = benchPoolSize
+	return redis.NewClient(o), nil
+}
+
+// The baselines store one JSON record per key, as the seed article does.
+const (
+	statusPending   = "PENDING"
+	statusCompleted = "COMPLETED"
+)
+
+type benchRecord struct {
+	Status string `json:"status"`
+	Code   int    `json:"code,omitempty"`
+	Body   []byte `json:"body,omitempty"`
+}
+
+var pendingJSON, _ = json.Marshal(benchRecord{Status: statusPending})
+
+// teeWriter passes the response through and keeps a copy of it.
+type teeWriter struct {
+	http.ResponseWriter
+	code int
+	body bytes.Buffer
+}
+
+func (t *teeWriter) WriteHeader(code int) {
+	if t.code == 0 {
+		t.code = code
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *teeWriter) Write(b []byte) (int, error) {
+	if t.code == 0 {
+		t.code = http.StatusOK
+	}
+	t.body.Write(b)
+	return t.ResponseWriter.Write(b)
+}
+
+func (t *teeWriter) ok() bool { return t.code >= 200 && t.code < 300 }
+
+func (t *teeWriter) record() []byte {
+	b, _ := json.Marshal(benchRecord{Status: statusCompleted, Code: t.code, Body: t.body.Bytes()})
+	return b
+}
+
+// answerRecord answers from a stored record: the response if COMPLETED,
+// 409 if PENDING.
+func answerRecord(w http.ResponseWriter, raw []byte) {
+	var rec benchRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		http.Error(w, "corrupted idempotency record", http.StatusInternalServerError)
+		return
+	}
+	switch rec.Status {
+	case statusCompleted:
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set(idemhttp.HeaderReplayed, "true")
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body)
+	case statusPending:
+		http.Error(w, "request processing in progress", http.StatusConflict)
+	default:
+		http.Error(w, "corrupted idempotency record", http.StatusInternalServerError)
+	}
+}
+
+func redisKey(prefix string, r *http.Request) (string, bool) {
+	k := r.Header.Get(idemhttp.HeaderKey)
+	return prefix + k, k != ""
+}
+
+// finish stores a 2xx response as COMPLETED, or deletes the PENDING record
+// so that a retry can run.
+func finish(ctx context.Context, rdb *redis.Client, key string, t *teeWriter, logger *slog.Logger) {
+	var err error
+	if t.ok() {
+		err = rdb.Set(ctx, key, t.record(), benchRetention).Err()
+	} else {
+		err = rdb.Del(ctx, key).Err()
+	}
+	if err != nil {
+		logger.Warn("bench: storing the outcome failed", "key", key, "error", err)
+	}
+}
+
+// naiveLayer is the seed's check-then-act: GET, and if absent run the
+// handler and SET the response. Racy on purpose: two requests that GET
+// before either SETs both run the handler.
+type naiveLayer struct {
+	rdb    *redis.Client
+	next   http.Handler
+	logger *slog.Logger
+}
+
+func (l *naiveLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, ok := redisKey("naive:", r)
+	if !ok {
+		http.Error(w, "Idempotency-Key header is required", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	raw, err := l.rdb.Get(ctx, key).Bytes()
+	switch {
+	case err == nil:
+		answerRecord(w, raw)
+		return
+	case !errors.Is(err, redis.Nil):
+		http.Error(w, "failed to check idempotency key", http.StatusServiceUnavailable)
+		return
+	}
+	t := &teeWriter{ResponseWriter: w}
+	l.next.ServeHTTP(t, r)
+	if t.ok() {
+		if err := l.rdb.Set(context.WithoutCancel(ctx), key, t.record(), benchRetention).Err(); err != nil {
+			l.logger.Warn("bench: naive SET failed", "key", key, "error", err)
+		}
+	}
+}
+
+// watchLayer is the seed's transaction version: WATCH the key, GET it, and
+// if absent SET it PENDING inside MULTI/EXEC; a conflict (EXEC aborted
+// because the key changed) retries the whole read-modify-write. COMPLETED
+// replays, PENDING gets 409; after the handler a 2xx is stored as
+// COMPLETED, anything else deletes the record.
+type watchLayer struct {
+	rdb    *redis.Client
+	next   http.Handler
+	logger *slog.Logger
+}
+
+func (l *watchLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, ok := redisKey("watch:", r)
+	if !ok {
+		http.Error(w, "Idempotency-Key header is required", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	acquired, existing, err := l.acquire(ctx, key)
+	if err != nil {
+		http.Error(w, "idempotency check failed", http.StatusServiceUnavailable)
+		return
+	}
+	if !acquired {
+		answerRecord(w, existing)
+		return
+	}
+	t := &teeWriter{ResponseWriter: w}
+	l.next.ServeHTTP(t, r)
+	finish(context.WithoutCancel(ctx), l.rdb, key, t, l.logger)
+}
+
+var errTxRetries = errors.New("WATCH/MULTI/EXEC: still conflicting after retries")
+
+func (l *watchLayer) acquire(ctx context.Context, key string) (acquired bool, existing []byte, err error) {
+	for range watchAttempts {
+		existing = nil
+		err := l.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			raw, err := tx.Get(ctx, key).Bytes()
+			if err == nil {
+				existing = raw
+				return nil
+			}
+			if !errors.Is(err, redis.Nil) {
+				return err
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Set(ctx, key, pendingJSON, benchPendingTTL)
+				return nil
+			})
+			return err
+		}, key)
+		switch {
+		case err == nil:
+			return existing == nil, existing, nil
+		case errors.Is(err, redis.TxFailedErr):
+			continue // the key changed under us: read it again
+		default:
+			return false, nil, err
+		}
+	}
+	return false, nil, errTxRetries
+}
+
+// luaAcquire is the seed's acquire script: return the record if there is
+// one, else SET it PENDING with a TTL and return ACQUIRED. One EVALSHA.
+var luaAcquire = redis.NewScript(`
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  return existing
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 'ACQUIRED'
+`)
+
+// luaLayer is the seed's Lua version: the acquire script (EVALSHA), the
+// handler, then SET COMPLETED with the longer TTL or DEL on failure.
+type luaLayer struct {
+	rdb    *redis.Client
+	next   http.Handler
+	logger *slog.Logger
+}
+
+func (l *luaLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, ok := redisKey("lua:", r)
+	if !ok {
+		http.Error(w, "Idempotency-Key header is required", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	res, err := luaAcquire.Run(ctx, l.rdb, []string{key}, pendingJSON, int(benchPendingTTL/time.Second)).Text()
+	if err != nil {
+		http.Error(w, "idempotency check failed", http.StatusServiceUnavailable)
+		return
+	}
+	if res != "ACQUIRED" {
+		answerRecord(w, []byte(res))
+		return
+	}
+	t := &teeWriter{ResponseWriter: w}
+	l.next.ServeHTTP(t, r)
+	finish(context.WithoutCancel(ctx), l.rdb, key, t, l.logger)
+}

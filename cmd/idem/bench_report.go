@@ -1,0 +1,219 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+var idemImpls = []string{"idem-rueidis", "idem-goredis"}
+
+func findResult(rs []benchResult, impl, scenario string) (benchResult, bool) {
+	i := slices.IndexFunc(rs, func(r benchResult) bool { return r.Impl == impl && r.Scenario == scenario })
+	if i < 0 {
+		return benchResult{}, false
+	}
+	return rs[i], true
+}
+
+// thousands formats n with commas: 12,345.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func fmtMs(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+// statusList is "409:3 503:1", or "–" when empty.
+func statusList(m map[string]int) string {
+	if len(m) == 0 {
+		return "–"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		name := k
+		if k == "0" {
+			name = "conn"
+		}
+		parts[i] = name + ":" + strconv.Itoa(m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+func writeMarkdown(w io.Writer, rs []benchResult, meta benchMeta, o benchOptions) {
+	mode := "closed loop"
+	if meta.Rate > 0 {
+		mode = fmt.Sprintf("open loop at %s req/s (latency from the scheduled send)", thousands(int64(meta.Rate)))
+	}
+	size := "full size"
+	if meta.Quick {
+		size = "--quick (reduced size)"
+	}
+	fmt.Fprintf(w, "## idem bench, %s\n\n", meta.Date)
+	fmt.Fprintf(w, "%s, GOMAXPROCS %d, %s, %s, a 409 retried after %v (±25%%).\n\n", meta.Redis, meta.Procs, mode, size, meta.RetryPause)
+	for _, sc := range meta.Scenarios {
+		fmt.Fprintf(w, "- (%s) %s\n", sc.name, sc.title)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| scenario | implementation | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | executions | duplicates | 409 retries | errors | Redis cmds/req | Redis CPU µs/req |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+	for _, r := range rs {
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.1f |\n",
+			r.Scenario, r.Impl, thousands(int64(r.Requests)), thousands(int64(math.Round(r.RPS))),
+			fmtMs(r.P50ms), fmtMs(r.P95ms), fmtMs(r.P99ms), fmtMs(r.MaxMs),
+			thousands(int64(r.Executions)), thousands(int64(r.Duplicates)), thousands(int64(r.Conflicts)),
+			statusList(r.Errors), r.RedisCmdsPerReq, r.RedisCPUusPerReq)
+	}
+	fmt.Fprintln(w, "\nRequests are logical requests: a 409 retried until the final answer counts once, and its latency runs")
+	fmt.Fprintln(w, "from the first send to the final answer. Redis cmds/req is from INFO commandstats, which also counts")
+	fmt.Fprintln(w, "the commands a script runs inside Redis: commands executed, not round trips.")
+	if lines := ratioLines(rs, o.limit); len(lines) > 0 {
+		fmt.Fprintln(w, "\n### Ratios")
+		fmt.Fprintln(w)
+		for _, l := range lines {
+			fmt.Fprintln(w, "- "+l)
+		}
+	}
+	if lines := targetLines(rs, o.limit); len(lines) > 0 {
+		fmt.Fprintln(w, "\n### Targets")
+		fmt.Fprintln(w)
+		for _, l := range lines {
+			fmt.Fprintln(w, "- "+l)
+		}
+	}
+}
+
+func pct(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f%%", 100*a/b)
+}
+
+func times(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// ratioLines compares each idem client with the baselines.
+func ratioLines(rs []benchResult, limit float64) []string {
+	var out []string
+	for _, impl := range idemImpls {
+		for _, sc := range []string{"a", "b", "c", "d"} {
+			me, ok := findResult(rs, impl, sc)
+			if !ok {
+				continue
+			}
+			var parts []string
+			for _, base := range []string{"lua", "watch", "none"} {
+				b, ok := findResult(rs, base, sc)
+				if !ok {
+					continue
+				}
+				parts = append(parts, fmt.Sprintf("vs %s: throughput %s, p99 %s", base, times(me.RPS, b.RPS), times(me.P99ms, b.P99ms)))
+			}
+			if sc == "b" && limit > 0 {
+				parts = append(parts, fmt.Sprintf("%s of the physical limit for pairs (%s/s, half of redis-benchmark's %s EVALSHA/s)",
+					pct(me.RPS, limit/2), thousands(int64(limit/2)), thousands(int64(limit))))
+			}
+			if len(parts) > 0 {
+				out = append(out, fmt.Sprintf("%s, scenario %s: %s", impl, sc, strings.Join(parts, "; ")))
+			}
+		}
+	}
+	return out
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "**met**"
+	}
+	return "**not met**"
+}
+
+// targetLines checks the targets on what was measured.
+func targetLines(rs []benchResult, limit float64) []string {
+	var out []string
+	for _, sc := range []string{"a", "c"} {
+		if r, ok := findResult(rs, "naive", sc); ok {
+			out = append(out, fmt.Sprintf("naive shows duplicates in (%s): %s duplicates: %s", sc, thousands(int64(r.Duplicates)), verdict(r.Duplicates > 0)))
+		}
+	}
+	for _, impl := range idemImpls {
+		var n, dups int
+		for _, r := range rs {
+			if r.Impl == impl {
+				n++
+				dups += r.Duplicates
+			}
+		}
+		if n > 0 {
+			out = append(out, fmt.Sprintf("%s has 0 duplicates in every scenario: %d in %d scenarios: %s", impl, dups, n, verdict(dups == 0)))
+		}
+	}
+	for _, impl := range idemImpls {
+		for _, sc := range []string{"a", "c", "d"} {
+			me, ok1 := findResult(rs, impl, sc)
+			lua, ok2 := findResult(rs, "lua", sc)
+			if !ok1 || !ok2 {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s, (%s): throughput ≥ lua's (%s vs %s req/s): %s; p99 ≤ lua's (%s vs %s ms): %s",
+				impl, sc, thousands(int64(math.Round(me.RPS))), thousands(int64(math.Round(lua.RPS))), verdict(me.RPS >= lua.RPS),
+				fmtMs(me.P99ms), fmtMs(lua.P99ms), verdict(me.P99ms <= lua.P99ms)))
+		}
+	}
+	for _, impl := range idemImpls {
+		me, ok := findResult(rs, impl, "b")
+		if !ok {
+			continue
+		}
+		if none, ok := findResult(rs, "none", "b"); ok {
+			out = append(out, fmt.Sprintf("%s, (b): ≥ 50%% of no layer: %s: %s", impl, pct(me.RPS, none.RPS), verdict(me.RPS >= none.RPS/2)))
+		}
+		if limit > 0 {
+			out = append(out, fmt.Sprintf("%s, (b): ≥ 25%% of the physical limit for pairs: %s: %s", impl, pct(me.RPS, limit/2), verdict(me.RPS >= limit/2/4)))
+		}
+	}
+	return out
+}
+
+func writeJSONFile(path string, rs []benchResult) error {
+	b, err := json.MarshalIndent(rs, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
