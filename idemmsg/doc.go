@@ -1,0 +1,73 @@
+// Package idemmsg gives message consumers exactly-once handling of each
+// message key on top of a broker's at-least-once delivery. It is
+// broker-neutral: a Deduplicator decides, per delivery, what the consumer
+// should tell its broker; the sub-packages (redisstream, ...) wire it to one
+// broker.
+//
+// A delivery is identified by a key: the broker's message id (an AMQP
+// message-id, a Nats-Msg-Id, a stream entry id, a Kafka header) or the
+// result of a user function. Keys are scoped by Config.Namespace (the
+// stream or queue, and the consumer group) and derived with
+// idem.Scope{Method: "msg", Route: Namespace}.Key. Content is not hashed by
+// default, since two identical messages can be two legitimate operations;
+// set Config.Fingerprint to refuse a key reused for other content.
+//
+// # Outcomes and broker actions
+//
+//	Outcome       meaning                                       broker action
+//	Processed     the handler ran and its success is recorded   ack
+//	Duplicate     the key already completed; handler not run    ack
+//	InFlight      another consumer holds the key's lease        nack / requeue after Result.RetryAfter
+//	Failed        the handler returned an error; key released   nack with backoff (redelivery retries it)
+//	DeadLettered  the handler failed on the MaxFailures-th      ack, or route to the broker's
+//	              delivery, or an earlier delivery of the key   dead-letter destination
+//	              was dead-lettered; the error is kept
+//
+// Handle returns an error without an Outcome when it could not decide:
+// an invalid key (idem.ErrInvalidKey), a key reused with another
+// fingerprint (idem.ErrMismatch), both permanent, or a store failure
+// (*idem.StoreError: the handler did not run; leave the message for
+// redelivery). It returns an error with an Outcome when the outcome holds
+// but the store could not record it (for example Processed, with the
+// completion lost): act on the Outcome and log the error.
+//
+// # Stored outcomes
+//
+// The completed record of a key holds an idem.Response. A processed key
+// stores Status 200 (StatusProcessed) and nothing else. A dead-lettered key
+// stores Status 500 (StatusDeadLettered), the header
+// "Idem-Outcome: dead-lettered" and the handler's error text as the body
+// (at most MaxErrorText bytes), so a later delivery tells DeadLettered
+// (with the kept error in Result.Err) from Duplicate.
+//
+// # Failure counting
+//
+// Failures are counted by the broker: Delivery.Attempt is its delivery
+// count (1 for the first delivery). When the handler fails and Attempt is
+// at least Config.MaxFailures, the failure is recorded as the key's result.
+// Nothing is counted in the store, so an adapter without a delivery count
+// must supply its own (or pass 1, and messages are then never
+// dead-lettered unless MaxFailures is 1).
+//
+// # Guarantees and their limits
+//
+//   - The handler runs at most once per completed key within the
+//     retention (Config.Retention, default 24h): every later delivery of
+//     the key is Duplicate (or DeadLettered).
+//   - While the handler runs, its lease is renewed (idem.Guard does it),
+//     and no other consumer runs the handler for the same key. The
+//     handler's context carries the lease and its fencing token
+//     (idem.LeaseFromContext) and is cancelled if the lease is lost.
+//   - A consumer that crashes after its handler's side effect but before
+//     the result is recorded leaves the key to be taken over after the
+//     lease: the handler may run again. Effects are therefore
+//     at-least-once with fencing, not exactly-once: have the system of
+//     record refuse a fencing token lower than the last one it accepted.
+//     (Committing the effect in the same transaction as the completion,
+//     pgstore.CompleteTx, is exactly-once; Handle does not offer it: use
+//     idem.Guard.Begin for that.)
+//   - A consumer that crashes after the result is recorded but before the
+//     ack causes a redelivery, which is answered Duplicate and acked.
+//   - When the store is unreachable the handler is not run (fail closed).
+//   - After retention ends, the key is new again.
+package idemmsg

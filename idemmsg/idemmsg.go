@@ -1,0 +1,264 @@
+package idemmsg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// DefaultMaxFailures is Config.MaxFailures's default.
+const DefaultMaxFailures = 5
+
+// Stored statuses and markers; see the package documentation.
+const (
+	// StatusProcessed is the status stored for a processed key.
+	StatusProcessed = 200
+	// StatusDeadLettered is the status stored for a dead-lettered key,
+	// with OutcomeHeader set to "dead-lettered" and the error text as body.
+	StatusDeadLettered = 500
+	// OutcomeHeader names the stored header that marks a dead-lettered key.
+	OutcomeHeader = "Idem-Outcome"
+	// MaxErrorText is the longest error text kept for a dead-lettered key,
+	// in bytes; a longer text is cut.
+	MaxErrorText = 4 << 10
+)
+
+const deadLetteredValue = "dead-lettered"
+
+// Config tunes a Deduplicator. The zero value means the defaults.
+type Config struct {
+	// Namespace scopes the keys: use the stream or queue and the consumer
+	// group, so that two groups that each handle the same message do not
+	// share a record. Keys are idem.Scope{Method: "msg", Route: Namespace}.
+	Namespace string
+
+	// Lease is how long a consumer owns a key before another may take it
+	// over; it is renewed while the handler runs. Default 30s (idem.Config).
+	Lease time.Duration
+
+	// Retention is how long a completed key (processed or dead-lettered)
+	// is remembered. Default 24h.
+	Retention time.Duration
+
+	// MaxFailures is the delivery count (Delivery.Attempt) at which a
+	// failing handler's error is recorded as the key's result: the delivery
+	// is DeadLettered and so is every later one. Default 5; 1 dead-letters
+	// on the first failure. Negative is an error.
+	MaxFailures int
+
+	// Fingerprint, when set, summarises a delivery's content; a key
+	// delivered again with another fingerprint is refused with
+	// idem.ErrMismatch. Default: none (the zero Fingerprint for every
+	// delivery), since identical messages can be legitimate.
+	Fingerprint func(d Delivery) idem.Fingerprint
+
+	// OnRenew, when set, is called after each background lease renewal
+	// (see idem.Config.OnRenew). It must not block.
+	OnRenew func(key idem.Key, err error)
+}
+
+// Delivery is one delivery of a message, as the broker gave it.
+type Delivery struct {
+	// Key identifies the message: 1 to 255 printable ASCII bytes
+	// (idem.ValidateKey).
+	Key string
+	// Attempt is the broker's delivery count, 1 for the first delivery.
+	// Values below 1 count as 1.
+	Attempt int
+	// Body is the message content, read only by Config.Fingerprint. It may
+	// be nil.
+	Body []byte
+}
+
+// Outcome is what Handle decided for a delivery.
+type Outcome uint8
+
+const (
+	// Processed: the handler ran and its success is recorded. Acknowledge.
+	Processed Outcome = iota + 1
+	// Duplicate: the key already completed; the handler did not run.
+	// Acknowledge.
+	Duplicate
+	// InFlight: another consumer holds the key's lease; the handler did not
+	// run. Redeliver after Result.RetryAfter.
+	InFlight
+	// Failed: the handler returned Result.Err; the key was released.
+	// Redeliver, with backoff.
+	Failed
+	// DeadLettered: the failure is recorded as the key's result, on this
+	// delivery or an earlier one; Result.Err holds the error (its kept
+	// text, for an earlier one). Acknowledge, or route the message to the
+	// broker's dead-letter destination.
+	DeadLettered
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	case InFlight:
+		return "in_flight"
+	case Failed:
+		return "failed"
+	case DeadLettered:
+		return "dead_lettered"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Ack reports whether the broker should be told the message is done:
+// true for Processed, Duplicate and DeadLettered.
+func (o Outcome) Ack() bool { return o == Processed || o == Duplicate || o == DeadLettered }
+
+// Result is the decision for one delivery.
+type Result struct {
+	Outcome Outcome
+	// RetryAfter is set for InFlight: the time until the holder's lease
+	// ends, on the store's clock.
+	RetryAfter time.Duration
+	// Err is the handler's error for Failed and DeadLettered; for a key
+	// dead-lettered by an earlier delivery, an error with the kept text.
+	Err error
+}
+
+// Deduplicator runs a message handler at most once per completed key. It
+// is safe for concurrent use.
+type Deduplicator struct {
+	guard *idem.Guard
+	scope idem.Scope
+	cfg   Config
+}
+
+// New returns a Deduplicator over store. It validates cfg and fills in
+// defaults.
+func New(store idem.Store, cfg Config) (*Deduplicator, error) {
+	if store == nil {
+		return nil, errors.New("idemmsg: New: nil Store")
+	}
+	switch {
+	case cfg.MaxFailures == 0:
+		cfg.MaxFailures = DefaultMaxFailures
+	case cfg.MaxFailures < 0:
+		return nil, fmt.Errorf("idemmsg: Config.MaxFailures %d is negative", cfg.MaxFailures)
+	}
+	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, OnRenew: cfg.OnRenew})
+	if err != nil {
+		return nil, err
+	}
+	gc := g.Config()
+	cfg.Lease, cfg.Retention = gc.Lease, gc.Retention
+	return &Deduplicator{guard: g, scope: idem.Scope{Method: "msg", Route: cfg.Namespace}, cfg: cfg}, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (d *Deduplicator) Config() Config { return d.cfg }
+
+// Key returns the record key of a message key.
+func (d *Deduplicator) Key(msgKey string) (idem.Key, error) { return d.scope.Key(msgKey) }
+
+// Handle decides what to do with delivery dl and runs fn when the key is
+// free. See the package documentation for the outcomes and the broker
+// action each calls for.
+//
+// fn's context carries the lease and its fencing token
+// (idem.LeaseFromContext) and is cancelled if the lease is lost. If fn
+// panics, the key is released and the panic goes on.
+//
+// Errors: an invalid key (wrapping idem.ErrInvalidKey) or a fingerprint
+// mismatch (idem.ErrMismatch) with a zero Result; a *idem.StoreError with a
+// zero Result when the store failed before fn ran (fn did not run). When
+// fn ran but its result could not be recorded, Handle returns the Result
+// (Processed, Failed) together with the store's error.
+func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx context.Context) error) (Result, error) {
+	key, err := d.scope.Key(dl.Key)
+	if err != nil {
+		return Result{}, err
+	}
+	var fp idem.Fingerprint
+	if d.cfg.Fingerprint != nil {
+		fp = d.cfg.Fingerprint(dl)
+	}
+	att, acq, err := d.guard.Begin(ctx, key, fp)
+	if err != nil {
+		var se *idem.StoreError
+		if !errors.As(err, &se) {
+			err = &idem.StoreError{Op: "acquire", Key: key, Err: err}
+		}
+		return Result{}, err
+	}
+	switch acq.Outcome {
+	case idem.Replay:
+		if text, ok := deadLetterText(acq.Response); ok {
+			return Result{Outcome: DeadLettered, Err: &DeadLetterError{Text: text}}, nil
+		}
+		return Result{Outcome: Duplicate}, nil
+	case idem.InFlight:
+		return Result{Outcome: InFlight, RetryAfter: acq.RetryAfter}, nil
+	case idem.Mismatch:
+		return Result{}, idem.ErrMismatch
+	case idem.Acquired:
+	default:
+		return Result{}, &idem.StoreError{Op: "acquire", Key: key, Err: fmt.Errorf("unknown outcome %v", acq.Outcome)}
+	}
+
+	// Recording the result must not fail because the caller's context
+	// ended meanwhile; the store's own timeouts bound it.
+	finish := context.WithoutCancel(ctx)
+	done := false
+	defer func() {
+		if !done { // fn panicked: free the key, let the panic go on
+			att.Release(finish)
+		}
+	}()
+	ferr := fn(att.Context())
+	done = true
+
+	if ferr == nil {
+		return Result{Outcome: Processed}, att.Complete(finish, &idem.Response{Status: StatusProcessed})
+	}
+	if max(dl.Attempt, 1) >= d.cfg.MaxFailures {
+		if err := att.Complete(finish, deadLetterResponse(ferr)); err != nil {
+			// Not recorded (Complete released the key unless the lease
+			// was lost): the next delivery fails and tries again.
+			return Result{Outcome: Failed, Err: ferr}, err
+		}
+		return Result{Outcome: DeadLettered, Err: ferr}, nil
+	}
+	return Result{Outcome: Failed, Err: ferr}, att.Release(finish)
+}
+
+// DeadLetterError is Result.Err for a key dead-lettered by an earlier
+// delivery: the error text that was kept.
+type DeadLetterError struct {
+	Text string
+}
+
+func (e *DeadLetterError) Error() string { return e.Text }
+
+func deadLetterResponse(err error) *idem.Response {
+	text := err.Error()
+	if len(text) > MaxErrorText {
+		text = text[:MaxErrorText]
+	}
+	return &idem.Response{
+		Status: StatusDeadLettered,
+		Header: http.Header{OutcomeHeader: {deadLetteredValue}, "Content-Type": {"text/plain; charset=utf-8"}},
+		Body:   []byte(text),
+	}
+}
+
+// deadLetterText reports whether resp marks a dead-lettered key, and its
+// kept error text.
+func deadLetterText(resp *idem.Response) (string, bool) {
+	if resp == nil || resp.Header.Get(OutcomeHeader) != deadLetteredValue {
+		return "", false
+	}
+	return string(resp.Body), true
+}

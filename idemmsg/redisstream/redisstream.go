@@ -1,0 +1,406 @@
+// Package redisstream consumes a Redis stream through a consumer group with
+// an idemmsg.Deduplicator: each message key's handler runs at most once per
+// completed key, whatever Redis redelivers.
+//
+// A Consumer reads new entries with XREADGROUP (">"), and every
+// ClaimInterval takes over, with XAUTOCLAIM, entries left pending for longer
+// than MinIdle by any consumer of the group (one that crashed, or this one
+// after a handler error). For each entry it calls Deduplicator.Handle and
+// then:
+//
+//	Processed, Duplicate   XACK
+//	DeadLettered           XADD to DeadLetterStream (when set), then XACK
+//	InFlight, Failed       nothing: the entry stays pending and is claimed
+//	                       again once idle for MinIdle
+//	invalid key, mismatch  as DeadLettered (permanent)
+//	store failure          nothing, as Failed
+//
+// So MinIdle is the retry delay of a failed entry, and an entry whose
+// handler outlives MinIdle may be claimed by another consumer meanwhile;
+// that one gets InFlight and leaves it pending, and the holder's XACK
+// settles it whoever owns it.
+//
+// # Delivery counts
+//
+// The Attempt given to Handle is Redis's delivery count for the entry: 1
+// for an entry read with ">", and for a claimed entry the count XPENDING
+// reports right after XAUTOCLAIM (which increments it but does not return
+// it), looked up in one pipelined round trip per claimed batch. A claimed
+// entry that is no longer pending by then was acknowledged meanwhile and
+// is skipped. Claims that found the key InFlight count as deliveries too,
+// so a handler that keeps outliving MinIdle reaches MaxFailures sooner.
+//
+// # Dead letters
+//
+// A dead-lettered entry is added to DeadLetterStream with its fields and
+// idem-stream, idem-group, idem-id (the original entry id) and idem-error
+// (the kept error text), before it is acknowledged. A consumer that
+// crashes between the two adds it again on redelivery: the dead-letter
+// stream is at-least-once.
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmsg"
+)
+
+// Defaults for Consumer's zero fields.
+const (
+	DefaultBlock = time.Second
+	DefaultCount = 16
+)
+
+// Fields added to a dead-lettered entry.
+const (
+	FieldStream = "idem-stream"
+	FieldGroup  = "idem-group"
+	FieldID     = "idem-id"
+	FieldError  = "idem-error"
+)
+
+// ackTimeout bounds an XACK or dead-letter XADD that runs after Run's
+// context ended (the handler's result is already recorded).
+const ackTimeout = 5 * time.Second
+
+// Consumer is one member of a consumer group. Fill in the fields and call
+// Run. Client, Stream, Group, Consumer, Dedup and Handler are required.
+type Consumer struct {
+	// Client is the caller's go-redis client; Run does not close it.
+	Client redis.UniversalClient
+	// Stream is the stream's key.
+	Stream string
+	// Group is the consumer group, created by Run when missing (XGROUP
+	// CREATE ... MKSTREAM) at StartID.
+	Group string
+	// Consumer names this consumer within the group. Give every process
+	// its own name; a restarted process may reuse its name.
+	Consumer string
+
+	// Dedup decides each delivery. Scope its Namespace to the stream and
+	// group, e.g. "orders/billing".
+	Dedup *idemmsg.Deduplicator
+	// Handler performs the message's effect. It runs with the lease in its
+	// context (idem.LeaseFromContext) and is not run again for a key that
+	// completed. A panic in it is passed on (after the key is released).
+	Handler func(ctx context.Context, msg redis.XMessage) error
+
+	// Key returns a message's key. Default: the value of field KeyField
+	// when KeyField is set, else the entry id. A message without a valid
+	// key (idem.ValidateKey) is dead-lettered.
+	Key func(msg redis.XMessage) string
+	// KeyField names the field holding the key, for the default Key.
+	KeyField string
+
+	// StartID is where a group created by Run starts. Default "0": the
+	// whole stream, so entries added before the first consumer started are
+	// not skipped. Use "$" for new entries only.
+	StartID string
+	// Block is how long one XREADGROUP waits for new entries. Default 1s.
+	Block time.Duration
+	// Count is the most entries read or claimed at once. Default 16.
+	Count int64
+	// MinIdle is how long an entry stays pending before any consumer of
+	// the group may claim it. Default: the Deduplicator's lease.
+	MinIdle time.Duration
+	// ClaimInterval is how often XAUTOCLAIM runs. Default MinIdle/2.
+	ClaimInterval time.Duration
+
+	// DeadLetterStream, when set, receives dead-lettered entries (see the
+	// package documentation). Default: they are only acknowledged.
+	DeadLetterStream string
+
+	// OnResult, when set, is called after each entry is decided, with
+	// Handle's result and error. For metrics and logs; it must not block.
+	OnResult func(msg redis.XMessage, res idemmsg.Result, err error)
+	// OnError, when set, receives Redis errors of the read, claim, ack and
+	// dead-letter steps (Run retries them). Default: logged with
+	// slog.Default at warning level.
+	OnError func(err error)
+
+	// beforeAck, in tests, is called before an entry is acknowledged;
+	// returning false simulates a crash: Run returns errCrashed at once.
+	beforeAck func(msg redis.XMessage) bool
+}
+
+var errCrashed = errors.New("redisstream: simulated crash")
+
+// Run creates the group if needed and consumes until ctx ends, then
+// returns nil. An entry whose handler is running when ctx ends gets a
+// cancelled context; its outcome is still acknowledged if it calls for it,
+// and the other entries of its batch stay pending for another consumer to
+// claim. Redis errors are reported to OnError and retried with backoff;
+// Run returns an error only for an invalid configuration or a group it
+// cannot create.
+func (c *Consumer) Run(ctx context.Context) error {
+	r, err := c.runner()
+	if err != nil {
+		return err
+	}
+	if err := r.createGroup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	var lastClaim time.Time // zero: claim at once, picking up what a crash left
+	failures := 0
+	for ctx.Err() == nil {
+		var err error
+		if time.Since(lastClaim) >= r.claimEvery {
+			err = r.claim(ctx)
+			if err == nil {
+				lastClaim = time.Now()
+			}
+		}
+		if err == nil {
+			err = r.read(ctx, max(time.Millisecond, min(r.block, time.Until(lastClaim.Add(r.claimEvery)))))
+		}
+		switch {
+		case errors.Is(err, errCrashed):
+			return err
+		case err == nil:
+			failures = 0
+		case ctx.Err() != nil:
+		default:
+			r.onError(err)
+			if isRedisError(err, "NOGROUP") { // the stream or group was deleted
+				if err := r.createGroup(ctx); err != nil && ctx.Err() == nil {
+					r.onError(err)
+				}
+			}
+			failures++
+			sleep(ctx, min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second))
+		}
+	}
+	return nil
+}
+
+// runner is a Consumer with its defaults filled in.
+type runner struct {
+	*Consumer
+	block, minIdle, claimEvery time.Duration
+	count                      int64
+}
+
+func (c *Consumer) runner() (*runner, error) {
+	switch {
+	case c.Client == nil:
+		return nil, errors.New("redisstream: Consumer.Client is nil")
+	case c.Stream == "" || c.Group == "" || c.Consumer == "":
+		return nil, errors.New("redisstream: Consumer.Stream, Group and Consumer are required")
+	case c.Dedup == nil:
+		return nil, errors.New("redisstream: Consumer.Dedup is nil")
+	case c.Handler == nil:
+		return nil, errors.New("redisstream: Consumer.Handler is nil")
+	case c.Block < 0 || c.Count < 0 || c.MinIdle < 0 || c.ClaimInterval < 0:
+		return nil, errors.New("redisstream: negative Block, Count, MinIdle or ClaimInterval")
+	}
+	r := &runner{Consumer: c, block: c.Block, minIdle: c.MinIdle, claimEvery: c.ClaimInterval, count: c.Count}
+	if r.block == 0 {
+		r.block = DefaultBlock
+	}
+	if r.count == 0 {
+		r.count = DefaultCount
+	}
+	if r.minIdle == 0 {
+		r.minIdle = c.Dedup.Config().Lease
+	}
+	if r.claimEvery == 0 {
+		r.claimEvery = max(r.minIdle/2, time.Millisecond)
+	}
+	return r, nil
+}
+
+func (r *runner) createGroup(ctx context.Context) error {
+	start := r.StartID
+	if start == "" {
+		start = "0"
+	}
+	err := r.Client.XGroupCreateMkStream(ctx, r.Stream, r.Group, start).Err()
+	if err != nil && !isRedisError(err, "BUSYGROUP") {
+		return fmt.Errorf("redisstream: create group %s on %s: %w", r.Group, r.Stream, err)
+	}
+	return nil
+}
+
+// read handles one batch of new entries.
+func (r *runner) read(ctx context.Context, block time.Duration) error {
+	res, err := r.Client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: r.Group, Consumer: r.Consumer.Consumer, Streams: []string{r.Stream, ">"},
+		Count: r.count, Block: block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("redisstream: XREADGROUP %s: %w", r.Stream, err)
+	}
+	for _, s := range res {
+		for _, msg := range s.Messages {
+			if ctx.Err() != nil {
+				return nil // the rest stays pending, for a claim
+			}
+			if err := r.process(ctx, msg, 1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// claim takes over and handles the entries idle for MinIdle, one batch at
+// a time, until a pass over the pending list ends.
+func (r *runner) claim(ctx context.Context) error {
+	start := "0-0"
+	for ctx.Err() == nil {
+		msgs, next, err := r.Client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: r.Stream, Group: r.Group, Consumer: r.Consumer.Consumer,
+			MinIdle: r.minIdle, Start: start, Count: r.count,
+		}).Result()
+		if err != nil {
+			return fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", r.Stream, err)
+		}
+		if len(msgs) > 0 {
+			counts, err := r.deliveryCounts(ctx, msgs)
+			if err != nil {
+				return err
+			}
+			for _, msg := range msgs {
+				n, pending := counts[msg.ID]
+				if !pending || ctx.Err() != nil {
+					continue // acknowledged meanwhile, or stopping
+				}
+				if err := r.process(ctx, msg, int(n)); err != nil {
+					return err
+				}
+			}
+		}
+		if next == "0-0" || next == "" {
+			return nil
+		}
+		start = next
+	}
+	return nil
+}
+
+// deliveryCounts returns the delivery count of each claimed entry still
+// pending, from one pipeline of XPENDING calls.
+func (r *runner) deliveryCounts(ctx context.Context, msgs []redis.XMessage) (map[string]int64, error) {
+	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	_, err := r.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, msg := range msgs {
+			cmds[i] = p.XPendingExt(ctx, &redis.XPendingExtArgs{
+				Stream: r.Stream, Group: r.Group, Start: msg.ID, End: msg.ID, Count: 1,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: XPENDING %s: %w", r.Stream, err)
+	}
+	counts := make(map[string]int64, len(msgs))
+	for _, cmd := range cmds {
+		for _, p := range cmd.Val() {
+			counts[p.ID] = max(p.RetryCount, 1)
+		}
+	}
+	return counts, nil
+}
+
+// process decides one entry and settles it with Redis. It returns only
+// errCrashed; other errors go to OnError and leave the entry pending.
+func (r *runner) process(ctx context.Context, msg redis.XMessage, attempt int) error {
+	res, err := r.Dedup.Handle(ctx, idemmsg.Delivery{Key: r.key(msg), Attempt: attempt},
+		func(ctx context.Context) error { return r.Handler(ctx, msg) })
+	if r.OnResult != nil {
+		r.OnResult(msg, res, err)
+	}
+	if err != nil {
+		r.onError(fmt.Errorf("redisstream: %s %s: %w", r.Stream, msg.ID, err))
+	}
+	outcome := res.Outcome
+	if outcome == 0 && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
+	}
+	if !outcome.Ack() {
+		return nil // pending: claimed again after MinIdle
+	}
+	if r.beforeAck != nil && !r.beforeAck(msg) {
+		return errCrashed
+	}
+	// The outcome is recorded: settle it even if ctx ended meanwhile.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+	defer cancel()
+	if outcome == idemmsg.DeadLettered && r.DeadLetterStream != "" {
+		if err := r.Client.XAdd(sctx, &redis.XAddArgs{Stream: r.DeadLetterStream, Values: r.deadLetterValues(msg, res.Err)}).Err(); err != nil {
+			r.onError(fmt.Errorf("redisstream: XADD %s (dead letter of %s): %w", r.DeadLetterStream, msg.ID, err))
+			return nil // pending: the next delivery is dead-lettered again
+		}
+	}
+	if err := r.Client.XAck(sctx, r.Stream, r.Group, msg.ID).Err(); err != nil {
+		r.onError(fmt.Errorf("redisstream: XACK %s %s: %w", r.Stream, msg.ID, err))
+	}
+	return nil
+}
+
+func (r *runner) key(msg redis.XMessage) string {
+	switch {
+	case r.Key != nil:
+		return r.Key(msg)
+	case r.KeyField != "":
+		s, _ := msg.Values[r.KeyField].(string)
+		return s
+	}
+	return msg.ID
+}
+
+func (r *runner) deadLetterValues(msg redis.XMessage, cause error) []any {
+	text := ""
+	if cause != nil {
+		text = cause.Error()
+	}
+	names := make([]string, 0, len(msg.Values))
+	for name := range msg.Values {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	vals := make([]any, 0, 2*len(names)+8)
+	for _, name := range names {
+		vals = append(vals, name, msg.Values[name])
+	}
+	return append(vals, FieldStream, r.Stream, FieldGroup, r.Group, FieldID, msg.ID, FieldError, text)
+}
+
+func (r *runner) onError(err error) {
+	if r.OnError != nil {
+		r.OnError(err)
+		return
+	}
+	slog.Default().Warn("redisstream", "stream", r.Stream, "group", r.Group, "consumer", r.Consumer.Consumer, "err", err)
+}
+
+// isRedisError reports whether err holds a Redis error reply of the given
+// kind (its first word).
+func isRedisError(err error, kind string) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), kind+" ")
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

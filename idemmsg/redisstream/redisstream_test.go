@@ -1,0 +1,395 @@
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/redisstore"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) {
+	srv = redistest.MustStartServer()
+	code := m.Run()
+	srv.Stop()
+	os.Exit(code)
+}
+
+// Short enough that claims of crashed or failed entries happen within the
+// test's bounds.
+const (
+	testLease = 300 * time.Millisecond
+	testBlock = 50 * time.Millisecond
+	waitLimit = 10 * time.Second
+)
+
+// env is one test's stream, group, client, deduplicator and ledger.
+type env struct {
+	t      *testing.T
+	client *redis.Client
+	stream string
+	group  string
+	dedup  *idemmsg.Deduplicator
+	ledger *ledger
+	lastID string
+}
+
+func newEnv(t *testing.T, maxFailures int) *env {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	// Unique per run, so that -count=N starts from empty streams and keys.
+	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().UnixNano())
+	store, err := redisstore.New(c, redisstore.Options{Prefix: "idem:" + name + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, group := "stream:"+name, "g"
+	d, err := idemmsg.New(store, idemmsg.Config{Namespace: stream + "/" + group, Lease: testLease, MaxFailures: maxFailures})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, client: c, stream: stream, group: group, dedup: d, ledger: &ledger{effects: map[string]int{}}}
+}
+
+// ledger is the system of record: it counts effects per key, and refuses
+// a fencing token lower than the last one it accepted for the key.
+type ledger struct {
+	mu      sync.Mutex
+	effects map[string]int
+	tokens  map[string]uint64
+	stale   int
+}
+
+func (l *ledger) apply(ctx context.Context, key string) error {
+	lease, ok := idem.LeaseFromContext(ctx)
+	if !ok {
+		return errors.New("no lease in the handler's context")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tokens == nil {
+		l.tokens = map[string]uint64{}
+	}
+	if lease.Token < l.tokens[key] {
+		l.stale++
+		return errors.New("stale fencing token")
+	}
+	l.tokens[key] = lease.Token
+	l.effects[key]++
+	return nil
+}
+
+func (l *ledger) snapshot() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[string]int, len(l.effects))
+	for k, v := range l.effects {
+		m[k] = v
+	}
+	return m
+}
+
+// publish adds one entry per key.
+func (e *env) publish(keys ...string) {
+	e.t.Helper()
+	for i, k := range keys {
+		id, err := e.client.XAdd(context.Background(), &redis.XAddArgs{Stream: e.stream, Values: []any{"k", k, "n", i}}).Result()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.lastID = id
+	}
+}
+
+func (e *env) consumer(name string) *Consumer {
+	return &Consumer{
+		Client: e.client, Stream: e.stream, Group: e.group, Consumer: name,
+		Dedup: e.dedup, KeyField: "k", Block: testBlock,
+		Handler: func(ctx context.Context, msg redis.XMessage) error {
+			return e.ledger.apply(ctx, msg.Values["k"].(string))
+		},
+		OnError: func(err error) { e.t.Logf("%s: %v", name, err) },
+	}
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(waitLimit):
+				e.t.Errorf("consumer %s did not stop within %v", c.Consumer, waitLimit)
+			}
+		})
+		return err
+	}
+	e.t.Cleanup(func() { stop() })
+	return stop
+}
+
+// settled reports whether every published entry was delivered to the
+// group and acknowledged.
+func (e *env) settled() bool {
+	groups, err := e.client.XInfoGroups(context.Background(), e.stream).Result()
+	if err != nil {
+		return false
+	}
+	for _, g := range groups {
+		if g.Name == e.group {
+			return g.LastDeliveredID == e.lastID && g.Pending == 0
+		}
+	}
+	return false
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkLedger wants exactly one effect per distinct key and nothing
+// pending.
+func (e *env) checkLedger(keys []string) {
+	e.t.Helper()
+	want := map[string]int{}
+	for _, k := range keys {
+		want[k] = 1
+	}
+	got := e.ledger.snapshot()
+	if len(got) != len(want) {
+		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
+	}
+	for k := range want {
+		if got[k] != 1 {
+			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
+		}
+	}
+	p, err := e.client.XPending(context.Background(), e.stream, e.group).Result()
+	if err != nil || p.Count != 0 {
+		e.t.Errorf("XPENDING: got %+v, %v; want count 0", p, err)
+	}
+}
+
+// keysWithDuplicates returns n keys over distinct values, each repeated.
+func keysWithDuplicates(n, distinct int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("order-%d", i%distinct)
+	}
+	return keys
+}
+
+func TestDuplicates(t *testing.T) {
+	e := newEnv(t, 0)
+	keys := keysWithDuplicates(30, 10)
+	e.publish(keys...)
+	var outcomes sync.Map
+	c := e.consumer("c1")
+	c.OnResult = func(msg redis.XMessage, res idemmsg.Result, err error) { outcomes.Store(msg.ID, res.Outcome) }
+	stop := e.start(c)
+	waitFor(t, "all entries acknowledged", e.settled)
+	t0 := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("Run: got %v, want nil after cancel", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("Run took %v to stop, want under 1s", d)
+	}
+	e.checkLedger(keys)
+	counts := map[idemmsg.Outcome]int{}
+	outcomes.Range(func(_, v any) bool { counts[v.(idemmsg.Outcome)]++; return true })
+	if counts[idemmsg.Processed] != 10 || counts[idemmsg.Duplicate] != 20 {
+		t.Errorf("outcomes: got %v, want 10 processed, 20 duplicate", counts)
+	}
+}
+
+func TestTwoConsumers(t *testing.T) {
+	e := newEnv(t, 0)
+	keys := keysWithDuplicates(60, 25)
+	e.publish(keys...)
+	slow := func(c *Consumer) *Consumer {
+		h := c.Handler
+		c.Count = 4
+		c.Handler = func(ctx context.Context, msg redis.XMessage) error {
+			time.Sleep(2 * time.Millisecond) // let the two interleave
+			return h(ctx, msg)
+		}
+		return c
+	}
+	e.start(slow(e.consumer("c1")))
+	e.start(slow(e.consumer("c2")))
+	waitFor(t, "all entries acknowledged", e.settled)
+	e.checkLedger(keys)
+}
+
+func TestCrashBeforeAck(t *testing.T) {
+	e := newEnv(t, 0)
+	keys := keysWithDuplicates(12, 12)
+	e.publish(keys...)
+
+	// c1 performs and records the effect of its third entry, then dies
+	// before XACK; the rest of its batch is left pending too.
+	var handled atomic.Int32
+	crashed := e.consumer("c1")
+	crashed.beforeAck = func(redis.XMessage) bool { return handled.Add(1) < 3 }
+	stop := e.start(crashed)
+	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 3 })
+	if err := stop(); !errors.Is(err, errCrashed) {
+		t.Fatalf("crashed Run: got %v, want errCrashed", err)
+	}
+	if got := e.ledger.snapshot(); len(got) != 3 {
+		t.Fatalf("before the restart the ledger holds %d keys, want 3", len(got))
+	}
+
+	// c1 restarts under its name, with c2 beside it: the crashed entry is
+	// claimed after MinIdle and answered Duplicate, the rest processed.
+	var duplicates atomic.Int32
+	for _, name := range []string{"c1", "c2"} {
+		c := e.consumer(name)
+		c.OnResult = func(msg redis.XMessage, res idemmsg.Result, err error) {
+			if res.Outcome == idemmsg.Duplicate {
+				duplicates.Add(1)
+			}
+		}
+		e.start(c)
+	}
+	waitFor(t, "all entries acknowledged", e.settled)
+	e.checkLedger(keys)
+	if duplicates.Load() < 1 {
+		t.Errorf("got %d duplicates after the restart, want at least 1 (the crashed entry)", duplicates.Load())
+	}
+}
+
+func TestPoisonDeadLettered(t *testing.T) {
+	e := newEnv(t, 3)
+	keys := []string{"good-1", "poison", "good-2"}
+	e.publish(keys...)
+	var poisonRuns atomic.Int32
+	c := e.consumer("c1")
+	c.DeadLetterStream = e.stream + ":dead"
+	h := c.Handler
+	c.Handler = func(ctx context.Context, msg redis.XMessage) error {
+		if msg.Values["k"] == "poison" {
+			return fmt.Errorf("cannot parse payload (run %d)", poisonRuns.Add(1))
+		}
+		return h(ctx, msg)
+	}
+	e.start(c)
+	waitFor(t, "all entries acknowledged", e.settled)
+	e.checkLedger([]string{"good-1", "good-2"})
+	if got := poisonRuns.Load(); got != 3 {
+		t.Errorf("poison handler ran %d times, want 3 (MaxFailures)", got)
+	}
+	dead, err := e.client.XRange(context.Background(), c.DeadLetterStream, "-", "+").Result()
+	if err != nil || len(dead) != 1 {
+		t.Fatalf("dead-letter stream: got %d entries (%v), want 1", len(dead), err)
+	}
+	v := dead[0].Values
+	if v["k"] != "poison" || v[FieldStream] != e.stream || v[FieldGroup] != e.group ||
+		v[FieldError] != "cannot parse payload (run 3)" || v[FieldID] == "" {
+		t.Errorf("dead letter: got %v", v)
+	}
+
+	// A later delivery of the same key is dead-lettered without running.
+	e.publish("poison")
+	waitFor(t, "the redelivery acknowledged", e.settled)
+	if got := poisonRuns.Load(); got != 3 {
+		t.Errorf("poison handler ran %d times after a redelivery, want 3", got)
+	}
+	if n, _ := e.client.XLen(context.Background(), c.DeadLetterStream).Result(); n != 2 {
+		t.Errorf("dead-letter stream: got %d entries, want 2", n)
+	}
+}
+
+func TestInvalidKeyDeadLettered(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publish("ok", "") // an empty key field is invalid
+	c := e.consumer("c1")
+	c.DeadLetterStream = e.stream + ":dead"
+	c.OnError = func(error) {}
+	e.start(c)
+	waitFor(t, "all entries acknowledged", e.settled)
+	e.checkLedger([]string{"ok"})
+	dead, err := e.client.XRange(context.Background(), c.DeadLetterStream, "-", "+").Result()
+	if err != nil || len(dead) != 1 || !strings.Contains(dead[0].Values[FieldError].(string), "invalid") {
+		t.Fatalf("dead-letter stream: got %v (%v), want one entry with the key error", dead, err)
+	}
+}
+
+func TestDefaultKeyIsEntryID(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publish("same", "same") // two entries, two ids: both processed
+	var seen sync.Map
+	c := e.consumer("c1")
+	c.KeyField = ""
+	c.Handler = func(ctx context.Context, msg redis.XMessage) error {
+		seen.Store(msg.ID, true)
+		return e.ledger.apply(ctx, msg.ID)
+	}
+	e.start(c)
+	waitFor(t, "all entries acknowledged", e.settled)
+	if got := len(e.ledger.snapshot()); got != 2 {
+		t.Errorf("ledger holds %d keys, want 2 (one per entry id)", got)
+	}
+}
+
+func TestGroupRecreated(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publish("a")
+	c := e.consumer("c1")
+	c.OnError = func(error) {}
+	e.start(c)
+	waitFor(t, "the first entry acknowledged", e.settled)
+	if err := e.client.Del(context.Background(), e.stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * testBlock) // let a read fail with NOGROUP
+	e.publish("b")
+	waitFor(t, "the entry after the deletion acknowledged", e.settled)
+	e.checkLedger([]string{"a", "b"})
+}
+
+func TestRunValidates(t *testing.T) {
+	e := newEnv(t, 0)
+	for name, mutate := range map[string]func(c *Consumer){
+		"no client":  func(c *Consumer) { c.Client = nil },
+		"no stream":  func(c *Consumer) { c.Stream = "" },
+		"no dedup":   func(c *Consumer) { c.Dedup = nil },
+		"no handler": func(c *Consumer) { c.Handler = nil },
+		"negative":   func(c *Consumer) { c.Block = -1 },
+	} {
+		c := e.consumer("c1")
+		mutate(c)
+		if err := c.Run(context.Background()); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+}
