@@ -119,7 +119,9 @@ type Lease struct {
 	Key   Key
 	ID    LeaseID
 	Token uint64
-	// TTL is the lease time granted: the full duration for a new lease, the
+	// TTL is the lease time left when the store answered: the full
+	// duration for a new lease (a little less where the store measures it at
+	// the end of its step, as PostgreSQL does after waiting on a lock), the
 	// time left for a repeated Acquire.
 	TTL time.Duration
 }

@@ -33,7 +33,9 @@
 // transaction's would be a second copy. Use READ COMMITTED (PostgreSQL's
 // default): under REPEATABLE READ or SERIALIZABLE, a record renewed since
 // the transaction's snapshot makes the UPDATE fail with a serialization
-// error.
+// error. The same holds for the pool's own sessions: if the database or
+// role defaults to a stricter isolation level, concurrent Acquire calls on
+// one key fail with serialization errors instead of answering in flight.
 //
 // # Schema
 //
@@ -74,11 +76,13 @@
 // it was drawn (a takeover draws it under the record's row lock), so tokens
 // strictly increase per key across takeovers, releases, expiry and
 // deletion, whatever any clock does. Tokens have gaps and are shared by
-// all keys and namespaces of a table. One narrow exception: a brand-new
-// record's token is drawn as its INSERT starts, so a record created,
-// expired and deleted (by Delete or the reaper) entirely while one Acquire
-// of the same key was between its start and its insert may have had a
-// larger token. The tokens are not comparable with those of another store:
+// all keys and namespaces of a table. One exception: a brand-new record's
+// token is drawn as its INSERT starts, so a record created, expired and
+// deleted entirely while one Acquire of the same key was between its start
+// and its insert may have had a larger token. The reaper deletes only
+// records expired for Options.ReapGrace (a minute), so with it this needs
+// an Acquire stalled for that long; an operator's Delete can cause it
+// directly (Delete drops a key's history on every store). The tokens are not comparable with those of another store:
 // a system of record moving from redisstore (whose tokens are clock-based)
 // to pgstore must reset what it remembers.
 package pgstore
@@ -88,16 +92,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 )
+
+// DefaultReapGrace is Options.ReapGrace's default.
+const DefaultReapGrace = time.Minute
 
 // DefaultTable is the table name when Options.Table is empty.
 const DefaultTable = "idem_records"
@@ -117,6 +126,13 @@ type Options struct {
 	// Migrate makes New run Migrate for Table first.
 	Migrate bool
 
+	// ReapGrace is how long a record must have been expired before Reap
+	// deletes it. Deleting a record the instant it expires lets an Acquire
+	// that was waiting on it insert a token drawn before a larger one was
+	// granted; the grace makes that need an Acquire stalled for this long.
+	// Default DefaultReapGrace.
+	ReapGrace time.Duration
+
 	// Logger receives the failures of RunReaper's batches. Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -127,6 +143,7 @@ type Options struct {
 type Store struct {
 	pool  *pgxpool.Pool
 	ns    string
+	grace time.Duration
 	log   *slog.Logger
 	names names
 	sql   statements
@@ -211,8 +228,18 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if !utf8.ValidString(opts.Namespace) || strings.ContainsRune(opts.Namespace, 0) {
+		return nil, errors.New("pgstore: New: Options.Namespace must be valid UTF-8 without NUL bytes")
+	}
+	if opts.ReapGrace < 0 {
+		return nil, fmt.Errorf("pgstore: New: Options.ReapGrace %v is negative", opts.ReapGrace)
+	}
+	if opts.ReapGrace == 0 {
+		opts.ReapGrace = DefaultReapGrace
+	}
 	return &Store{
 		pool:  pool,
+		grace: opts.ReapGrace,
 		ns:    opts.Namespace,
 		log:   opts.Logger,
 		names: n,
@@ -253,7 +280,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	case rec.State == idem.StateInFlight && rec.LeaseID == req.LeaseID:
 		// Taken by this statement (the time left is the TTL, rounded up to
 		// a microsecond) or, after a lost reply, by the same call before.
-		l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: rec.Token, TTL: min(req.TTL, rec.TTL)}
+		// The time left is measured at the statement's end: a statement
+		// that waited on a row lock must not report more than is left.
+		if leftNow <= 0 { // already over: the caller may try again at once
+			return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: time.Millisecond}, nil
+		}
+		l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: rec.Token, TTL: min(req.TTL, leftNow)}
 		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, nil
 	case rec.Fingerprint != req.Fingerprint:
 		return idem.Acquisition{Outcome: idem.Mismatch}, nil
@@ -410,7 +442,7 @@ func (s *Store) Reap(ctx context.Context, batch int) (deleted int, err error) {
 		if err := ctx.Err(); err != nil {
 			return deleted, fmt.Errorf("pgstore: reap %s: %w", s.names.table, err)
 		}
-		tag, err := s.pool.Exec(ctx, s.sql.reap, batch)
+		tag, err := s.pool.Exec(ctx, s.sql.reap, batch, interval(s.grace))
 		if err != nil {
 			return deleted, fmt.Errorf("pgstore: reap %s: %w", s.names.table, err)
 		}
@@ -497,6 +529,9 @@ func decode(enc []byte) (*idem.Response, error) {
 // interval returns d rounded up to the microsecond, the resolution of
 // PostgreSQL's interval (pgx would truncate it).
 func interval(d time.Duration) time.Duration {
+	if d > math.MaxInt64-time.Microsecond { // saturate instead of wrapping
+		return d.Truncate(time.Microsecond)
+	}
 	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -314,8 +315,9 @@ func TestMigrate(t *testing.T) {
 func TestReap(t *testing.T) {
 	pool := pgtest.New(t)
 	ctx := t.Context()
-	s := newStore(t, pool, pgstore.Options{Migrate: true, Namespace: "a"})
-	other := newStore(t, pool, pgstore.Options{Namespace: "b"})
+	// A grace far under the records' expiry: Reap takes them at once.
+	s := newStore(t, pool, pgstore.Options{Migrate: true, Namespace: "a", ReapGrace: time.Millisecond})
+	other := newStore(t, pool, pgstore.Options{Namespace: "b", ReapGrace: time.Millisecond})
 	const expiring, live = 25, 10
 	for i := range expiring {
 		st := s
@@ -365,7 +367,11 @@ func TestReap(t *testing.T) {
 		t.Fatalf("rows before Reap: got %d, want %d", n, expiring+live+1)
 	}
 	counted, sent := countingPool(t, pool)
-	deleted, err := newStore(t, counted, pgstore.Options{}).Reap(ctx, 4)
+	// With the default grace (a minute) nothing is old enough yet.
+	if deleted, err := newStore(t, pool, pgstore.Options{}).Reap(ctx, 4); deleted != 0 || err != nil {
+		t.Errorf("Reap within the grace: got %d deleted, %v; want 0", deleted, err)
+	}
+	deleted, err := newStore(t, counted, pgstore.Options{ReapGrace: time.Millisecond}).Reap(ctx, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,4 +559,60 @@ func TestAnswersWriteNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("replay", idem.Replay, idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+}
+
+// An Acquire that waits on a row lock (a CompleteTx in progress whose
+// lease expired) and takes the key after the rollback gets a lease that
+// starts when it is written: the key is its own for the TTL it was told,
+// and nobody else takes it meanwhile.
+func TestTakeoverAfterLockWait(t *testing.T) {
+	pool := pgtest.New(t)
+	ctx := t.Context()
+	s := newStore(t, pool, pgstore.Options{Migrate: true})
+	key := newKey(1)
+	l := lease(t, s, key, 100*time.Millisecond)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CompleteTx(ctx, tx, l, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // the lease ends while tx holds the row
+	done := make(chan idem.Acquisition, 1)
+	go func() {
+		acq, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- acq
+	}()
+	time.Sleep(500 * time.Millisecond) // the Acquire waits on the row lock
+	tx.Rollback(ctx)
+	x := <-done
+	if x.Outcome != idem.Acquired || x.Lease.TTL < 900*time.Millisecond {
+		t.Fatalf("takeover after the rollback: got %v with TTL %v, want Acquired with about 1s left", x.Outcome, x.Lease.TTL)
+	}
+	if y := acquire(t, s, key, time.Minute); y.Outcome != idem.InFlight {
+		t.Fatalf("another Acquire right after: got %v, want in flight (the takeover's lease is live)", y.Outcome)
+	}
+}
+
+// Durations too large for an interval saturate instead of wrapping, and
+// namespaces must be text PostgreSQL accepts.
+func TestEdgeInputs(t *testing.T) {
+	pool := pgtest.New(t)
+	s := newStore(t, pool, pgstore.Options{Migrate: true})
+	key := newKey(1)
+	if a := acquire(t, s, key, time.Duration(math.MaxInt64)); a.Outcome != idem.Acquired || a.Lease.TTL <= 0 {
+		t.Fatalf("Acquire with the largest TTL: got %v, TTL %v; want Acquired with a positive TTL", a.Outcome, a.Lease.TTL)
+	}
+	if a := acquire(t, s, key, time.Minute); a.Outcome != idem.InFlight {
+		t.Fatalf("second Acquire: got %v, want in flight", a.Outcome)
+	}
+	for _, ns := range []string{"a\x00b", "\xff"} {
+		if _, err := pgstore.New(t.Context(), pool, pgstore.Options{Namespace: ns}); err == nil {
+			t.Errorf("New with Namespace %q: got nil error, want one", ns)
+		}
+	}
 }

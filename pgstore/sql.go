@@ -57,7 +57,9 @@ CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1;
 //
 // cur reads the live, unreleased record from the statement's snapshot.
 // When there is one, nothing is written: in flight, replay and mismatch
-// (the common answers to a repeat) cost a read only, and answer as of the
+// (the common answers to a repeat) cost a read only when the record was
+// already visible at the statement's start (a racing acquirer that reaches
+// the ON CONFLICT branch instead writes a row version), and answer as of the
 // snapshot, which is taken during the statement.
 //
 // Otherwise ins inserts a new in-flight record. When a record appeared
@@ -69,6 +71,11 @@ CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1;
 // row in both cases: a row left out by WHERE would have to be read again,
 // and the snapshot may not show it. Concurrent acquirers of one key
 // serialise on the row lock, so exactly one of them takes it.
+//
+// A takeover may have waited for the row lock (a CompleteTx in progress):
+// its lease starts when it writes (clock_timestamp()), not when the
+// statement started, so it is not granted already spent. The caller
+// reports the time left at the statement's end.
 //
 // Tokens: the inserted row's token is drawn when the insert is tried; a
 // takeover draws a fresh one under the row lock, after the token it
@@ -90,7 +97,7 @@ WITH cur AS (
 		fingerprint = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.fingerprint ELSE r.fingerprint END,
 		lease_id    = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.lease_id ELSE r.lease_id END,
 		response    = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN NULL ELSE r.response END,
-		expires_at  = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE r.expires_at END
+		expires_at  = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN clock_timestamp() + $5::interval ELSE r.expires_at END
 	RETURNING r.state, r.token, r.fingerprint, r.lease_id, r.expires_at, r.response
 )
 SELECT state, token, fingerprint, lease_id, expires_at - statement_timestamp(), response, expires_at - clock_timestamp() FROM ins
@@ -156,7 +163,10 @@ const deleteSQL = `
 DELETE FROM {table} WHERE namespace = $1 AND key = $2
 RETURNING expires_at > statement_timestamp()`
 
-// reapSQL deletes up to $1 expired records of every namespace. It looks
+// reapSQL deletes up to $1 records of every namespace expired for at least
+// $2 (the grace: an insert that drew its token before waiting on a row
+// this deletes would otherwise carry a smaller token than a lease granted
+// meanwhile). It looks
 // them up on the expiry index and deletes them by ctid (a TID scan, not a
 // join). FOR UPDATE locks them, and rechecks the expiry on a version
 // changed since the snapshot; SKIP LOCKED passes over records a
@@ -165,6 +175,6 @@ RETURNING expires_at > statement_timestamp()`
 const reapSQL = `
 DELETE FROM {table} WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM {table}
-	WHERE expires_at <= statement_timestamp()
+	WHERE expires_at <= statement_timestamp() - $2::interval
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))`

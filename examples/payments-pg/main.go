@@ -9,8 +9,9 @@
 // Per request: Acquire the key (a replay, in flight or mismatch answers at
 // once); then, in one transaction, insert the charge and CompleteTx the
 // key with the response naming it; commit. A failure before the commit
-// (a crash, a lost connection, a cancelled request) rolls both back: the
-// key is released and the next retry charges. After the commit, every
+// rolls both back: after an error the key is released and the next retry
+// charges; after a crash it stays in flight until its lease ends, then the
+// next retry charges. After the commit, every
 // retry gets the stored response. If the answer to the commit is lost, the
 // release that follows finds the key completed and changes nothing.
 package main
