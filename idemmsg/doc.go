@@ -1,5 +1,6 @@
-// Package idemmsg gives message consumers exactly-once handling of each
-// message key on top of a broker's at-least-once delivery. It is
+// Package idemmsg gives message consumers at-most-once handling of each
+// completed message key on top of a broker's at-least-once delivery (the
+// effects themselves are at-least-once with fencing; see below). It is
 // broker-neutral: a Deduplicator decides, per delivery, what the consumer
 // should tell its broker; the sub-packages (redisstream, ...) wire it to one
 // broker.

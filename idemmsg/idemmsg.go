@@ -223,7 +223,10 @@ func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx cont
 	if ferr == nil {
 		return Result{Outcome: Processed}, att.Complete(finish, &idem.Response{Status: StatusProcessed})
 	}
-	if max(dl.Attempt, 1) >= d.cfg.MaxFailures {
+	// A handler stopped from outside (the consumer shutting down, the
+	// lease lost) did not fail on its own: never dead-letter for that.
+	stopped := ctx.Err() != nil || context.Cause(att.Context()) != nil
+	if !stopped && max(dl.Attempt, 1) >= d.cfg.MaxFailures {
 		if err := att.Complete(finish, deadLetterResponse(ferr)); err != nil {
 			// Not recorded (Complete released the key unless the lease
 			// was lost): the next delivery fails and tries again.

@@ -356,3 +356,24 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("defaults: got %+v", c)
 	}
 }
+
+// A handler stopped from outside on its last allowed attempt (the consumer
+// shutting down) failed for a reason that is not the message's: it is
+// Failed and released, never dead-lettered, and the next delivery runs.
+func TestCancelledHandlerNotDeadLettered(t *testing.T) {
+	d := newDedup(t, memstore.New(memstore.Options{}), idemmsg.Config{MaxFailures: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	res, _ := d.Handle(ctx, idemmsg.Delivery{Key: "k", Attempt: 1}, func(ctx context.Context) error {
+		cancel() // shutdown while the handler runs
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if res.Outcome != idemmsg.Failed {
+		t.Fatalf("cancelled handler: got %v, want Failed", res.Outcome)
+	}
+	ran := false
+	res, err := d.Handle(context.Background(), idemmsg.Delivery{Key: "k", Attempt: 2}, func(context.Context) error { ran = true; return nil })
+	if err != nil || res.Outcome != idemmsg.Processed || !ran {
+		t.Fatalf("next delivery: got %v, ran %t, %v; want Processed", res.Outcome, ran, err)
+	}
+}

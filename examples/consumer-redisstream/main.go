@@ -1,5 +1,6 @@
 // Command consumer-redisstream consumes a Redis stream through a consumer
-// group with exactly-once handling per message key: entries carrying the
+// group, handling each message key once (at most once per completed key;
+// effects at-least-once with fencing, see package idemmsg): entries carrying the
 // same "order" field are handled once, whatever Redis redelivers and however
 // many copies of this program run.
 //

@@ -27,8 +27,20 @@
 // reports right after XAUTOCLAIM (which increments it but does not return
 // it), looked up in one pipelined round trip per claimed batch. A claimed
 // entry that is no longer pending by then was acknowledged meanwhile and
-// is skipped. Claims that found the key InFlight count as deliveries too,
-// so a handler that keeps outliving MinIdle reaches MaxFailures sooner.
+// is skipped. Claims that found the key InFlight, and claims made while the
+// idempotency store was failing (the handler did not run), count as
+// deliveries too: a handler that keeps outliving MinIdle, or a store
+// outage longer than a few MinIdle periods, brings an entry nearer to
+// MaxFailures.
+//
+// # Limits
+//
+// Delivery.Body is not set: a Config.Fingerprint of the Deduplicator sees
+// no payload here, so duplicates are recognised by key alone. A handler
+// that panics is released and the panic ends Run; the entry stays pending
+// and is claimed again after MinIdle, so a message whose handler always
+// panics is never dead-lettered: recover in the handler and return an
+// error instead.
 //
 // # Dead letters
 //
