@@ -2,16 +2,18 @@
 # Runs every test of the module under the race detector.
 #
 # The tests start their own private redis-server processes (a single node
-# and a 3-primary cluster with replicas) on free loopback ports; they never
-# use a server that happens to be running. This script installs
-# redis-server and redis-tools with apt-get when they are missing, so it
-# works on a fresh Debian machine.
+# and a 3-primary cluster with replicas) and nats-server processes on free
+# loopback ports; they never use a server that happens to be running. This
+# script installs redis-server, redis-tools and nats-server with apt-get
+# when they are missing, and starts (or installs) PostgreSQL, so it works
+# on a fresh Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
 if ((${#missing[@]})); then
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"

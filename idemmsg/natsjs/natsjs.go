@@ -1,0 +1,367 @@
+// Package natsjs consumes a NATS JetStream durable pull consumer with an
+// idemmsg.Deduplicator: each message key's handler runs at most once per
+// completed key, whatever JetStream redelivers.
+//
+// A Consumer pulls messages from the caller's consumer (which must use
+// AckPolicy explicit) through one Messages iterator, handles them one at a
+// time, and settles each one. For each message it calls
+// Deduplicator.Handle and then:
+//
+//	Processed, Duplicate   Ack
+//	DeadLettered           publish to DeadLetterSubject (when set), then Term
+//	InFlight               NakWithDelay(Result.RetryAfter)
+//	Failed                 NakWithDelay(Backoff(attempt)), default
+//	                       min(attempt·1s, 30s)
+//	no key, invalid key,   as DeadLettered (permanent)
+//	mismatch
+//	store failure          as Failed
+//
+// Several Run loops, in one process or many, may share one durable
+// consumer: JetStream hands each message to one of them at a time, and the
+// Deduplicator settles duplicates published as separate messages.
+//
+// # Keys
+//
+// The default key is the message's Nats-Msg-Id header. JetStream itself
+// drops a message whose Nats-Msg-Id repeats one stored within the stream's
+// Duplicates window, so the Deduplicator then guards redeliveries and
+// republications after the window. A message without the header is
+// dead-lettered with an error that says so. Set Key to derive the key from
+// the subject, another header or the payload.
+//
+// # Delivery counts and timing
+//
+// The Attempt given to Handle is JetStream's delivery count
+// (Msg.Metadata's NumDelivered), 1 for the first delivery. Naks count as
+// deliveries, including those of InFlight messages. So:
+//
+//   - the consumer's MaxDeliver, when set, must be at least the
+//     Deduplicator's MaxFailures, or JetStream stops redelivering a failing
+//     message before it is dead-lettered (Run refuses such a consumer);
+//   - the consumer's AckWait should be at least the Deduplicator's lease
+//     and longer than a handler usually runs: a message not settled within
+//     AckWait is redelivered, to this or another Run loop, and answered
+//     InFlight while the handler still holds the key;
+//   - a message left unsettled (a crash, or messages buffered when Run
+//     stops) is redelivered after AckWait and, if its key completed, is
+//     answered Duplicate and acknowledged.
+//
+// # Dead letters
+//
+// A dead-lettered message is published with JetStream (so the dead-letter
+// subject must be captured by a stream) with its data and headers, except
+// the headers named Nats-* that the server interprets (Nats-Msg-Id,
+// Nats-Expected-*, ...), plus HeaderStream, HeaderConsumer, HeaderSubject,
+// HeaderSequence (the stream sequence), HeaderKey and HeaderError (the kept
+// error text). Once the publication is acknowledged the message is Termed.
+// If publishing fails, the message is Naked for another try (its key
+// stays dead-lettered, so the handler does not run again). A consumer that
+// crashes between the two publishes it again on redelivery: the
+// dead-letter subject is at-least-once.
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmsg"
+)
+
+// DefaultMaxMessages is Consumer.MaxMessages's default.
+const DefaultMaxMessages = 16
+
+// Headers added to a dead-lettered message.
+const (
+	HeaderStream   = "idem-stream"
+	HeaderConsumer = "idem-consumer"
+	HeaderSubject  = "idem-subject"
+	HeaderSequence = "idem-sequence"
+	HeaderKey      = "idem-key"
+	HeaderError    = "idem-error"
+)
+
+// ErrNoMsgID is the error of a message dead-lettered by the default Key
+// because it has no Nats-Msg-Id header.
+var ErrNoMsgID = errors.New("natsjs: message has no " + jetstream.MsgIDHeader + " header (publish with one, or set Consumer.Key)")
+
+const (
+	// ackTimeout bounds a dead-letter publication that runs after Run's
+	// context ended (the handler's result is already recorded).
+	ackTimeout = 5 * time.Second
+	// minNakDelay keeps an InFlight message from spinning.
+	minNakDelay = 10 * time.Millisecond
+	// maxBackoff caps the default Backoff.
+	maxBackoff = 30 * time.Second
+)
+
+// Consumer is one Run loop over a durable pull consumer. Fill in the fields
+// and call Run. Consumer, Dedup and Handler are required, and JetStream
+// when DeadLetterSubject is set.
+type Consumer struct {
+	// Consumer is the caller's durable pull consumer (AckPolicy explicit),
+	// from jetstream.JetStream's Consumer or CreateOrUpdateConsumer. Many
+	// Run loops may share it.
+	Consumer jetstream.Consumer
+	// JetStream publishes dead letters; required when DeadLetterSubject
+	// is set.
+	JetStream jetstream.JetStream
+
+	// Dedup decides each delivery. Scope its Namespace to the stream and
+	// consumer, e.g. "ORDERS/billing".
+	Dedup *idemmsg.Deduplicator
+	// Handler performs the message's effect. It runs with the lease in its
+	// context (idem.LeaseFromContext) and is not run again for a key that
+	// completed. A panic in it is passed on (after the key is released).
+	Handler func(ctx context.Context, msg jetstream.Msg) error
+
+	// Key returns a message's key. Default: its Nats-Msg-Id header; a
+	// message without one is dead-lettered with ErrNoMsgID. A message
+	// without a valid key (idem.ValidateKey) is dead-lettered.
+	Key func(msg jetstream.Msg) string
+
+	// MaxMessages is how many messages the iterator buffers ahead
+	// (jetstream.PullMaxMessages). Default 16. Buffered messages are not
+	// settled when Run stops: they are redelivered after AckWait.
+	MaxMessages int
+	// Backoff is the redelivery delay of a Failed delivery (or one the
+	// store could not decide), given its attempt. Default
+	// min(attempt·1s, 30s).
+	Backoff func(attempt int) time.Duration
+
+	// DeadLetterSubject, when set, receives dead-lettered messages (see
+	// the package documentation); it must be captured by a stream.
+	// Default: they are only Termed.
+	DeadLetterSubject string
+
+	// OnResult, when set, is called after each message is decided, with
+	// Handle's result and error. For metrics and logs; it must not block.
+	OnResult func(msg jetstream.Msg, res idemmsg.Result, err error)
+	// OnError, when set, receives the errors of the pull, settle and
+	// dead-letter steps (Run retries them). Default: logged with
+	// slog.Default at warning level.
+	OnError func(err error)
+
+	// beforeAck, in tests, is called before a message is settled;
+	// returning false simulates a crash: Run returns errCrashed at once.
+	beforeAck func(msg jetstream.Msg) bool
+}
+
+var errCrashed = errors.New("natsjs: simulated crash")
+
+// Run consumes until ctx ends, then returns nil. A message whose handler
+// is running when ctx ends gets a cancelled context; its outcome is still
+// settled, and messages buffered but not handled are left for redelivery
+// after AckWait. Pull errors are reported to OnError and retried with
+// backoff; Run returns an error only for an invalid configuration.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		err := c.consume(ctx)
+		switch {
+		case errors.Is(err, errCrashed):
+			return err
+		case ctx.Err() != nil:
+			return nil
+		}
+		c.onError(err)
+		failures++
+		sleep(ctx, min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second))
+	}
+	return nil
+}
+
+func (c *Consumer) validate() error {
+	switch {
+	case c.Consumer == nil:
+		return errors.New("natsjs: Consumer.Consumer is nil")
+	case c.Dedup == nil:
+		return errors.New("natsjs: Consumer.Dedup is nil")
+	case c.Handler == nil:
+		return errors.New("natsjs: Consumer.Handler is nil")
+	case c.DeadLetterSubject != "" && c.JetStream == nil:
+		return errors.New("natsjs: Consumer.JetStream is required with DeadLetterSubject")
+	case c.MaxMessages < 0:
+		return errors.New("natsjs: negative MaxMessages")
+	}
+	if info := c.Consumer.CachedInfo(); info != nil {
+		cfg := info.Config
+		if cfg.AckPolicy != jetstream.AckExplicitPolicy {
+			return fmt.Errorf("natsjs: consumer %s has AckPolicy %v, want explicit", info.Name, cfg.AckPolicy)
+		}
+		if mf := c.Dedup.Config().MaxFailures; cfg.MaxDeliver > 0 && cfg.MaxDeliver < mf {
+			return fmt.Errorf("natsjs: consumer %s has MaxDeliver %d, below the Deduplicator's MaxFailures %d: failing messages would never be dead-lettered",
+				info.Name, cfg.MaxDeliver, mf)
+		}
+	}
+	return nil
+}
+
+// consume runs one Messages iterator until ctx ends (nil), a simulated
+// crash (errCrashed) or a pull error.
+func (c *Consumer) consume(ctx context.Context) error {
+	n := c.MaxMessages
+	if n == 0 {
+		n = DefaultMaxMessages
+	}
+	it, err := c.Consumer.Messages(jetstream.PullMaxMessages(n))
+	if err != nil {
+		return fmt.Errorf("natsjs: pull: %w", err)
+	}
+	defer it.Stop()
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if ctx.Err() != nil {
+			if msg != nil {
+				// Taken but not handled: let it go at once rather than
+				// after AckWait.
+				c.nak(msg, 0)
+			}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("natsjs: pull: %w", err)
+		}
+		if err := c.process(ctx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+// process decides one message and settles it with JetStream. It returns
+// only errCrashed; other errors go to OnError.
+func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) error {
+	attempt := 1
+	meta, err := msg.Metadata()
+	if err == nil {
+		attempt = int(min(max(meta.NumDelivered, 1), 1<<31-1))
+	}
+	var res idemmsg.Result
+	key := c.key(msg)
+	if key == "" && c.Key == nil {
+		err = ErrNoMsgID
+	} else {
+		res, err = c.Dedup.Handle(ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()},
+			func(ctx context.Context) error { return c.Handler(ctx, msg) })
+	}
+	if c.OnResult != nil {
+		c.OnResult(msg, res, err)
+	}
+	if err != nil {
+		c.onError(fmt.Errorf("natsjs: %s: %w", describe(msg), err))
+	}
+	outcome := res.Outcome
+	if outcome == 0 && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
+	}
+	if c.beforeAck != nil && !c.beforeAck(msg) {
+		return errCrashed
+	}
+	switch outcome {
+	case idemmsg.Processed, idemmsg.Duplicate:
+		if err := msg.Ack(); err != nil {
+			c.onError(fmt.Errorf("natsjs: ack %s: %w", describe(msg), err))
+		}
+	case idemmsg.DeadLettered:
+		if c.DeadLetterSubject != "" {
+			// The outcome is recorded: publish it even if ctx ended.
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+			_, err := c.JetStream.PublishMsg(pctx, c.deadLetter(msg, meta, key, res.Err))
+			cancel()
+			if err != nil {
+				c.onError(fmt.Errorf("natsjs: publish to %s (dead letter of %s): %w", c.DeadLetterSubject, describe(msg), err))
+				c.nak(msg, c.backoff(attempt)) // the next delivery is dead-lettered again
+				return nil
+			}
+		}
+		if err := msg.Term(); err != nil {
+			c.onError(fmt.Errorf("natsjs: term %s: %w", describe(msg), err))
+		}
+	case idemmsg.InFlight:
+		c.nak(msg, max(res.RetryAfter, minNakDelay))
+	default: // Failed, or the store could not decide
+		c.nak(msg, c.backoff(attempt))
+	}
+	return nil
+}
+
+func (c *Consumer) key(msg jetstream.Msg) string {
+	if c.Key != nil {
+		return c.Key(msg)
+	}
+	return msg.Headers().Get(jetstream.MsgIDHeader)
+}
+
+func (c *Consumer) backoff(attempt int) time.Duration {
+	if c.Backoff != nil {
+		return c.Backoff(attempt)
+	}
+	return min(time.Duration(max(attempt, 1))*time.Second, maxBackoff)
+}
+
+func (c *Consumer) nak(msg jetstream.Msg, delay time.Duration) {
+	if err := msg.NakWithDelay(delay); err != nil {
+		c.onError(fmt.Errorf("natsjs: nak %s: %w", describe(msg), err))
+	}
+}
+
+// deadLetter builds the dead-letter message of msg; meta may be nil.
+func (c *Consumer) deadLetter(msg jetstream.Msg, meta *jetstream.MsgMetadata, key string, cause error) *nats.Msg {
+	dl := nats.NewMsg(c.DeadLetterSubject)
+	dl.Data = msg.Data()
+	for name, vals := range msg.Headers() {
+		if !strings.HasPrefix(strings.ToLower(name), "nats-") {
+			dl.Header[name] = append([]string(nil), vals...)
+		}
+	}
+	text := ""
+	if cause != nil {
+		text = cause.Error()
+	}
+	dl.Header.Set(HeaderSubject, msg.Subject())
+	dl.Header.Set(HeaderKey, key)
+	dl.Header.Set(HeaderError, text)
+	if meta != nil {
+		dl.Header.Set(HeaderStream, meta.Stream)
+		dl.Header.Set(HeaderConsumer, meta.Consumer)
+		dl.Header.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
+	}
+	return dl
+}
+
+func (c *Consumer) onError(err error) {
+	if c.OnError != nil {
+		c.OnError(err)
+		return
+	}
+	slog.Default().Warn("natsjs", "err", err)
+}
+
+// describe names a message in errors: its stream and sequence, or its
+// subject.
+func describe(msg jetstream.Msg) string {
+	if meta, err := msg.Metadata(); err == nil {
+		return meta.Stream + " #" + strconv.FormatUint(meta.Sequence.Stream, 10)
+	}
+	return msg.Subject()
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,547 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/memstore"
+)
+
+var srv *natsServer
+
+func TestMain(m *testing.M) {
+	var err error
+	srv, err = startNATS()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	srv.Stop()
+	os.Exit(code)
+}
+
+// Short enough that redeliveries of crashed or failed messages happen
+// within the test's bounds; the lease is below AckWait.
+const (
+	testLease   = 500 * time.Millisecond
+	testAckWait = time.Second
+	testBackoff = 20 * time.Millisecond
+	waitLimit   = 10 * time.Second
+	durable     = "billing"
+	// dupWindow is the smallest Duplicates window the server accepts.
+	dupWindow = 100 * time.Millisecond
+)
+
+var streamSeq atomic.Int64
+
+// env is one test's stream, durable consumer, deduplicator and ledger.
+type env struct {
+	t       *testing.T
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	stream  string
+	subject string
+	cons    jetstream.Consumer
+	dedup   *idemmsg.Deduplicator
+	ledger  *ledger
+	lastSeq uint64
+}
+
+type envOpts struct {
+	maxFailures int
+	duplicates  time.Duration // the stream's Duplicates window; 0: the default
+	ackPolicy   jetstream.AckPolicy
+	maxDeliver  int
+}
+
+func newEnv(t *testing.T, o envOpts) *env {
+	t.Helper()
+	nc, err := nats.Connect(srv.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	// Unique per run, so that -count=N starts from empty streams and keys.
+	name := fmt.Sprintf("S%d_%d", streamSeq.Add(1), time.Now().UnixNano())
+	subject := "orders." + name
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: name, Subjects: []string{subject, "dead." + name}, Duplicates: o.duplicates, Storage: jetstream.MemoryStorage,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if o.ackPolicy == 0 {
+		o.ackPolicy = jetstream.AckExplicitPolicy
+	}
+	if o.maxDeliver == 0 {
+		o.maxDeliver = 20
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+		Durable: durable, AckPolicy: o.ackPolicy, AckWait: testAckWait, MaxDeliver: o.maxDeliver,
+		FilterSubject: subject,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := idemmsg.New(memstore.New(memstore.Options{}), idemmsg.Config{Namespace: name + "/" + durable, Lease: testLease, MaxFailures: o.maxFailures})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, nc: nc, js: js, stream: name, subject: subject, cons: cons, dedup: d, ledger: &ledger{effects: map[string]int{}}}
+}
+
+// ledger is the system of record: it counts effects per key, and refuses
+// a fencing token lower than the last one it accepted for the key.
+type ledger struct {
+	mu      sync.Mutex
+	effects map[string]int
+	tokens  map[string]uint64
+	stale   int
+}
+
+func (l *ledger) apply(ctx context.Context, key string) error {
+	lease, ok := idem.LeaseFromContext(ctx)
+	if !ok {
+		return errors.New("no lease in the handler's context")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tokens == nil {
+		l.tokens = map[string]uint64{}
+	}
+	if lease.Token < l.tokens[key] {
+		l.stale++
+		return errors.New("stale fencing token")
+	}
+	l.tokens[key] = lease.Token
+	l.effects[key]++
+	return nil
+}
+
+func (l *ledger) snapshot() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[string]int, len(l.effects))
+	for k, v := range l.effects {
+		m[k] = v
+	}
+	return m
+}
+
+// publish adds one message per key, the key as its payload and, when
+// withID, as its Nats-Msg-Id.
+func (e *env) publish(withID bool, keys ...string) {
+	e.t.Helper()
+	for i, k := range keys {
+		m := nats.NewMsg(e.subject)
+		m.Data = []byte(k)
+		m.Header.Set("n", fmt.Sprint(i))
+		if withID && k != "" {
+			m.Header.Set(jetstream.MsgIDHeader, k)
+		}
+		ack, err := e.js.PublishMsg(context.Background(), m)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if ack.Duplicate {
+			e.t.Fatalf("publish %s: dropped by the stream's duplicate window", k)
+		}
+		e.lastSeq = ack.Sequence
+	}
+}
+
+func payloadKey(msg jetstream.Msg) string { return string(msg.Data()) }
+
+// consumer returns a Run loop keyed by the payload (Key == nil for the
+// default, Nats-Msg-Id).
+func (e *env) consumer(name string, key func(jetstream.Msg) string) *Consumer {
+	return &Consumer{
+		Consumer: e.cons, JetStream: e.js, Dedup: e.dedup, Key: key,
+		Backoff: func(int) time.Duration { return testBackoff },
+		Handler: func(ctx context.Context, msg jetstream.Msg) error {
+			return e.ledger.apply(ctx, string(msg.Data()))
+		},
+		OnError: func(err error) { e.t.Logf("%s: %v", name, err) },
+	}
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(waitLimit):
+				e.t.Errorf("consumer did not stop within %v", waitLimit)
+			}
+		})
+		return err
+	}
+	e.t.Cleanup(func() { stop() })
+	return stop
+}
+
+// settled reports whether every published message was delivered to the
+// consumer and settled: nothing pending, nothing awaiting an ack.
+func (e *env) settled() bool {
+	info, err := e.cons.Info(context.Background())
+	if err != nil {
+		return false
+	}
+	return info.Delivered.Stream >= e.lastSeq && info.NumAckPending == 0 && info.NumPending == 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkLedger wants exactly one effect per distinct key and nothing
+// pending or awaiting an ack.
+func (e *env) checkLedger(keys []string) {
+	e.t.Helper()
+	want := map[string]int{}
+	for _, k := range keys {
+		want[k] = 1
+	}
+	got := e.ledger.snapshot()
+	if len(got) != len(want) {
+		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
+	}
+	for k := range want {
+		if got[k] != 1 {
+			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
+		}
+	}
+	info, err := e.cons.Info(context.Background())
+	if err != nil || info.NumAckPending != 0 || info.NumPending != 0 {
+		e.t.Errorf("consumer info: got %+v, %v; want nothing pending", info, err)
+	}
+}
+
+// keysWithDuplicates returns n keys over distinct values, each repeated.
+func keysWithDuplicates(n, distinct int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("order-%d", i%distinct)
+	}
+	return keys
+}
+
+func countOutcomes(m *sync.Map) map[idemmsg.Outcome]int {
+	counts := map[idemmsg.Outcome]int{}
+	m.Range(func(_, v any) bool { counts[v.(idemmsg.Outcome)]++; return true })
+	return counts
+}
+
+func seqOf(msg jetstream.Msg) uint64 {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return 0
+	}
+	return meta.Sequence.Stream
+}
+
+func TestDuplicatesCustomKey(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	keys := keysWithDuplicates(30, 10)
+	e.publish(false, keys...) // no Nats-Msg-Id: the stream keeps all 30
+	var outcomes sync.Map
+	c := e.consumer("c1", payloadKey)
+	c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) { outcomes.Store(seqOf(msg), res.Outcome) }
+	stop := e.start(c)
+	waitFor(t, "all messages acknowledged", e.settled)
+	t0 := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("Run: got %v, want nil after cancel", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("Run took %v to stop, want under 1s", d)
+	}
+	e.checkLedger(keys)
+	if counts := countOutcomes(&outcomes); counts[idemmsg.Processed] != 10 || counts[idemmsg.Duplicate] != 20 {
+		t.Errorf("outcomes: got %v, want 10 processed, 20 duplicate", counts)
+	}
+}
+
+func TestDuplicatesDefaultKey(t *testing.T) {
+	// Each round of republications waits out the stream's duplicate
+	// window, so that the stream keeps them.
+	e := newEnv(t, envOpts{duplicates: dupWindow})
+	keys := keysWithDuplicates(10, 10)
+	for range 3 {
+		e.publish(true, keys...)
+		time.Sleep(dupWindow + 150*time.Millisecond)
+	}
+	var outcomes sync.Map
+	c := e.consumer("c1", nil)
+	c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) { outcomes.Store(seqOf(msg), res.Outcome) }
+	e.start(c)
+	waitFor(t, "all messages acknowledged", e.settled)
+	e.checkLedger(keys)
+	if counts := countOutcomes(&outcomes); counts[idemmsg.Processed] != 10 || counts[idemmsg.Duplicate] != 20 {
+		t.Errorf("outcomes: got %v, want 10 processed, 20 duplicate", counts)
+	}
+}
+
+func TestTwoConsumers(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	keys := keysWithDuplicates(60, 25)
+	e.publish(false, keys...)
+	slow := func(c *Consumer) *Consumer {
+		h := c.Handler
+		c.MaxMessages = 4
+		c.Handler = func(ctx context.Context, msg jetstream.Msg) error {
+			time.Sleep(2 * time.Millisecond) // let the two interleave
+			return h(ctx, msg)
+		}
+		return c
+	}
+	var handled [2]atomic.Int32
+	for i, name := range []string{"c1", "c2"} {
+		c := slow(e.consumer(name, payloadKey))
+		c.OnResult = func(jetstream.Msg, idemmsg.Result, error) { handled[i].Add(1) }
+		e.start(c)
+	}
+	waitFor(t, "all messages acknowledged", e.settled)
+	e.checkLedger(keys)
+	t.Logf("messages handled per Run loop: %d, %d", handled[0].Load(), handled[1].Load())
+}
+
+func TestCrashBeforeAck(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	keys := keysWithDuplicates(12, 12)
+	e.publish(true, keys...)
+
+	// c1 performs and records the effect of its third message, then dies
+	// before the ack; the rest of its buffer is left unacknowledged too.
+	var handled atomic.Int32
+	crashed := e.consumer("c1", nil)
+	crashed.beforeAck = func(jetstream.Msg) bool { return handled.Add(1) < 3 }
+	stop := e.start(crashed)
+	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 3 })
+	if err := stop(); !errors.Is(err, errCrashed) {
+		t.Fatalf("crashed Run: got %v, want errCrashed", err)
+	}
+	if got := e.ledger.snapshot(); len(got) != 3 {
+		t.Fatalf("before the restart the ledger holds %d keys, want 3", len(got))
+	}
+
+	// Two Run loops take over: the crashed message is redelivered after
+	// AckWait and answered Duplicate, the rest processed.
+	var duplicates atomic.Int32
+	for _, name := range []string{"c1", "c2"} {
+		c := e.consumer(name, nil)
+		c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) {
+			if res.Outcome == idemmsg.Duplicate {
+				duplicates.Add(1)
+			}
+		}
+		e.start(c)
+	}
+	waitFor(t, "all messages acknowledged", e.settled)
+	e.checkLedger(keys)
+	if duplicates.Load() < 1 {
+		t.Errorf("got %d duplicates after the restart, want at least 1 (the crashed message)", duplicates.Load())
+	}
+}
+
+func TestInFlightNaked(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	// Another holder (as another consumer would) takes the key first and
+	// keeps it until the message was found InFlight.
+	entered, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := e.dedup.Handle(context.Background(), idemmsg.Delivery{Key: "same", Attempt: 1}, func(ctx context.Context) error {
+			close(entered)
+			select {
+			case <-release:
+			case <-time.After(waitLimit):
+			}
+			return e.ledger.apply(ctx, "same")
+		})
+		held <- err
+	}()
+	<-entered
+	e.publish(false, "same")
+	var inFlight, duplicates atomic.Int32
+	c := e.consumer("c1", payloadKey)
+	c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) {
+		switch res.Outcome {
+		case idemmsg.InFlight:
+			if res.RetryAfter <= 0 {
+				t.Errorf("InFlight with RetryAfter %v", res.RetryAfter)
+			}
+			if inFlight.Add(1) == 1 {
+				close(release)
+			}
+		case idemmsg.Duplicate:
+			duplicates.Add(1)
+		}
+	}
+	e.start(c)
+	waitFor(t, "the message acknowledged", e.settled)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	e.checkLedger([]string{"same"})
+	if inFlight.Load() != 1 || duplicates.Load() != 1 {
+		t.Errorf("got %d in-flight and %d duplicate outcomes, want 1 and 1", inFlight.Load(), duplicates.Load())
+	}
+}
+
+func (e *env) deadLetters(c *Consumer) []*nats.Msg {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	s, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(c.DeadLetterSubject))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []*nats.Msg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if m.Subject == c.DeadLetterSubject {
+			out = append(out, &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+		}
+	}
+	return out
+}
+
+func TestPoisonDeadLettered(t *testing.T) {
+	e := newEnv(t, envOpts{maxFailures: 3, maxDeliver: 3, duplicates: dupWindow})
+	keys := []string{"good-1", "poison", "good-2"}
+	e.publish(true, keys...)
+	var poisonRuns atomic.Int32
+	c := e.consumer("c1", nil)
+	c.DeadLetterSubject = "dead." + e.stream
+	h := c.Handler
+	c.Handler = func(ctx context.Context, msg jetstream.Msg) error {
+		if string(msg.Data()) == "poison" {
+			return fmt.Errorf("cannot parse payload (run %d)", poisonRuns.Add(1))
+		}
+		return h(ctx, msg)
+	}
+	e.start(c)
+	waitFor(t, "all messages settled", e.settled)
+	e.checkLedger([]string{"good-1", "good-2"})
+	if got := poisonRuns.Load(); got != 3 {
+		t.Errorf("poison handler ran %d times, want 3 (MaxFailures)", got)
+	}
+	dead := e.deadLetters(c)
+	if len(dead) != 1 {
+		t.Fatalf("dead letters: got %d, want 1", len(dead))
+	}
+	h0 := dead[0].Header
+	if string(dead[0].Data) != "poison" || h0.Get("n") != "1" || h0.Get(HeaderStream) != e.stream ||
+		h0.Get(HeaderConsumer) != durable || h0.Get(HeaderSubject) != e.subject || h0.Get(HeaderKey) != "poison" ||
+		h0.Get(HeaderSequence) != "2" || h0.Get(HeaderError) != "cannot parse payload (run 3)" ||
+		h0.Get(jetstream.MsgIDHeader) != "" {
+		t.Errorf("dead letter: got %q %v", dead[0].Data, h0)
+	}
+
+	// A later message with the same key, published once the stream's
+	// duplicate window has passed, is dead-lettered without running.
+	time.Sleep(dupWindow + 150*time.Millisecond)
+	e.publish(true, "poison")
+	waitFor(t, "the republication settled", e.settled)
+	if got := poisonRuns.Load(); got != 3 {
+		t.Errorf("poison handler ran %d times after a republication, want 3", got)
+	}
+	if dead := e.deadLetters(c); len(dead) != 2 {
+		t.Errorf("dead letters: got %d, want 2", len(dead))
+	}
+}
+
+func TestNoMsgIDDeadLettered(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.publish(true, "ok", "") // the second has no Nats-Msg-Id
+	c := e.consumer("c1", nil)
+	c.DeadLetterSubject = "dead." + e.stream
+	var results sync.Map
+	c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) { results.Store(string(msg.Data()), err) }
+	c.OnError = func(error) {}
+	e.start(c)
+	waitFor(t, "all messages settled", e.settled)
+	e.checkLedger([]string{"ok"})
+	if err, _ := results.Load(""); !errors.Is(err.(error), ErrNoMsgID) {
+		t.Errorf("message without id: got error %v, want ErrNoMsgID", err)
+	}
+	dead := e.deadLetters(c)
+	if len(dead) != 1 || !strings.Contains(dead[0].Header.Get(HeaderError), jetstream.MsgIDHeader) {
+		t.Fatalf("dead letters: got %v, want one with the missing-id error", dead)
+	}
+}
+
+func TestInvalidKeyDeadLettered(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.publish(false, "ok", "bad key\x01")
+	c := e.consumer("c1", payloadKey)
+	c.OnError = func(error) {}
+	e.start(c) // no DeadLetterSubject: only Termed
+	waitFor(t, "all messages settled", e.settled)
+	e.checkLedger([]string{"ok"})
+}
+
+func TestRunValidates(t *testing.T) {
+	e := newEnv(t, envOpts{maxFailures: 5})
+	low := newEnv(t, envOpts{maxFailures: 5, maxDeliver: 4})
+	none := newEnv(t, envOpts{ackPolicy: jetstream.AckNonePolicy})
+	for name, mutate := range map[string]func(c *Consumer){
+		"no consumer":            func(c *Consumer) { c.Consumer = nil },
+		"no dedup":               func(c *Consumer) { c.Dedup = nil },
+		"no handler":             func(c *Consumer) { c.Handler = nil },
+		"dead letter, no js":     func(c *Consumer) { c.DeadLetterSubject = "dead.x"; c.JetStream = nil },
+		"negative":               func(c *Consumer) { c.MaxMessages = -1 },
+		"MaxDeliver too low":     func(c *Consumer) { c.Consumer = low.cons },
+		"AckPolicy not explicit": func(c *Consumer) { c.Consumer = none.cons },
+	} {
+		c := e.consumer("c1", nil)
+		mutate(c)
+		if err := c.Run(context.Background()); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+}
