@@ -1,0 +1,575 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/memstore"
+)
+
+// Short enough that retries, rebalances and polls happen within the
+// test's bounds.
+const (
+	testLease  = 300 * time.Millisecond
+	partitions = 3
+	waitLimit  = 15 * time.Second
+)
+
+// env is one test's in-process Kafka cluster (kfake), topic, group,
+// producer, deduplicator and ledger.
+type env struct {
+	t        *testing.T
+	cluster  *kfake.Cluster
+	topic    string
+	dead     string
+	group    string
+	producer *kgo.Client
+	store    *memstore.Store
+	dedup    *idemmsg.Deduplicator
+	ledger   *ledger
+}
+
+func newEnv(t *testing.T, maxFailures int) *env {
+	t.Helper()
+	topic, dead := "orders", "orders.dead"
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic), kfake.SeedTopics(1, dead))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(producer.Close)
+	group := "billing"
+	store := memstore.New(memstore.Options{})
+	d, err := idemmsg.New(store, idemmsg.Config{Namespace: topic + "/" + group, Lease: testLease, MaxFailures: maxFailures})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, cluster: cluster, topic: topic, dead: dead, group: group, producer: producer, store: store, dedup: d,
+		ledger: &ledger{effects: map[string]int{}, order: map[int32][]int64{}}}
+}
+
+// ledger is the system of record: it counts effects per key, refuses a
+// fencing token lower than the last one it accepted for the key, and
+// keeps the offsets it saw per partition, in the order it saw them.
+type ledger struct {
+	mu      sync.Mutex
+	effects map[string]int
+	tokens  map[string]uint64
+	order   map[int32][]int64
+}
+
+func (l *ledger) apply(ctx context.Context, key string, rec *kgo.Record) error {
+	lease, ok := idem.LeaseFromContext(ctx)
+	if !ok {
+		return errors.New("no lease in the handler's context")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tokens == nil {
+		l.tokens = map[string]uint64{}
+	}
+	if lease.Token < l.tokens[key] {
+		return errors.New("stale fencing token")
+	}
+	l.tokens[key] = lease.Token
+	l.effects[key]++
+	l.order[rec.Partition] = append(l.order[rec.Partition], rec.Offset)
+	return nil
+}
+
+func (l *ledger) snapshot() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[string]int, len(l.effects))
+	for k, v := range l.effects {
+		m[k] = v
+	}
+	return m
+}
+
+// checkOrder wants the effects of each partition in offset order.
+func (l *ledger) checkOrder(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for p, offs := range l.order {
+		for i := 1; i < len(offs); i++ {
+			if offs[i] <= offs[i-1] {
+				t.Errorf("partition %d: effects out of order: %v", p, offs)
+				break
+			}
+		}
+	}
+}
+
+// publish produces one record per key, the i-th to partition i%partitions,
+// with the key in the Idempotency-Key header.
+func (e *env) publish(keys ...string) {
+	e.t.Helper()
+	for i, k := range keys {
+		e.publishTo(int32(i%partitions), k)
+	}
+}
+
+func (e *env) publishTo(p int32, key string) {
+	e.t.Helper()
+	rec := &kgo.Record{Topic: e.topic, Partition: p, Value: []byte("value of " + key),
+		Headers: []kgo.RecordHeader{{Key: DefaultKeyHeader, Value: []byte(key)}}}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := e.producer.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// client returns a new group member's client; closed when the test ends.
+func (e *env) client() *kgo.Client {
+	e.t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(e.cluster.ListenAddrs()...),
+		kgo.ConsumerGroup(e.group), kgo.ConsumeTopics(e.topic), kgo.DisableAutoCommit(),
+		kgo.FetchMaxWait(50*time.Millisecond), kgo.HeartbeatInterval(100*time.Millisecond),
+	)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(cl.Close)
+	return cl
+}
+
+func (e *env) consumer(name string) *Consumer {
+	return &Consumer{
+		Client: e.client(), Dedup: e.dedup,
+		Handler: func(ctx context.Context, rec *kgo.Record) error {
+			return e.ledger.apply(ctx, headerValue(rec, DefaultKeyHeader), rec)
+		},
+		OnError: func(err error) { e.t.Logf("%s: %v", name, err) },
+	}
+}
+
+func headerValue(rec *kgo.Record, name string) string {
+	for _, h := range rec.Headers {
+		if h.Key == name {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(waitLimit):
+				e.t.Errorf("consumer did not stop within %v", waitLimit)
+			}
+		})
+		return err
+	}
+	e.t.Cleanup(func() { stop() })
+	return stop
+}
+
+// settled reports whether the group's committed offset of every partition
+// is the partition's end.
+func (e *env) settled() bool {
+	info := e.cluster.GroupInfo(e.group)
+	if info == nil {
+		return false
+	}
+	for _, p := range e.cluster.PartitionInfos(e.topic) {
+		c, ok := info.Commits[e.topic][p.Partition]
+		if p.HighWatermark > 0 && (!ok || c.Offset != p.HighWatermark) {
+			return false
+		}
+	}
+	return true
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkLedger wants exactly one effect per distinct key, in order per
+// partition, and every partition committed to its end.
+func (e *env) checkLedger(keys []string) {
+	e.t.Helper()
+	want := map[string]int{}
+	for _, k := range keys {
+		want[k] = 1
+	}
+	got := e.ledger.snapshot()
+	if len(got) != len(want) {
+		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
+	}
+	for k := range want {
+		if got[k] != 1 {
+			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
+		}
+	}
+	e.ledger.checkOrder(e.t)
+	if !e.settled() {
+		e.t.Errorf("committed offsets %v, want the partitions' ends", e.cluster.GroupInfo(e.group).Commits)
+	}
+}
+
+// keysWithDuplicates returns n keys over distinct values, each repeated;
+// with publish, copies of a key land on different partitions.
+func keysWithDuplicates(n, distinct int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("order-%d", i%distinct)
+	}
+	return keys
+}
+
+// readDead returns the records of the dead-letter topic, waiting until
+// there are want of them.
+func (e *env) readDead(want int) []*kgo.Record {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.cluster.ListenAddrs()...), kgo.ConsumeTopics(e.dead),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	var recs []*kgo.Record
+	deadline := time.Now().Add(waitLimit)
+	for len(recs) < want && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		f := cl.PollFetches(ctx)
+		cancel()
+		recs = append(recs, f.Records()...)
+	}
+	return recs
+}
+
+func TestDuplicates(t *testing.T) {
+	e := newEnv(t, 0)
+	keys := keysWithDuplicates(30, 10)
+	e.publish(keys...)
+	var outcomes sync.Map // last outcome per record
+	var delivered sync.Map
+	c := e.consumer("c1")
+	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		// Deliveries of a partition come in offset order (a retry repeats one).
+		if prev, ok := delivered.Swap(rec.Partition, rec.Offset); ok && prev.(int64) > rec.Offset {
+			t.Errorf("partition %d: offset %d delivered after %d", rec.Partition, rec.Offset, prev)
+		}
+		outcomes.Store(fmt.Sprintf("%d@%d", rec.Partition, rec.Offset), res.Outcome)
+	}
+	stop := e.start(c)
+	waitFor(t, "all records committed", e.settled)
+	t0 := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("Run: got %v, want nil after cancel", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("Run took %v to stop, want under 1s", d)
+	}
+	e.checkLedger(keys)
+	counts := map[idemmsg.Outcome]int{}
+	outcomes.Range(func(_, v any) bool { counts[v.(idemmsg.Outcome)]++; return true })
+	if counts[idemmsg.Processed] != 10 || counts[idemmsg.Duplicate] != 20 {
+		t.Errorf("outcomes: got %v, want 10 processed, 20 duplicate", counts)
+	}
+}
+
+func TestTwoConsumers(t *testing.T) {
+	e := newEnv(t, 0)
+	keys := keysWithDuplicates(90, 30)
+	var handled [3]atomic.Int32
+	member := func(i int) *Consumer {
+		c := e.consumer(fmt.Sprintf("c%d", i+1))
+		h := c.Handler
+		c.MaxPollRecords = 4
+		c.Handler = func(ctx context.Context, rec *kgo.Record) error {
+			time.Sleep(20 * time.Millisecond) // let the members interleave, and the third join
+			handled[i].Add(1)
+			return h(ctx, rec)
+		}
+		return c
+	}
+	// Two members share the partitions (and handle copies of a key at
+	// once); a third joins midway, so the group rebalances under load.
+	e.start(member(0))
+	e.start(member(1))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if _, err := e.cluster.WaitGroupStable(ctx, e.group, 2); err != nil {
+		t.Fatalf("group of 2 not stable: %v", err)
+	}
+	e.publish(keys...)
+	waitFor(t, "a third of the effects", func() bool { return len(e.ledger.snapshot()) >= 10 })
+	e.start(member(2))
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger(keys)
+	if handled[0].Load() == 0 || handled[1].Load() == 0 {
+		t.Errorf("effects per member: %d, %d, %d; want the first two to share them",
+			handled[0].Load(), handled[1].Load(), handled[2].Load())
+	}
+	t.Logf("effects per member: %d, %d, %d", handled[0].Load(), handled[1].Load(), handled[2].Load())
+}
+
+func TestCrashBeforeCommit(t *testing.T) {
+	e := newEnv(t, 0)
+	keys := keysWithDuplicates(12, 12)
+	e.publish(keys...)
+
+	// c1 performs and records the effect of its third record, then dies
+	// before committing; nothing it handled is committed.
+	var handled atomic.Int32
+	crashed := e.consumer("c1")
+	crashed.beforeCommit = func(*kgo.Record) bool { return handled.Add(1) < 3 }
+	stop := e.start(crashed)
+	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 3 })
+	if err := stop(); !errors.Is(err, errCrashed) {
+		t.Fatalf("crashed Run: got %v, want errCrashed", err)
+	}
+	crashed.Client.Close() // leaves the group
+	if got := len(e.ledger.snapshot()); got < 3 {
+		t.Fatalf("before the restart the ledger holds %d keys, want at least 3", got)
+	}
+	if info := e.cluster.GroupInfo(e.group); info != nil && len(info.Commits[e.topic]) != 0 {
+		t.Fatalf("the crashed consumer committed %v", info.Commits)
+	}
+
+	// A new member re-reads from the last commit: the crashed records are
+	// answered Duplicate, the rest processed.
+	var duplicates atomic.Int32
+	c := e.consumer("c2")
+	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		if res.Outcome == idemmsg.Duplicate {
+			duplicates.Add(1)
+		}
+	}
+	e.start(c)
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger(keys)
+	if duplicates.Load() < 3 {
+		t.Errorf("got %d duplicates after the restart, want at least 3 (the crashed records)", duplicates.Load())
+	}
+}
+
+func TestPoisonDeadLettered(t *testing.T) {
+	e := newEnv(t, 3)
+	for _, k := range []string{"good-1", "poison", "good-2"} {
+		e.publishTo(0, k)
+	}
+	var poisonRuns atomic.Int32
+	var (
+		mu       sync.Mutex
+		attempts []int
+	)
+	c := e.consumer("c1")
+	c.DeadLetterTopic = e.dead
+	h := c.Handler
+	c.Handler = func(ctx context.Context, rec *kgo.Record) error {
+		if headerValue(rec, DefaultKeyHeader) == "poison" {
+			return fmt.Errorf("cannot parse payload (run %d)", poisonRuns.Add(1))
+		}
+		return h(ctx, rec)
+	}
+	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		if headerValue(rec, DefaultKeyHeader) == "poison" {
+			mu.Lock()
+			attempts = append(attempts, int(res.Outcome))
+			mu.Unlock()
+		}
+	}
+	e.start(c)
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger([]string{"good-1", "good-2"})
+	if got := poisonRuns.Load(); got != 3 {
+		t.Errorf("poison handler ran %d times, want 3 (MaxFailures)", got)
+	}
+	mu.Lock()
+	if want := []int{int(idemmsg.Failed), int(idemmsg.Failed), int(idemmsg.DeadLettered)}; fmt.Sprint(attempts) != fmt.Sprint(want) {
+		t.Errorf("poison outcomes: got %v, want %v", attempts, want)
+	}
+	mu.Unlock()
+	dead := e.readDead(1)
+	if len(dead) != 1 {
+		t.Fatalf("dead-letter topic: got %d records, want 1", len(dead))
+	}
+	d := dead[0]
+	if headerValue(d, DefaultKeyHeader) != "poison" || string(d.Value) != "value of poison" ||
+		headerValue(d, HeaderTopic) != e.topic || headerValue(d, HeaderPartition) != "0" ||
+		headerValue(d, HeaderOffset) != "1" || headerValue(d, HeaderError) != "cannot parse payload (run 3)" {
+		t.Errorf("dead letter: got headers %v, value %q", d.Headers, d.Value)
+	}
+
+	// A later delivery of the same key is dead-lettered without running.
+	e.publishTo(1, "poison")
+	waitFor(t, "the redelivery committed", e.settled)
+	if got := poisonRuns.Load(); got != 3 {
+		t.Errorf("poison handler ran %d times after a redelivery, want 3", got)
+	}
+	if got := len(e.readDead(2)); got != 2 {
+		t.Errorf("dead-letter topic: got %d records, want 2", got)
+	}
+}
+
+func TestInvalidKeyDeadLettered(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publishTo(0, "ok")
+	e.publishTo(0, "") // an empty key header is invalid
+	c := e.consumer("c1")
+	c.DeadLetterTopic = e.dead
+	c.OnError = func(error) {}
+	e.start(c)
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger([]string{"ok"})
+	dead := e.readDead(1)
+	if len(dead) != 1 || !strings.Contains(headerValue(dead[0], HeaderError), "invalid") {
+		t.Fatalf("dead-letter topic: got %v, want one record with the key error", dead)
+	}
+}
+
+func TestDefaultKeyIsOffset(t *testing.T) {
+	e := newEnv(t, 0)
+	for range 2 { // two records without a key header, same value: both processed
+		rec := &kgo.Record{Topic: e.topic, Partition: 0, Value: []byte("same")}
+		if err := e.producer.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := e.consumer("c1")
+	c.Handler = func(ctx context.Context, rec *kgo.Record) error {
+		return e.ledger.apply(ctx, fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset), rec)
+	}
+	e.start(c)
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger([]string{e.topic + "/0/0", e.topic + "/0/1"})
+}
+
+func TestInFlightRetried(t *testing.T) {
+	e := newEnv(t, 0)
+	// Another holder takes the key's lease: the consumer gets InFlight and
+	// retries in place, commits nothing past it, and once the holder
+	// completes, answers Duplicate without running the handler.
+	g, err := idem.New(e.store, idem.Config{Lease: testLease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := e.dedup.Key("busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, acq, err := g.Begin(context.Background(), key, idem.Fingerprint{})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatalf("Begin: got %v, %v", acq.Outcome, err)
+	}
+	e.publishTo(0, "busy")
+	var inFlight, duplicate atomic.Int32
+	c := e.consumer("c1")
+	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		switch res.Outcome {
+		case idemmsg.InFlight:
+			inFlight.Add(1)
+		case idemmsg.Duplicate:
+			duplicate.Add(1)
+		}
+	}
+	e.start(c)
+	waitFor(t, "two InFlight answers", func() bool { return inFlight.Load() >= 2 })
+	if e.settled() {
+		t.Fatal("committed past a record that is in flight")
+	}
+	if err := att.Complete(context.Background(), &idem.Response{Status: idemmsg.StatusProcessed}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all records committed", e.settled)
+	if duplicate.Load() != 1 || len(e.ledger.snapshot()) != 0 {
+		t.Errorf("got %d duplicates and effects %v, want 1 duplicate and no effect", duplicate.Load(), e.ledger.snapshot())
+	}
+}
+
+func TestRunValidates(t *testing.T) {
+	e := newEnv(t, 0)
+	for name, mutate := range map[string]func(c *Consumer){
+		"no client":  func(c *Consumer) { c.Client = nil },
+		"no dedup":   func(c *Consumer) { c.Dedup = nil },
+		"no handler": func(c *Consumer) { c.Handler = nil },
+		"negative":   func(c *Consumer) { c.MaxPollRecords = -1 },
+	} {
+		c := e.consumer("c1")
+		mutate(c)
+		if err := c.Run(context.Background()); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	for n, want := range map[int]time.Duration{0: 100 * time.Millisecond, 1: 100 * time.Millisecond, 3: 300 * time.Millisecond, 50: 5 * time.Second, 1000: 5 * time.Second} {
+		if got := backoff(n); got != want {
+			t.Errorf("backoff(%d): got %v, want %v", n, got, want)
+		}
+	}
+}
+
+func TestHandlerPanicPassedOn(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publishTo(0, "ok")
+	e.publishTo(0, "boom")
+	c := e.consumer("c1")
+	h := c.Handler
+	c.Handler = func(ctx context.Context, rec *kgo.Record) error {
+		if headerValue(rec, DefaultKeyHeader) == "boom" {
+			panic("boom")
+		}
+		return h(ctx, rec)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	got := func() (v any) {
+		defer func() { v = recover() }()
+		c.Run(ctx)
+		return nil
+	}()
+	if got != "boom" {
+		t.Fatalf("Run: got panic %v, want boom", got)
+	}
+	// The record before the panic is done and committed; the key of the
+	// panicking one is released, for the next member to take.
+	if c, ok := e.cluster.GroupInfo(e.group).Commits[e.topic][0]; !ok || c.Offset != 1 {
+		t.Errorf("committed %v, want offset 1 on partition 0", e.cluster.GroupInfo(e.group).Commits)
+	}
+	c2 := e.consumer("c2")
+	c.Client.Close()
+	e.start(c2)
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger([]string{"ok", "boom"})
+}
