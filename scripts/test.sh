@@ -5,8 +5,8 @@
 # and a 3-primary cluster with replicas) and nats-server processes on free
 # loopback ports; they never use a server that happens to be running. This
 # script installs redis-server, redis-tools and nats-server with apt-get
-# when they are missing, and starts (or installs) PostgreSQL, so it works
-# on a fresh Debian machine.
+# when they are missing, and starts (or installs) PostgreSQL and RabbitMQ,
+# so it works on a fresh Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +56,25 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
 	done
 	pg_isready -q -h 127.0.0.1 -p 5432 || {
 		echo "test.sh: PostgreSQL $pgversion does not answer on 127.0.0.1:5432 after 10s" >&2
+		exit 1
+	}
+fi
+
+# The RabbitMQ tests (idemmsg/rabbitmq) use a private vhost on the local
+# broker at 127.0.0.1:5672 (guest/guest). Start it when it does not answer;
+# install it first when it is missing.
+if ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	if ! command -v rabbitmq-server >/dev/null 2>&1 && [ ! -x /usr/sbin/rabbitmq-server ]; then
+		echo "test.sh: installing rabbitmq-server" >&2
+		$sudo apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq rabbitmq-server >/dev/null
+	fi
+	PATH=$PATH:/usr/sbin
+	$sudo rabbitmq-server -detached >/dev/null 2>&1 || true
+	$sudo timeout 120 rabbitmqctl await_startup >/dev/null 2>&1 || {
+		echo "test.sh: RabbitMQ does not answer on 127.0.0.1:5672 after 120s" >&2
 		exit 1
 	}
 fi
