@@ -1,0 +1,267 @@
+package natsjs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/redisstore"
+)
+
+// Consumer throughput, BENCHMARKS.md "Message consumers (idemmsg)".
+const (
+	benchMsgs      = 20_000 // messages consumed per b.N iteration
+	benchConsumers = 16     // concurrent Run loops (pull iterators) on the durable
+	benchAckWait   = 30 * time.Second
+	benchLimit     = 2 * time.Minute // bound on one iteration's consumption
+	benchStop      = 10 * time.Second
+)
+
+// BenchmarkConsume measures messages per second through one durable pull
+// consumer of the private nats-server, read by 16 concurrent loops, side
+// by side in one process:
+//
+//	raw   16 goroutines, each with its own Messages iterator
+//	      (PullMaxMessages 16) on the durable, acking each message:
+//	      Run's loop with no Deduplicator
+//	idem  16 Consumer.Run loops on the durable with a Deduplicator over
+//	      redisstore.Open (the production store) on a private redis-server
+//	      started by the benchmark
+//
+// Both run the trivial handler (count the message) over benchMsgs
+// messages published, each with a unique Nats-Msg-Id, to a fresh
+// file-storage stream before the timer starts. b.N counts iterations of
+// benchMsgs messages; run with -benchtime 1x. The clock stops when the
+// handler has run for every message; that the consumer then has nothing
+// pending or unacknowledged is checked outside the timing. idem reports
+// idem/raw, the ratio of its rate to raw's from the same process.
+func BenchmarkConsume(b *testing.B) {
+	rs, err := redistest.StartServer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rs.Stop()
+	nc, err := nats.Connect(srv.url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	var rawRate float64
+	b.Run("raw", func(b *testing.B) {
+		rawRate = benchConsume(b, js, "raw", func(b *testing.B, _ *benchTarget) (func(context.Context, *benchTarget), func()) {
+			return consumeRaw(b), func() {}
+		})
+	})
+	b.Run("idem", func(b *testing.B) {
+		rate := benchConsume(b, js, "idem", func(b *testing.B, t *benchTarget) (func(context.Context, *benchTarget), func()) {
+			store, err := redisstore.Open("redis://"+rs.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + durable})
+			if err != nil {
+				store.Close()
+				b.Fatal(err)
+			}
+			return consumeIdem(b, d), func() { store.Close() }
+		})
+		if rawRate > 0 {
+			b.ReportMetric(rate/rawRate, "idem/raw")
+		}
+	})
+}
+
+// benchTarget is one iteration's stream and durable, already filled.
+type benchTarget struct {
+	stream  string
+	cons    jetstream.Consumer
+	handled atomic.Int64
+	done    chan struct{} // closed when handled reaches benchMsgs
+}
+
+func (t *benchTarget) handle() {
+	if t.handled.Add(1) == benchMsgs {
+		close(t.done)
+	}
+}
+
+// prepareFunc readies the consumers of t (untimed) and returns run, which
+// consumes until ctx ends and returns once every loop returned, and
+// release, called after run returned.
+type prepareFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context, t *benchTarget), release func())
+
+func benchConsume(b *testing.B, js jetstream.JetStream, mode string, prepare prepareFunc) (rate float64) {
+	var elapsed time.Duration
+	b.ResetTimer()
+	b.StopTimer()
+	for i := range b.N {
+		t := benchPublish(b, js, fmt.Sprintf("B%s_%d_%d", mode, time.Now().UnixNano(), i))
+		run, release := prepare(b, t)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		stopped := make(chan struct{})
+		start := time.Now()
+		b.StartTimer()
+		go func() { defer close(stopped); run(ctx, t) }()
+		select {
+		case <-t.done:
+		case <-time.After(benchLimit):
+			cancel()
+			b.Fatalf("%s: handled %d of %d messages within %v", mode, t.handled.Load(), benchMsgs, benchLimit)
+		}
+		b.StopTimer()
+		elapsed += time.Since(start)
+
+		benchWait(b, "every message acknowledged", func() bool {
+			ictx, icancel := context.WithTimeout(context.Background(), time.Second)
+			defer icancel()
+			info, err := t.cons.Info(ictx)
+			return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
+		})
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(benchStop):
+			b.Fatalf("%s: consumers did not stop within %v", mode, benchStop)
+		}
+		release()
+		if n := t.handled.Load(); n != benchMsgs {
+			b.Fatalf("%s: handled %d messages, want %d", mode, n, benchMsgs)
+		}
+		dctx, dcancel := context.WithTimeout(context.Background(), benchStop)
+		if err := js.DeleteStream(dctx, t.stream); err != nil {
+			b.Logf("delete stream %s: %v", t.stream, err)
+		}
+		dcancel()
+	}
+	rate = float64(b.N*benchMsgs) / elapsed.Seconds()
+	b.ReportMetric(rate, "msgs/s")
+	return rate
+}
+
+// benchPublish creates a file-storage stream and its durable (explicit
+// acks, as Run requires) and publishes benchMsgs messages to it, each
+// with a unique Nats-Msg-Id.
+func benchPublish(b *testing.B, js jetstream.JetStream, name string) *benchTarget {
+	ctx, cancel := context.WithTimeout(context.Background(), benchLimit)
+	defer cancel()
+	subject := "orders." + name
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}}); err != nil {
+		b.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+		Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: benchAckWait,
+		MaxDeliver: 20, FilterSubject: subject,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const window = 1000 // async publications in flight
+	for i := 0; i < benchMsgs; i += window {
+		for j := i; j < min(i+window, benchMsgs); j++ {
+			m := nats.NewMsg(subject)
+			m.Data = []byte("payload")
+			m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s-%d", name, j))
+			if _, err := js.PublishMsgAsync(m); err != nil {
+				b.Fatal(err)
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-ctx.Done():
+			b.Fatalf("publishing to %s: %v", name, ctx.Err())
+		}
+	}
+	info, err := js.Stream(ctx, name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Msgs; n != benchMsgs {
+		b.Fatalf("stream %s holds %d messages, want %d", name, n, benchMsgs)
+	}
+	return &benchTarget{stream: name, cons: cons, done: make(chan struct{})}
+}
+
+// consumeRaw is Run's pull loop without the Deduplicator.
+func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
+	return func(ctx context.Context, t *benchTarget) {
+		var wg sync.WaitGroup
+		for n := range benchConsumers {
+			wg.Go(func() {
+				it, err := t.cons.Messages(jetstream.PullMaxMessages(DefaultMaxMessages))
+				if err != nil {
+					b.Errorf("raw %d: pull: %v", n, err)
+					return
+				}
+				defer it.Stop()
+				for {
+					msg, err := it.Next(jetstream.NextContext(ctx))
+					if ctx.Err() != nil {
+						if msg != nil {
+							msg.Nak()
+						}
+						return
+					}
+					if err != nil {
+						b.Errorf("raw %d: pull: %v", n, err)
+						return
+					}
+					t.handle()
+					if err := msg.Ack(); err != nil {
+						b.Errorf("raw %d: ack: %v", n, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// consumeIdem runs benchConsumers Consumer.Run loops over d.
+func consumeIdem(b *testing.B, d *idemmsg.Deduplicator) func(context.Context, *benchTarget) {
+	return func(ctx context.Context, t *benchTarget) {
+		var wg sync.WaitGroup
+		for n := range benchConsumers {
+			c := &Consumer{
+				Consumer: t.cons, Dedup: d,
+				Handler: func(context.Context, jetstream.Msg) error { t.handle(); return nil },
+				OnError: func(err error) {
+					if ctx.Err() == nil {
+						b.Errorf("consumer %d: %v", n, err)
+					}
+				},
+			}
+			wg.Go(func() {
+				if err := c.Run(ctx); err != nil {
+					b.Errorf("consumer %d: Run: %v", n, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// benchWait polls cond until it holds, for at most benchStop.
+func benchWait(b *testing.B, what string, cond func() bool) {
+	b.Helper()
+	deadline := time.Now().Add(benchStop)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.Fatalf("timed out after %v waiting for %s", benchStop, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,232 @@
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/redisstore"
+)
+
+// Consumer throughput, BENCHMARKS.md "Message consumers (idemmsg)".
+const (
+	benchMsgs      = 20_000 // messages consumed per b.N iteration
+	benchConsumers = 16     // concurrent consumers of the group
+	benchBlock     = 100 * time.Millisecond
+	benchLimit     = 2 * time.Minute // bound on one iteration's consumption
+	benchStop      = 10 * time.Second
+)
+
+// BenchmarkConsume measures messages per second through a 16-consumer
+// group on the private redis-server, side by side in one process:
+//
+//	raw   16 goroutines, each its own consumer of the group, in the loop
+//	      Run uses (XREADGROUP ">" COUNT 16, then one XACK per entry)
+//	      with no Deduplicator
+//	idem  16 Consumer.Run loops with a Deduplicator over redisstore.Open
+//	      (the production store) on the same redis-server
+//
+// Both run the trivial handler (count the message) over benchMsgs entries
+// published, before the timer starts, to a fresh stream per iteration.
+// b.N counts iterations of benchMsgs messages; run with -benchtime 1x.
+// The clock stops when the handler has run for every entry; that every
+// entry was then acknowledged is checked outside the timing. idem reports
+// idem/raw, the ratio of its rate to raw's from the same process.
+func BenchmarkConsume(b *testing.B) {
+	var rawRate float64
+	b.Run("raw", func(b *testing.B) {
+		rawRate = benchConsume(b, "raw", consumeRaw)
+	})
+	b.Run("idem", func(b *testing.B) {
+		rate := benchConsume(b, "idem", consumeIdem)
+		if rawRate > 0 {
+			b.ReportMetric(rate/rawRate, "idem/raw")
+		}
+	})
+}
+
+// benchTarget is one iteration's stream and group, already filled.
+type benchTarget struct {
+	client        *redis.Client
+	stream, group string
+	handled       atomic.Int64
+	done          chan struct{} // closed when handled reaches benchMsgs
+}
+
+func (t *benchTarget) handle() {
+	if t.handled.Add(1) == benchMsgs {
+		close(t.done)
+	}
+}
+
+// consumeFunc prepares the consumers of t (untimed) and returns run,
+// which consumes until ctx ends and returns once they all returned, and
+// release, called after run returned.
+type consumeFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context), release func())
+
+func benchConsume(b *testing.B, mode string, consume consumeFunc) (rate float64) {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 4 * benchConsumers})
+	defer c.Close()
+	var elapsed time.Duration
+	b.ResetTimer()
+	b.StopTimer()
+	for i := range b.N {
+		t := &benchTarget{
+			client: c, group: "g", done: make(chan struct{}),
+			stream: fmt.Sprintf("bench:%s:%d:%d", mode, time.Now().UnixNano(), i),
+		}
+		benchPublish(b, t)
+		run, release := consume(b, t)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		stopped := make(chan struct{})
+		start := time.Now()
+		b.StartTimer()
+		go func() { defer close(stopped); run(ctx) }()
+		select {
+		case <-t.done:
+		case <-time.After(benchLimit):
+			cancel()
+			b.Fatalf("%s: handled %d of %d entries within %v", mode, t.handled.Load(), benchMsgs, benchLimit)
+		}
+		b.StopTimer()
+		elapsed += time.Since(start)
+
+		benchWait(b, "every entry acknowledged", func() bool {
+			p, err := c.XPending(context.Background(), t.stream, t.group).Result()
+			return err == nil && p.Count == 0
+		})
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(benchStop):
+			b.Fatalf("%s: consumers did not stop within %v", mode, benchStop)
+		}
+		release()
+		if n := t.handled.Load(); n != benchMsgs {
+			b.Fatalf("%s: handled %d entries, want %d", mode, n, benchMsgs)
+		}
+		c.Del(context.Background(), t.stream)
+	}
+	rate = float64(b.N*benchMsgs) / elapsed.Seconds()
+	b.ReportMetric(rate, "msgs/s")
+	return rate
+}
+
+// benchPublish adds benchMsgs entries, field k holding a unique key, and
+// creates the group at the start of the stream.
+func benchPublish(b *testing.B, t *benchTarget) {
+	ctx := context.Background()
+	const batch = 1000
+	for i := 0; i < benchMsgs; i += batch {
+		_, err := t.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j := i; j < min(i+batch, benchMsgs); j++ {
+				p.XAdd(ctx, &redis.XAddArgs{Stream: t.stream, Values: []any{"k", fmt.Sprintf("%s-%d", t.stream, j)}})
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := t.client.XGroupCreate(ctx, t.stream, t.group, "0").Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// consumeRaw is Run's read loop without the Deduplicator.
+func consumeRaw(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+	return func(ctx context.Context) { consumeRawRun(b, ctx, t) }, func() {}
+}
+
+func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
+	var wg sync.WaitGroup
+	for n := range benchConsumers {
+		name := fmt.Sprintf("raw-%d", n)
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				res, err := t.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+					Group: t.group, Consumer: name, Streams: []string{t.stream, ">"},
+					Count: DefaultCount, Block: benchBlock,
+				}).Result()
+				if errors.Is(err, redis.Nil) {
+					continue
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Errorf("%s: XREADGROUP: %v", name, err)
+						time.Sleep(benchBlock)
+					}
+					continue
+				}
+				for _, s := range res {
+					for _, msg := range s.Messages {
+						t.handle()
+						actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+						if err := t.client.XAck(actx, t.stream, t.group, msg.ID).Err(); err != nil {
+							b.Errorf("%s: XACK: %v", name, err)
+						}
+						cancel()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// consumeIdem runs benchConsumers Consumer.Run loops over one
+// Deduplicator on redisstore.Open.
+func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+	store, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + t.group})
+	if err != nil {
+		store.Close()
+		b.Fatal(err)
+	}
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d) }, func() { store.Close() }
+}
+
+func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemmsg.Deduplicator) {
+	var wg sync.WaitGroup
+	for n := range benchConsumers {
+		c := &Consumer{
+			Client: t.client, Stream: t.stream, Group: t.group, Consumer: fmt.Sprintf("idem-%d", n),
+			Dedup: d, KeyField: "k", Block: benchBlock,
+			Handler: func(context.Context, redis.XMessage) error { t.handle(); return nil },
+			OnError: func(err error) {
+				if ctx.Err() == nil {
+					b.Errorf("consumer %d: %v", n, err)
+				}
+			},
+		}
+		wg.Go(func() {
+			if err := c.Run(ctx); err != nil {
+				b.Errorf("consumer %d: Run: %v", n, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// benchWait polls cond until it holds, for at most benchStop.
+func benchWait(b *testing.B, what string, cond func() bool) {
+	b.Helper()
+	deadline := time.Now().Add(benchStop)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.Fatalf("timed out after %v waiting for %s", benchStop, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
