@@ -1,0 +1,404 @@
+// Package rabbitmq consumes a RabbitMQ queue (AMQP 0-9-1, amqp091-go) with
+// an idemmsg.Deduplicator: each message key's handler runs at most once per
+// completed key, whatever RabbitMQ redelivers.
+//
+// A Consumer consumes the caller's queue on the caller's channel with
+// manual acknowledgements, handles deliveries one at a time, and settles
+// each one. For each delivery it calls Deduplicator.Handle and then:
+//
+//	Processed, Duplicate   Ack
+//	DeadLettered           Nack(requeue=false): to the queue's dead-letter
+//	                       exchange
+//	InFlight               Nack(requeue=true) after Result.RetryAfter
+//	Failed                 Nack(requeue=true) after RetryDelay(attempt),
+//	                       default min(attempt·1s, 30s)
+//	no key, invalid key,   as DeadLettered (permanent)
+//	mismatch
+//	store failure          as Failed
+//
+// Several Run loops, on several channels, in one process or many, may
+// consume one queue: RabbitMQ hands each message to one of them at a time,
+// and the Deduplicator settles duplicates published as separate messages.
+//
+// # Keys
+//
+// The default key is the message's message-id property (MessageId). A
+// message without one is dead-lettered with ErrNoMessageID. Set Key to
+// derive the key from a header or the payload.
+//
+// # Dead letters
+//
+// A dead-lettered delivery is rejected without requeueing, so RabbitMQ
+// routes it to the queue's dead-letter exchange: the queue must be declared
+// with the x-dead-letter-exchange argument (and optionally
+// x-dead-letter-routing-key), or a policy with dead-letter-exchange, and a
+// dead-letter queue bound to that exchange. Without one, RabbitMQ drops
+// dead-lettered messages. RabbitMQ adds the x-death header that names the
+// queue and the reason ("rejected"); the kept error text is in
+// Result.Err (see OnResult), not in the message.
+//
+// # Delivery counts
+//
+// The Attempt given to Handle is the delivery count: for a quorum queue,
+// 1 plus its x-delivery-count header (RabbitMQ counts each return of the
+// message, so InFlight requeues count too; the queue's delivery-limit,
+// when set, must be above the Deduplicator's MaxFailures or RabbitMQ drops
+// or dead-letters a failing message before it is dead-lettered here).
+// Classic queues do not count redeliveries, only set the Redelivered flag:
+// for them the Consumer counts the deliveries of each key in the process
+// (starting at 2 for a delivery flagged Redelivered that it did not see
+// before), so a message that fails on several consumers in turn may be
+// tried more than MaxFailures times before it is dead-lettered. A key's
+// count is dropped once one of its deliveries is acknowledged or
+// dead-lettered.
+//
+// # Delayed requeue
+//
+// AMQP 0-9-1 has no delayed negative acknowledgement. The Consumer holds an
+// InFlight or Failed delivery unacknowledged for its delay (RetryAfter, or
+// RetryDelay(attempt); at most MaxRetryDelay) in the process, without
+// blocking the next deliveries, then Nacks it with requeue. The held
+// deliveries count against Prefetch. For long delays, a delay queue is the
+// alternative: a queue with x-message-ttl whose dead-letter exchange routes
+// back to the work queue; publish the message there and Ack it (not done
+// by this package).
+//
+// # Stopping and crashes
+//
+// When Run's context ends, the consumer is cancelled, deliveries received
+// but not handled and held delayed ones are requeued at once, and Run
+// returns nil. Unacknowledged deliveries of a consumer that crashes return
+// to the queue when its channel or connection closes and, if their key
+// completed, are answered Duplicate and acknowledged.
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmsg"
+)
+
+// DefaultPrefetch is Consumer.Prefetch's default.
+const DefaultPrefetch = 16
+
+// MaxRetryDelay bounds the in-process delay before an InFlight or Failed
+// delivery is requeued.
+const MaxRetryDelay = 30 * time.Second
+
+// DeliveryCountHeader is the header in which quorum queues count the
+// earlier deliveries of a message.
+const DeliveryCountHeader = "x-delivery-count"
+
+// ErrNoMessageID is the error of a message dead-lettered by the default Key
+// because it has no message-id property.
+var ErrNoMessageID = errors.New("rabbitmq: message has no message-id property (publish with MessageId, or set Consumer.Key)")
+
+const (
+	// minRetryDelay keeps an InFlight delivery from spinning.
+	minRetryDelay = 10 * time.Millisecond
+	// drainTimeout bounds the requeueing of received deliveries once Run's
+	// context ended.
+	drainTimeout = 5 * time.Second
+	// maxLocalCounts bounds the in-process delivery counts of classic
+	// queues; beyond it they are forgotten (and start again at 1).
+	maxLocalCounts = 100_000
+)
+
+// Consumer is one Run loop over a queue. Fill in the fields and call Run.
+// Channel, Queue, Dedup and Handler are required.
+type Consumer struct {
+	// Channel is the caller's channel. Run sets its Qos and consumes on it;
+	// it does not close it. Use one channel per Run loop.
+	Channel *amqp.Channel
+	// Queue is the queue to consume. For dead letters it needs a
+	// dead-letter exchange (see the package documentation).
+	Queue string
+	// Tag is the consumer tag. Default: a unique tag made by the client.
+	Tag string
+	// Prefetch is the channel's prefetch count (Qos): how many deliveries
+	// may be unacknowledged at once, including those held for a delayed
+	// requeue. Default 16.
+	Prefetch int
+
+	// Dedup decides each delivery. Scope its Namespace to the queue and
+	// the consuming application, e.g. "orders/billing".
+	Dedup *idemmsg.Deduplicator
+	// Handler performs the message's effect. It runs with the lease in its
+	// context (idem.LeaseFromContext) and is not run again for a key that
+	// completed. A panic in it is passed on (after the key is released).
+	Handler func(ctx context.Context, d amqp.Delivery) error
+
+	// Key returns a delivery's key. Default: its MessageId; a message
+	// without one is dead-lettered with ErrNoMessageID. A message without a
+	// valid key (idem.ValidateKey) is dead-lettered.
+	Key func(d amqp.Delivery) string
+
+	// RetryDelay is how long a Failed delivery (or one the store could not
+	// decide) is held before it is requeued, given its attempt. Default
+	// min(attempt·1s, 30s); at most MaxRetryDelay.
+	RetryDelay func(attempt int) time.Duration
+
+	// OnResult, when set, is called after each delivery is decided, with
+	// Handle's result and error. For metrics and logs; it must not block.
+	OnResult func(d amqp.Delivery, res idemmsg.Result, err error)
+	// OnError, when set, receives the errors of the settle steps and of
+	// Handle. Default: logged with slog.Default at warning level. It may
+	// be called from several goroutines, one at a time per delivery.
+	OnError func(err error)
+
+	// beforeAck, in tests, is called before a delivery is settled;
+	// returning false simulates a crash: Run returns errCrashed at once,
+	// leaving its deliveries unacknowledged.
+	beforeAck func(d amqp.Delivery) bool
+}
+
+var errCrashed = errors.New("rabbitmq: simulated crash")
+
+var tagSeq atomic.Uint64
+
+// Run consumes until ctx ends, then returns nil (see the package
+// documentation). A delivery whose handler is running when ctx ends gets a
+// cancelled context; its outcome is still settled. Run returns an error
+// for an invalid configuration, when Qos or Consume fail, and when the
+// deliveries stop while ctx is live (the channel or connection closed):
+// open a new channel and run again.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	prefetch := c.Prefetch
+	if prefetch == 0 {
+		prefetch = DefaultPrefetch
+	}
+	if err := c.Channel.Qos(prefetch, 0, false); err != nil {
+		return fmt.Errorf("rabbitmq: qos: %w", err)
+	}
+	tag := c.Tag
+	if tag == "" {
+		tag = "idem-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatUint(tagSeq.Add(1), 10)
+	}
+	deliveries, err := c.Channel.Consume(c.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: consume %s: %w", c.Queue, err)
+	}
+
+	r := &run{c: c, ctx: ctx, crashed: make(chan struct{}), counts: map[string]int{}}
+	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash)
+	for {
+		select {
+		case <-ctx.Done():
+			r.stop(tag, deliveries)
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("rabbitmq: consumer %s on %s: deliveries closed (channel or connection closed, or consumer cancelled by the server)", tag, c.Queue)
+			}
+			if err := r.process(d); err != nil {
+				close(r.crashed)
+				return err
+			}
+		}
+	}
+}
+
+func (c *Consumer) validate() error {
+	switch {
+	case c.Channel == nil:
+		return errors.New("rabbitmq: Consumer.Channel is nil")
+	case c.Queue == "":
+		return errors.New("rabbitmq: Consumer.Queue is empty")
+	case c.Dedup == nil:
+		return errors.New("rabbitmq: Consumer.Dedup is nil")
+	case c.Handler == nil:
+		return errors.New("rabbitmq: Consumer.Handler is nil")
+	case c.Prefetch < 0:
+		return errors.New("rabbitmq: negative Prefetch")
+	}
+	return nil
+}
+
+// run is the state of one Run call.
+type run struct {
+	c       *Consumer
+	ctx     context.Context
+	wg      sync.WaitGroup
+	crashed chan struct{}
+	// counts are the in-process delivery counts per key, for queues
+	// without x-delivery-count. Only the Run goroutine uses them.
+	counts map[string]int
+}
+
+// stop cancels the consumer and requeues what it had received.
+func (r *run) stop(tag string, deliveries <-chan amqp.Delivery) {
+	if err := r.c.Channel.Cancel(tag, false); err != nil {
+		// The channel is gone: its deliveries are back in the queue.
+		r.c.onError(fmt.Errorf("rabbitmq: cancel consumer %s: %w", tag, err))
+		return
+	}
+	timeout := time.NewTimer(drainTimeout)
+	defer timeout.Stop()
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			r.c.nack(d, r.c.key(d), true)
+		case <-timeout.C:
+			return
+		}
+	}
+}
+
+// process decides one delivery and settles it (or schedules its requeue).
+// It returns only errCrashed.
+func (r *run) process(d amqp.Delivery) error {
+	c := r.c
+	key := c.key(d)
+	attempt, counted := deliveryCount(d)
+	var res idemmsg.Result
+	var err error
+	if key == "" && c.Key == nil {
+		err = ErrNoMessageID
+	} else {
+		if !counted {
+			if len(r.counts) >= maxLocalCounts {
+				clear(r.counts)
+			}
+			n := r.counts[key] + 1
+			if n == 1 && d.Redelivered {
+				n = 2
+			}
+			r.counts[key] = n
+			attempt = n
+		}
+		res, err = c.Dedup.Handle(r.ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: d.Body},
+			func(ctx context.Context) error { return c.Handler(ctx, d) })
+	}
+	if c.OnResult != nil {
+		c.OnResult(d, res, err)
+	}
+	if err != nil {
+		c.onError(fmt.Errorf("rabbitmq: %s: %w", describe(d, key), err))
+	}
+	outcome := res.Outcome
+	if outcome == 0 && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+		outcome = idemmsg.DeadLettered // permanent: never handled
+	}
+	if c.beforeAck != nil && !c.beforeAck(d) {
+		return errCrashed
+	}
+	switch outcome {
+	case idemmsg.Processed, idemmsg.Duplicate:
+		delete(r.counts, key)
+		if err := d.Ack(false); err != nil {
+			c.onError(fmt.Errorf("rabbitmq: ack %s: %w", describe(d, key), err))
+		}
+	case idemmsg.DeadLettered:
+		delete(r.counts, key)
+		c.nack(d, key, false)
+	case idemmsg.InFlight:
+		r.requeueAfter(d, key, max(res.RetryAfter, minRetryDelay))
+	default: // Failed, or the store could not decide
+		r.requeueAfter(d, key, c.retryDelay(attempt))
+	}
+	return nil
+}
+
+// requeueAfter holds d for delay, then Nacks it with requeue: at once if
+// Run's context ends, never if Run crashed.
+func (r *run) requeueAfter(d amqp.Delivery, key string, delay time.Duration) {
+	delay = min(max(delay, 0), MaxRetryDelay)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-r.crashed:
+			return
+		case <-r.ctx.Done():
+		case <-t.C:
+		}
+		select {
+		case <-r.crashed:
+		default:
+			r.c.nack(d, key, true)
+		}
+	}()
+}
+
+// deliveryCount returns the delivery's attempt from x-delivery-count, and
+// false when the header is missing (classic queues).
+func deliveryCount(d amqp.Delivery) (int, bool) {
+	var n int64
+	switch v := d.Headers[DeliveryCountHeader].(type) {
+	case int64:
+		n = v
+	case int32:
+		n = int64(v)
+	case int16:
+		n = int64(v)
+	case int8:
+		n = int64(v)
+	case int:
+		n = int64(v)
+	case uint8:
+		n = int64(v)
+	case uint16:
+		n = int64(v)
+	case uint32:
+		n = int64(v)
+	default:
+		return 1, false
+	}
+	return int(min(max(n, 0), math.MaxInt32-1)) + 1, true
+}
+
+func (c *Consumer) key(d amqp.Delivery) string {
+	if c.Key != nil {
+		return c.Key(d)
+	}
+	return d.MessageId
+}
+
+func (c *Consumer) retryDelay(attempt int) time.Duration {
+	if c.RetryDelay != nil {
+		return c.RetryDelay(attempt)
+	}
+	return min(time.Duration(max(attempt, 1))*time.Second, MaxRetryDelay)
+}
+
+func (c *Consumer) nack(d amqp.Delivery, key string, requeue bool) {
+	if err := d.Nack(false, requeue); err != nil {
+		c.onError(fmt.Errorf("rabbitmq: nack %s (requeue %t): %w", describe(d, key), requeue, err))
+	}
+}
+
+func (c *Consumer) onError(err error) {
+	if c.OnError != nil {
+		c.OnError(err)
+		return
+	}
+	slog.Default().Warn("rabbitmq", "err", err)
+}
+
+// describe names a delivery in errors: its queue's routing key, delivery
+// tag and key.
+func describe(d amqp.Delivery, key string) string {
+	return fmt.Sprintf("delivery %d (routing key %q, key %q)", d.DeliveryTag, d.RoutingKey, key)
+}
