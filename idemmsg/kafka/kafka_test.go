@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -60,46 +61,25 @@ func newEnv(t *testing.T, maxFailures int) *env {
 		t.Fatal(err)
 	}
 	return &env{t: t, cluster: cluster, topic: topic, dead: dead, group: group, producer: producer, store: store, dedup: d,
-		ledger: &ledger{effects: map[string]int{}, order: map[int32][]int64{}}}
+		ledger: &ledger{Ledger: msgtest.NewLedger(), order: map[int32][]int64{}}}
 }
 
-// ledger is the system of record: it counts effects per key, refuses a
-// fencing token lower than the last one it accepted for the key, and
-// keeps the offsets it saw per partition, in the order it saw them.
+// ledger is the system of record, and keeps the offsets it saw per
+// partition, in the order it saw them.
 type ledger struct {
-	mu      sync.Mutex
-	effects map[string]int
-	tokens  map[string]uint64
-	order   map[int32][]int64
+	*msgtest.Ledger
+	mu    sync.Mutex
+	order map[int32][]int64
 }
 
 func (l *ledger) apply(ctx context.Context, key string, rec *kgo.Record) error {
-	lease, ok := idem.LeaseFromContext(ctx)
-	if !ok {
-		return errors.New("no lease in the handler's context")
+	if err := l.Apply(ctx, key); err != nil {
+		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.tokens == nil {
-		l.tokens = map[string]uint64{}
-	}
-	if lease.Token < l.tokens[key] {
-		return errors.New("stale fencing token")
-	}
-	l.tokens[key] = lease.Token
-	l.effects[key]++
 	l.order[rec.Partition] = append(l.order[rec.Partition], rec.Offset)
 	return nil
-}
-
-func (l *ledger) snapshot() map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := make(map[string]int, len(l.effects))
-	for k, v := range l.effects {
-		m[k] = v
-	}
-	return m
 }
 
 // checkOrder wants the effects of each partition in offset order.
@@ -225,19 +205,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // partition, and every partition committed to its end.
 func (e *env) checkLedger(keys []string) {
 	e.t.Helper()
-	want := map[string]int{}
-	for _, k := range keys {
-		want[k] = 1
-	}
-	got := e.ledger.snapshot()
-	if len(got) != len(want) {
-		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
-	}
-	for k := range want {
-		if got[k] != 1 {
-			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
-		}
-	}
+	e.ledger.WantOneEach(e.t, keys)
 	e.ledger.checkOrder(e.t)
 	if !e.settled() {
 		e.t.Errorf("committed offsets %v, want the partitions' ends", e.cluster.GroupInfo(e.group).Commits)
@@ -331,7 +299,7 @@ func TestTwoConsumers(t *testing.T) {
 		t.Fatalf("group of 2 not stable: %v", err)
 	}
 	e.publish(keys...)
-	waitFor(t, "a third of the effects", func() bool { return len(e.ledger.snapshot()) >= 10 })
+	waitFor(t, "a third of the effects", func() bool { return len(e.ledger.Snapshot()) >= 10 })
 	e.start(member(2))
 	waitFor(t, "all records committed", e.settled)
 	e.checkLedger(keys)
@@ -358,7 +326,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 		t.Fatalf("crashed Run: got %v, want errCrashed", err)
 	}
 	crashed.Client.Close() // leaves the group
-	if got := len(e.ledger.snapshot()); got < 3 {
+	if got := len(e.ledger.Snapshot()); got < 3 {
 		t.Fatalf("before the restart the ledger holds %d keys, want at least 3", got)
 	}
 	if info := e.cluster.GroupInfo(e.group); info != nil && len(info.Commits[e.topic]) != 0 {
@@ -511,8 +479,8 @@ func TestInFlightRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "all records committed", e.settled)
-	if duplicate.Load() != 1 || len(e.ledger.snapshot()) != 0 {
-		t.Errorf("got %d duplicates and effects %v, want 1 duplicate and no effect", duplicate.Load(), e.ledger.snapshot())
+	if duplicate.Load() != 1 || len(e.ledger.Snapshot()) != 0 {
+		t.Errorf("got %d duplicates and effects %v, want 1 duplicate and no effect", duplicate.Load(), e.ledger.Snapshot())
 	}
 }
 

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -56,7 +56,7 @@ type env struct {
 	subject string
 	cons    jetstream.Consumer
 	dedup   *idemmsg.Deduplicator
-	ledger  *ledger
+	ledger  *msgtest.Ledger
 	lastSeq uint64
 }
 
@@ -105,45 +105,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, nc: nc, js: js, stream: name, subject: subject, cons: cons, dedup: d, ledger: &ledger{effects: map[string]int{}}}
-}
-
-// ledger is the system of record: it counts effects per key, and refuses
-// a fencing token lower than the last one it accepted for the key.
-type ledger struct {
-	mu      sync.Mutex
-	effects map[string]int
-	tokens  map[string]uint64
-	stale   int
-}
-
-func (l *ledger) apply(ctx context.Context, key string) error {
-	lease, ok := idem.LeaseFromContext(ctx)
-	if !ok {
-		return errors.New("no lease in the handler's context")
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.tokens == nil {
-		l.tokens = map[string]uint64{}
-	}
-	if lease.Token < l.tokens[key] {
-		l.stale++
-		return errors.New("stale fencing token")
-	}
-	l.tokens[key] = lease.Token
-	l.effects[key]++
-	return nil
-}
-
-func (l *ledger) snapshot() map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := make(map[string]int, len(l.effects))
-	for k, v := range l.effects {
-		m[k] = v
-	}
-	return m
+	return &env{t: t, nc: nc, js: js, stream: name, subject: subject, cons: cons, dedup: d, ledger: msgtest.NewLedger()}
 }
 
 // publish adds one message per key, the key as its payload and, when
@@ -177,7 +139,7 @@ func (e *env) consumer(name string, key func(jetstream.Msg) string) *Consumer {
 		Consumer: e.cons, JetStream: e.js, Dedup: e.dedup, Key: key,
 		Backoff: func(int) time.Duration { return testBackoff },
 		Handler: func(ctx context.Context, msg jetstream.Msg) error {
-			return e.ledger.apply(ctx, string(msg.Data()))
+			return e.ledger.Apply(ctx, string(msg.Data()))
 		},
 		OnError: func(err error) { e.t.Logf("%s: %v", name, err) },
 	}
@@ -231,19 +193,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // pending or awaiting an ack.
 func (e *env) checkLedger(keys []string) {
 	e.t.Helper()
-	want := map[string]int{}
-	for _, k := range keys {
-		want[k] = 1
-	}
-	got := e.ledger.snapshot()
-	if len(got) != len(want) {
-		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
-	}
-	for k := range want {
-		if got[k] != 1 {
-			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
-		}
-	}
+	e.ledger.WantOneEach(e.t, keys)
 	info, err := e.cons.Info(context.Background())
 	if err != nil || info.NumAckPending != 0 || info.NumPending != 0 {
 		e.t.Errorf("consumer info: got %+v, %v; want nothing pending", info, err)
@@ -354,7 +304,7 @@ func TestCrashBeforeAck(t *testing.T) {
 	if err := stop(); !errors.Is(err, errCrashed) {
 		t.Fatalf("crashed Run: got %v, want errCrashed", err)
 	}
-	if got := e.ledger.snapshot(); len(got) != 3 {
+	if got := e.ledger.Snapshot(); len(got) != 3 {
 		t.Fatalf("before the restart the ledger holds %d keys, want 3", len(got))
 	}
 
@@ -390,7 +340,7 @@ func TestInFlightNaked(t *testing.T) {
 			case <-release:
 			case <-time.After(waitLimit):
 			}
-			return e.ledger.apply(ctx, "same")
+			return e.ledger.Apply(ctx, "same")
 		})
 		held <- err
 	}()

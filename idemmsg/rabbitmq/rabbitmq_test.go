@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -106,7 +107,7 @@ type env struct {
 	queue  string
 	dlq    string
 	dedup  *idemmsg.Deduplicator
-	ledger *ledger
+	ledger *msgtest.Ledger
 	acked  atomic.Int32 // deliveries decided Processed, Duplicate or DeadLettered
 }
 
@@ -166,43 +167,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, conn: conn, pub: pub, queue: name, dlq: dlq, dedup: d, ledger: &ledger{effects: map[string]int{}}}
-}
-
-// ledger is the system of record: it counts effects per key, and refuses
-// a fencing token lower than the last one it accepted for the key.
-type ledger struct {
-	mu      sync.Mutex
-	effects map[string]int
-	tokens  map[string]uint64
-}
-
-func (l *ledger) apply(ctx context.Context, key string) error {
-	lease, ok := idem.LeaseFromContext(ctx)
-	if !ok {
-		return errors.New("no lease in the handler's context")
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.tokens == nil {
-		l.tokens = map[string]uint64{}
-	}
-	if lease.Token < l.tokens[key] {
-		return errors.New("stale fencing token")
-	}
-	l.tokens[key] = lease.Token
-	l.effects[key]++
-	return nil
-}
-
-func (l *ledger) snapshot() map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := make(map[string]int, len(l.effects))
-	for k, v := range l.effects {
-		m[k] = v
-	}
-	return m
+	return &env{t: t, conn: conn, pub: pub, queue: name, dlq: dlq, dedup: d, ledger: msgtest.NewLedger()}
 }
 
 // publish adds one message per key, the key as its body and, when withID
@@ -244,7 +209,7 @@ func (e *env) consumer(name string, conn *amqp.Connection, key func(amqp.Deliver
 		Channel: ch, Queue: e.queue, Dedup: e.dedup, Key: key,
 		RetryDelay: func(int) time.Duration { return testRetry },
 		Handler: func(ctx context.Context, d amqp.Delivery) error {
-			return e.ledger.apply(ctx, string(d.Body))
+			return e.ledger.Apply(ctx, string(d.Body))
 		},
 		OnResult: func(d amqp.Delivery, res idemmsg.Result, err error) {
 			if res.Outcome.Ack() || errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) {
@@ -326,19 +291,7 @@ func (e *env) inspect(queue string) amqp.Queue {
 // empty: nothing ready, so nothing was left unacknowledged either.
 func (e *env) checkLedger(keys []string, stops ...func() error) {
 	e.t.Helper()
-	want := map[string]int{}
-	for _, k := range keys {
-		want[k] = 1
-	}
-	got := e.ledger.snapshot()
-	if len(got) != len(want) {
-		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
-	}
-	for k := range want {
-		if got[k] != 1 {
-			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
-		}
-	}
+	e.ledger.WantOneEach(e.t, keys)
 	for _, stop := range stops {
 		if err := stop(); err != nil && !errors.Is(err, errCrashed) {
 			e.t.Errorf("Run: %v", err)
@@ -452,7 +405,7 @@ func TestCrashBeforeAck(t *testing.T) {
 	if err := stop(); !errors.Is(err, errCrashed) {
 		t.Fatalf("crashed Run: got %v, want errCrashed", err)
 	}
-	if got := e.ledger.snapshot(); len(got) != 3 {
+	if got := e.ledger.Snapshot(); len(got) != 3 {
 		t.Fatalf("before the restart the ledger holds %d keys, want 3", len(got))
 	}
 	conn.Close() // the crash: unacknowledged deliveries return to the queue
@@ -485,7 +438,7 @@ func TestInFlightRequeued(t *testing.T) {
 			case <-release:
 			case <-time.After(waitLimit):
 			}
-			return e.ledger.apply(ctx, "same")
+			return e.ledger.Apply(ctx, "same")
 		})
 		held <- err
 	}()

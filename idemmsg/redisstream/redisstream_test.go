@@ -13,8 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -43,7 +43,7 @@ type env struct {
 	stream string
 	group  string
 	dedup  *idemmsg.Deduplicator
-	ledger *ledger
+	ledger *msgtest.Ledger
 	lastID string
 }
 
@@ -62,45 +62,7 @@ func newEnv(t *testing.T, maxFailures int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, client: c, stream: stream, group: group, dedup: d, ledger: &ledger{effects: map[string]int{}}}
-}
-
-// ledger is the system of record: it counts effects per key, and refuses
-// a fencing token lower than the last one it accepted for the key.
-type ledger struct {
-	mu      sync.Mutex
-	effects map[string]int
-	tokens  map[string]uint64
-	stale   int
-}
-
-func (l *ledger) apply(ctx context.Context, key string) error {
-	lease, ok := idem.LeaseFromContext(ctx)
-	if !ok {
-		return errors.New("no lease in the handler's context")
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.tokens == nil {
-		l.tokens = map[string]uint64{}
-	}
-	if lease.Token < l.tokens[key] {
-		l.stale++
-		return errors.New("stale fencing token")
-	}
-	l.tokens[key] = lease.Token
-	l.effects[key]++
-	return nil
-}
-
-func (l *ledger) snapshot() map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := make(map[string]int, len(l.effects))
-	for k, v := range l.effects {
-		m[k] = v
-	}
-	return m
+	return &env{t: t, client: c, stream: stream, group: group, dedup: d, ledger: msgtest.NewLedger()}
 }
 
 // publish adds one entry per key.
@@ -120,7 +82,7 @@ func (e *env) consumer(name string) *Consumer {
 		Client: e.client, Stream: e.stream, Group: e.group, Consumer: name,
 		Dedup: e.dedup, KeyField: "k", Block: testBlock,
 		Handler: func(ctx context.Context, msg redis.XMessage) error {
-			return e.ledger.apply(ctx, msg.Values["k"].(string))
+			return e.ledger.Apply(ctx, msg.Values["k"].(string))
 		},
 		OnError: func(err error) { e.t.Logf("%s: %v", name, err) },
 	}
@@ -179,19 +141,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // pending.
 func (e *env) checkLedger(keys []string) {
 	e.t.Helper()
-	want := map[string]int{}
-	for _, k := range keys {
-		want[k] = 1
-	}
-	got := e.ledger.snapshot()
-	if len(got) != len(want) {
-		e.t.Errorf("ledger holds %d keys, want %d: %v", len(got), len(want), got)
-	}
-	for k := range want {
-		if got[k] != 1 {
-			e.t.Errorf("key %s: got %d effects, want 1", k, got[k])
-		}
-	}
+	e.ledger.WantOneEach(e.t, keys)
 	p, err := e.client.XPending(context.Background(), e.stream, e.group).Result()
 	if err != nil || p.Count != 0 {
 		e.t.Errorf("XPENDING: got %+v, %v; want count 0", p, err)
@@ -265,7 +215,7 @@ func TestCrashBeforeAck(t *testing.T) {
 	if err := stop(); !errors.Is(err, errCrashed) {
 		t.Fatalf("crashed Run: got %v, want errCrashed", err)
 	}
-	if got := e.ledger.snapshot(); len(got) != 3 {
+	if got := e.ledger.Snapshot(); len(got) != 3 {
 		t.Fatalf("before the restart the ledger holds %d keys, want 3", len(got))
 	}
 
@@ -352,11 +302,11 @@ func TestDefaultKeyIsEntryID(t *testing.T) {
 	c.KeyField = ""
 	c.Handler = func(ctx context.Context, msg redis.XMessage) error {
 		seen.Store(msg.ID, true)
-		return e.ledger.apply(ctx, msg.ID)
+		return e.ledger.Apply(ctx, msg.ID)
 	}
 	e.start(c)
 	waitFor(t, "all entries acknowledged", e.settled)
-	if got := len(e.ledger.snapshot()); got != 2 {
+	if got := len(e.ledger.Snapshot()); got != 2 {
 		t.Errorf("ledger holds %d keys, want 2 (one per entry id)", got)
 	}
 }
