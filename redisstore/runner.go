@@ -33,6 +33,10 @@ type reply struct {
 // script after a lost reply, which the scripts are written to tolerate.
 type runner interface {
 	run(ctx context.Context, script int, key string, args ...string) (reply, error)
+	// runWait runs a script and then WAIT replicas timeout on the same
+	// connection, to the primary that ran the script (see wait.go). It
+	// returns the script's reply and how many replicas acknowledged.
+	runWait(ctx context.Context, w waitSpec, script int, key string, args ...string) (reply, int64, error)
 	del(ctx context.Context, key string) (int64, error)
 	close()
 }
@@ -59,6 +63,11 @@ func (r *goredisRunner) run(ctx context.Context, script int, key string, args ..
 	if err != nil {
 		return reply{}, err
 	}
+	return goredisReply(res)
+}
+
+// goredisReply converts a script's reply as go-redis decodes it.
+func goredisReply(res []any) (reply, error) {
 	var out reply
 	for i, v := range res {
 		switch v := v.(type) {
@@ -103,7 +112,15 @@ func (r *rueidisRunner) run(ctx context.Context, script int, key string, args ..
 	if err != nil {
 		return reply{}, err
 	}
-	var out reply
+	return rueidisReply(res)
+}
+
+// rueidisReply converts a script's reply as rueidis decodes it.
+func rueidisReply(res []rueidis.RedisMessage) (reply, error) {
+	var (
+		out reply
+		err error
+	)
 	for i := range res {
 		if i < len(out.n) {
 			if out.n[i], err = res[i].AsInt64(); err != nil {

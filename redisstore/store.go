@@ -65,6 +65,23 @@ type Options struct {
 	// timeout and at most three retries) and is faster without a deadline
 	// per call.
 	Timeout time.Duration
+
+	// WaitReplicas, when positive, makes Complete wait until at least this
+	// many replicas of the key's primary have acknowledged the completed
+	// record: the complete script and WAIT WaitReplicas WaitTimeout go
+	// out together on one connection to that primary. When fewer
+	// acknowledge within WaitTimeout, Complete returns an *idem.StoreError
+	// matching ErrNotReplicated; the record stays written on the primary.
+	// Acquire, Renew and Release never wait. Zero (the default) sends no
+	// WAIT and costs nothing. See the package documentation for what it
+	// buys and what it does not.
+	WaitReplicas int
+
+	// WaitTimeout bounds the wait for replicas (WAIT's timeout). Default
+	// DefaultWaitTimeout (1s) when WaitReplicas is set. It should be
+	// well under Timeout, which bounds the whole call, and must be under
+	// a go-redis client's ReadTimeout.
+	WaitTimeout time.Duration
 }
 
 // DefaultTimeout is Options.Timeout's default.
@@ -78,6 +95,9 @@ type Store struct {
 	prefix  string
 	timeout time.Duration // 0: none
 	owned   bool          // Close closes the client
+
+	waitReplicas int           // Options.WaitReplicas; 0: no WAIT
+	waitTimeout  time.Duration // Options.WaitTimeout
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -87,6 +107,14 @@ var _ idem.Store = (*Store)(nil)
 func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, errors.New("redisstore: New: nil client")
+	}
+	if err := waitOptions(&opts); err != nil {
+		return nil, err
+	}
+	if opts.WaitReplicas > 0 {
+		if err := checkGoredisWait(c, opts.WaitTimeout); err != nil {
+			return nil, err
+		}
 	}
 	return newStore(newGoredisRunner(c), opts, false)
 }
@@ -146,13 +174,20 @@ func newStore(r runner, opts Options, owned bool) (*Store, error) {
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: Options.Prefix %q contains '{' or '}'", opts.Prefix)
 	}
+	if err := waitOptions(&opts); err != nil {
+		return nil, err
+	}
 	switch {
 	case opts.Timeout == 0:
 		opts.Timeout = DefaultTimeout
 	case opts.Timeout < 0:
 		opts.Timeout = 0
 	}
-	return &Store{r: r, prefix: opts.Prefix, timeout: opts.Timeout, owned: owned}, nil
+	if opts.WaitReplicas > 0 && opts.Timeout > 0 && opts.WaitTimeout >= opts.Timeout {
+		return nil, fmt.Errorf("redisstore: Options.WaitTimeout %v is not shorter than Options.Timeout %v", opts.WaitTimeout, opts.Timeout)
+	}
+	return &Store{r: r, prefix: opts.Prefix, timeout: opts.Timeout, owned: owned,
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout}, nil
 }
 
 // Close closes the client if Open created it; otherwise the client is the
@@ -217,8 +252,11 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 	if err != nil {
 		return &idem.StoreError{Op: "complete", Key: l.Key, Err: err}
 	}
-	r, err := s.run(ctx, "complete", l.Key, scriptComplete,
-		string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10), string(blob))
+	args := []string{string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10), string(blob)}
+	if s.waitReplicas > 0 {
+		return s.completeWait(ctx, l.Key, append(args, "1")...)
+	}
+	r, err := s.run(ctx, "complete", l.Key, scriptComplete, args...)
 	return leaseResult(r, err)
 }
 

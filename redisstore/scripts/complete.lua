@@ -5,6 +5,10 @@
 -- ARGV[2]  the lease's token (6 bytes, as in the record)
 -- ARGV[3]  retention in ms (> 0)
 -- ARGV[4]  the encoded response
+-- ARGV[5]  optional: '1' when a WAIT follows on the same connection
+--          (Options.WaitReplicas). A repeat then writes the record again,
+--          unchanged, so that the WAIT also covers the first write, whose
+--          reply was lost and which may have gone out on another connection.
 --
 -- Reply {1} completed (also when this lease already completed it: a repeat
 -- after a lost reply), {0} lease lost: nothing changed.
@@ -22,6 +26,9 @@ if kind == 70 and #rec == 39 and string.sub(rec, 24) == ARGV[1] then -- 'F', our
   return {1}
 end
 if kind == 67 and #rec >= 24 and string.sub(rec, 2, 7) == ARGV[2] then -- 'C', ours
+  if ARGV[5] == '1' then
+    redis.call('SET', key, rec, 'KEEPTTL')
+  end
   return {1}
 end
 return {0}

@@ -1,0 +1,56 @@
+// Package redisstore is an idem.Store on Redis: one string key per record,
+// every transition one embedded Lua script (scripts/*.lua) and one round
+// trip, time from Redis TIME. It runs on a single node, with Sentinel and
+// on Redis Cluster, over go-redis v9 (New) or rueidis (NewRueidis, Open).
+//
+// # Durability: Options.WaitReplicas
+//
+// Redis replicates asynchronously: a primary acknowledges a write before
+// any replica has it, so a failover can lose a record written just before
+// it, and a repeat of that operation then runs again (its fencing token is
+// still larger; tokens follow the clock).
+//
+// With Options.WaitReplicas = n > 0, Complete sends the complete script and
+// WAIT n WaitTimeout together, on one connection to the primary that owns
+// the key (for Cluster, the slot's primary; MOVED and ASK are followed with
+// the WAIT resent next to the script), and returns nil only when at least n
+// replicas have acknowledged the record. A repeated Complete (after a lost
+// reply) writes the record again, unchanged, so that its WAIT covers it.
+// Otherwise it returns, after WaitTimeout, an *idem.StoreError (Op
+// "complete") wrapping a *ReplicationError that matches ErrNotReplicated.
+// WAIT rolls nothing back: the record stays completed on the primary,
+// repeats are replayed from it, and the lease is over. What callers see:
+//
+//   - idem.Guard.Do returns the work's response together with the error;
+//     the work ran once. Attempt.Complete tries a Release after a store
+//     error, which finds the record completed and changes nothing.
+//   - idemhttp has already sent the handler's response to the client (it
+//     streams): the client gets the original answer; the middleware logs a
+//     warning that the response was not stored, which here means "not
+//     confirmed on the replicas" — a retry is replayed from the primary
+//     unless a failover loses the record first.
+//
+// Only Complete waits. Acquire does not: a WAIT there would add a
+// replication round trip to every first request, and what a failover can
+// lose in flight is a lease, whose loss at worst lets a retry run the work
+// while the first holder still does — the case fencing tokens exist for
+// (the new token is larger, and the first holder's Complete then finds its
+// lease gone and returns idem.ErrLeaseLost). A lost completion instead
+// turns an acknowledged, replayable result into a second execution long
+// after the first, which is what WAIT guards against.
+//
+// What WAIT changes: a failover that promotes a replica which acknowledged
+// the record keeps it (a graceful CLUSTER FAILOVER or SENTINEL FAILOVER
+// promotes a replica that is in sync). What remains: WAIT is not
+// consensus. An automatic failover may promote a replica that had not
+// acknowledged (with several replicas, WaitReplicas below their number),
+// the primary and the acknowledging replicas can all be lost together
+// (nothing is persisted unless AOF is on, and with appendfsync everysec
+// the last second can be lost even then; replicas acknowledge what they
+// applied in memory), and a completion whose WAIT failed is on the primary
+// only. Default 0: no WAIT, no extra cost. WaitTimeout (default 1s) must be
+// shorter than Options.Timeout and a go-redis client's ReadTimeout;
+// WaitReplicas needs a *redis.Client (single node or Sentinel) or a
+// *redis.ClusterClient with go-redis (not a Ring), and works with every
+// rueidis client.
+package redisstore
