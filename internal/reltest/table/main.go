@@ -1,0 +1,47 @@
+// Command table turns the rows that reltest.Report appends to
+// IDEM_RELIABILITY_OUT (one JSON object per line) into the markdown table
+// of RELIABILITY.md, in the order the rows arrived. Used by
+// scripts/reliability.sh.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/idemkit/idem/internal/reltest"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "table:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	fmt.Println("| scenario | store | fault | requests | keys | duplicate effects | lost completions | stuck keys | errors seen by clients | notes |")
+	fmt.Println("|---|---|---|---:|---:|---:|---:|---:|---|---|")
+	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var r reltest.Row
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return fmt.Errorf("line %d: %w", line, err)
+		}
+		fmt.Printf("| %s | %s | %s | %d | %d | %d | %d | %d | %s | %s |\n",
+			cell(r.Scenario), cell(r.Store), cell(r.Fault), r.Requests, r.Keys, r.Duplicates, r.Lost, r.Stuck,
+			cell(reltest.FormatErrors(r.ClientErrors)), cell(r.Notes))
+	}
+	return sc.Err()
+}
+
+// cell keeps a value inside its table cell.
+func cell(s string) string {
+	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+}
