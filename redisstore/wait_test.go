@@ -410,16 +410,20 @@ func (m *move) migrateKeys(t *testing.T) {
 	}
 }
 
-// finish gives the slot to the target, on every primary.
+// finish gives the slot to the target, telling the target first, then
+// the source, then the other primaries (as redis-cli does).
 func (m *move) finish(t *testing.T) {
 	t.Helper()
 	m.migrateKeys(t)
+	addrs := []string{m.dst.addr, m.src.addr}
 	for _, n := range clusterNodes(t) {
-		if !n.primary {
-			continue
+		if n.primary && n.id != m.dst.id && n.id != m.src.id {
+			addrs = append(addrs, n.addr)
 		}
-		if _, err := server(n.addr).Do("CLUSTER", "SETSLOT", strconv.Itoa(m.slot), "NODE", m.dst.id); err != nil {
-			t.Fatalf("SETSLOT NODE on %s: %v", n.addr, err)
+	}
+	for _, addr := range addrs {
+		if _, err := server(addr).Do("CLUSTER", "SETSLOT", strconv.Itoa(m.slot), "NODE", m.dst.id); err != nil {
+			t.Fatalf("SETSLOT NODE on %s: %v", addr, err)
 		}
 	}
 }
