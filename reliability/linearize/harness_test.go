@@ -30,6 +30,7 @@ type recorder struct {
 	ops     []porcupine.Operation
 	unknown int
 	errs    map[string]int // indeterminate calls by kind of error
+	samples []string       // the first error of each kind
 }
 
 func newRecorder() *recorder {
@@ -161,7 +162,11 @@ func (w *workload) call(client int, in input, f func(ctx context.Context) (outpu
 			out = output{unknown: true}
 			w.rec.mu.Lock()
 			w.rec.unknown++
-			w.rec.errs[errKind(err)]++
+			kind := errKind(err)
+			if w.rec.errs[kind] == 0 {
+				w.rec.samples = append(w.rec.samples, err.Error())
+			}
+			w.rec.errs[kind]++
 			w.rec.mu.Unlock()
 		default:
 			w.fail(fmt.Errorf("%s: unexpected error: %w", in.kind, err))
