@@ -40,8 +40,15 @@
 // after the first, which is what WAIT guards against.
 //
 // What WAIT changes: a failover that promotes a replica which acknowledged
-// the record keeps it (a graceful CLUSTER FAILOVER or SENTINEL FAILOVER
-// promotes a replica that is in sync). What remains: WAIT is not
+// the record keeps it, and a completion written to an old primary after
+// its replica was promoted (Sentinel demotes the old primary only seconds
+// later, and clients keep writing to it until they hear of the switch)
+// fails its WAIT instead of succeeding and then vanishing. The tests in
+// reliability/failover measure it: under SENTINEL FAILOVER, hundreds of
+// acknowledged completions were lost without WAIT, none with
+// WaitReplicas 1. (A manual CLUSTER FAILOVER without FORCE loses nothing
+// either way: the primary holds writes until the replica has caught up.)
+// What remains: WAIT is not
 // consensus. An automatic failover may promote a replica that had not
 // acknowledged (with several replicas, WaitReplicas below their number),
 // the primary and the acknowledging replicas can all be lost together
