@@ -29,6 +29,13 @@ var (
 	// ErrCorrupt reports a stored record that cannot be decoded. It arrives
 	// wrapped in a *StoreError.
 	ErrCorrupt = errors.New("idem: corrupt record")
+
+	// ErrNotReplicated reports a completion that the store wrote but could
+	// not confirm as durable as asked (redisstore's Options.WaitReplicas:
+	// fewer replicas acknowledged it in time). The record is completed and
+	// replays; only its survival of a failover is in doubt. It arrives
+	// wrapped in a *StoreError.
+	ErrNotReplicated = errors.New("idem: completion written but not acknowledged by enough replicas")
 )
 
 // StoreError is a failure of the backing store: a network error, a timeout,

@@ -215,9 +215,10 @@ type Attempt struct {
 	// last successful acquire or renew was sent, plus the lease.
 	validUntil time.Time
 	// stopRenew cancels the renewal in progress, if any.
-	stopRenew context.CancelFunc
-	finished  bool
-	lost      bool
+	stopRenew    context.CancelFunc
+	renewStopped bool // StopRenewal
+	finished     bool
+	lost         bool
 }
 
 func (g *Guard) newAttempt(parent context.Context, l Lease, sent time.Time) *Attempt {
@@ -243,7 +244,8 @@ func (a *Attempt) Lease() Lease { return a.lease }
 // guard's MaxResponseSize is not stored (see Config). If the lease was lost,
 // Complete returns ErrLeaseLost and writes nothing. If the store fails,
 // Complete releases the key (best effort) so that a retry need not wait
-// for the lease to end, and returns the store's error. A nil or
+// for the lease to end, and returns the store's error; ErrNotReplicated
+// is the exception: the record was written, so nothing is released. A nil or
 // unencodable resp is an error that leaves the attempt open. Use a context
 // that is not cancelled with the request (context.WithoutCancel).
 func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
@@ -251,13 +253,20 @@ func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
 		return err
 	}
 	if err := a.finish(); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			// The loss may be only local (no renewal got through in
+			// time) while the store still holds the lease: free the key
+			// rather than leave it blocked until the lease ends. The store
+			// checks the lease id, so this cannot touch another holder's.
+			a.g.forget(a.lease)
+		}
 		return err
 	}
 	if resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize {
 		resp = omitBody(resp)
 	}
 	err := a.g.store.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotReplicated) {
 		a.g.forget(a.lease)
 	}
 	return err
@@ -273,8 +282,13 @@ func omitBody(resp *Response) *Response {
 }
 
 // Release ends the attempt without a result, so the key can be run again.
+// After a lost lease it returns ErrLeaseLost, having still asked the store
+// to release (the loss may be only local; see Complete).
 func (a *Attempt) Release(ctx context.Context) error {
 	if err := a.finish(); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			a.g.store.Release(ctx, a.lease) // ErrLeaseLost unless the loss was only local
+		}
 		return err
 	}
 	return a.g.store.Release(ctx, a.lease)
@@ -283,9 +297,27 @@ func (a *Attempt) Release(ctx context.Context) error {
 // Stop ends the attempt without touching the store: renewal stops and
 // the work's context is cancelled. It is for callers that finished the
 // record themselves, such as pgstore.CompleteTx inside their own
-// transaction (call Stop after the commit; Release after a rollback). It
-// returns ErrLeaseLost if the lease was lost before.
+// transaction (call StopRenewal before CompleteTx, Stop after the commit,
+// Release after a rollback). It returns ErrLeaseLost if the lease was lost
+// before.
 func (a *Attempt) Stop() error { return a.finish() }
+
+// StopRenewal stops the background renewal and leaves the attempt open and
+// its context live; the lease then lasts until its current end (at least
+// two thirds of the lease). Call it before completing the record inside
+// your own transaction (pgstore.CompleteTx): otherwise a renewal can wait
+// on the row the transaction locked, find the record completed once it
+// commits, and cancel, with ErrLeaseLost, the very context the commit runs
+// with (found by the crash suite, reliability/crash).
+func (a *Attempt) StopRenewal() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.renewStopped = true
+	a.timer.Stop()
+	if a.stopRenew != nil {
+		a.stopRenew()
+	}
+}
 
 // finish stops renewal, cancelling one in progress, and cancels the work's
 // context. It fails if the attempt already finished or its lease was lost.
@@ -311,7 +343,7 @@ func (a *Attempt) finish() error {
 // Complete and Release never wait for it: they cancel it.
 func (a *Attempt) renew() {
 	a.mu.Lock()
-	if a.finished || a.lost {
+	if a.finished || a.lost || a.renewStopped {
 		a.mu.Unlock()
 		return
 	}
@@ -335,8 +367,8 @@ func (a *Attempt) renew() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stopRenew = nil
-	if a.finished {
-		return // finished meanwhile; the answer no longer matters
+	if a.finished || a.renewStopped {
+		return // finished or stopped meanwhile; the answer no longer matters
 	}
 	if a.g.cfg.OnRenew != nil {
 		a.g.cfg.OnRenew(a.lease.Key, err)

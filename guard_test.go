@@ -300,3 +300,141 @@ func BenchmarkGuardDo(b *testing.B) {
 		})
 	})
 }
+
+// countingRenew counts renewals that reach the store.
+type countingRenew struct {
+	idem.Store
+	n *atomic.Int32
+}
+
+func (s countingRenew) Renew(ctx context.Context, l idem.Lease, ttl time.Duration) error {
+	s.n.Add(1)
+	return s.Store.Renew(ctx, l, ttl)
+}
+
+// StopRenewal, for a caller about to complete the record in its own
+// transaction: no renewal runs after it, the context stays live, and the
+// lease is not reported lost once the record completes.
+func TestAttemptStopRenewal(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	var renewals atomic.Int32
+	var lost atomic.Bool
+	g, _ := idem.New(countingRenew{mem, &renewals}, idem.Config{
+		Lease:   30 * time.Millisecond,
+		OnRenew: func(_ idem.Key, err error) { lost.Store(lost.Load() || errors.Is(err, idem.ErrLeaseLost)) },
+	})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	att, _, err := g.Begin(ctx, key, idem.Fingerprint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att.StopRenewal()
+	before := renewals.Load()
+	if err := mem.Complete(ctx, att.Lease(), &idem.Response{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond) // several renewal periods
+	if n := renewals.Load() - before; n != 0 {
+		t.Errorf("%d renewals after StopRenewal, want 0", n)
+	}
+	if err := context.Cause(att.Context()); err != nil {
+		t.Errorf("context ended (%v) after StopRenewal, want it live until Stop", err)
+	}
+	if lost.Load() {
+		t.Error("OnRenew reported the lease lost after StopRenewal")
+	}
+	if err := att.Stop(); err != nil {
+		t.Errorf("Stop: got %v, want nil", err)
+	}
+}
+
+// notReplicated is a store whose Complete writes the record, then reports
+// that too few replicas acknowledged it.
+type notReplicated struct {
+	idem.Store
+	releases *atomic.Int32
+}
+
+func (s notReplicated) Complete(ctx context.Context, l idem.Lease, r *idem.Response, ttl time.Duration) error {
+	if err := s.Store.Complete(ctx, l, r, ttl); err != nil {
+		return err
+	}
+	return &idem.StoreError{Op: "complete", Key: l.Key, Err: idem.ErrNotReplicated}
+}
+
+func (s notReplicated) Release(ctx context.Context, l idem.Lease) error {
+	s.releases.Add(1)
+	return s.Store.Release(ctx, l)
+}
+
+// A completion written but not replicated is not followed by a release
+// (it would find the record completed: a wasted round trip), and replays.
+func TestCompleteNotReplicated(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	var releases atomic.Int32
+	g, _ := idem.New(notReplicated{mem, &releases}, idem.Config{})
+	ctx := context.Background()
+	key, _ := idem.Scope{}.Key("k")
+	att, _, err := g.Begin(ctx, key, idem.Fingerprint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := att.Complete(ctx, &idem.Response{Status: 201}); !errors.Is(err, idem.ErrNotReplicated) {
+		t.Fatalf("Complete: got %v, want ErrNotReplicated", err)
+	}
+	time.Sleep(20 * time.Millisecond) // a background release would have run
+	if n := releases.Load(); n != 0 {
+		t.Errorf("%d releases after a written completion, want 0", n)
+	}
+	if rec, _, _ := mem.Get(ctx, key); rec.State != idem.StateCompleted {
+		t.Errorf("got a %v record, want completed", rec.State)
+	}
+}
+
+// A lease lost only locally (no renewal got through in time, while the
+// store still holds it) is released in the store by Release and Complete,
+// so the key is free at once instead of at the end of the lease.
+func TestLocallyLostLeaseReleased(t *testing.T) {
+	for _, finish := range []string{"Release", "Complete"} {
+		t.Run(finish, func(t *testing.T) {
+			mem := memstore.New(memstore.Options{})
+			// The store's lease is an hour; the guard's clock says 30ms, and
+			// its renewals hang: it gives the lease up locally.
+			g, _ := idem.New(hangingRenew{mem}, idem.Config{Lease: 30 * time.Millisecond})
+			ctx := context.Background()
+			key, _ := idem.Scope{}.Key("k")
+			att, _, err := g.Begin(ctx, key, idem.Fingerprint{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := mem.Renew(ctx, att.Lease(), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-att.Context().Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the guard never gave the lease up")
+			}
+			if finish == "Release" {
+				err = att.Release(ctx)
+			} else {
+				err = att.Complete(ctx, &idem.Response{Status: 200})
+			}
+			if !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("%s: got %v, want ErrLeaseLost", finish, err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				rec, _, _ := mem.Get(ctx, key)
+				if rec.State == idem.StateReleased {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after %s: got a %v record, want it released in the store", finish, rec.State)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -18,8 +18,11 @@ import (
 // succeed only for the current lease; otherwise they return ErrLeaseLost
 // and change nothing. Every method but Delete may be called again with the
 // same arguments after a lost reply and then gives the same answer (a
-// repeated Delete reports false). Backend failures are returned as
-// *StoreError.
+// repeated Delete reports false), as long as nobody else acquired the key
+// in between: a Release repeated after another holder took the released
+// key answers ErrLeaseLost, although the first call released it (found
+// by the linearizability suite, reliability/linearize; the key is
+// released either way). Backend failures are returned as *StoreError.
 type Store interface {
 	// Acquire takes the key when it is absent, released, or its lease has
 	// expired, and otherwise reports why not. See Outcome.

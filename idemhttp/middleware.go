@@ -403,7 +403,12 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		return
 	}
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
-	if err := att.Complete(finish, resp); err != nil {
+	switch err := att.Complete(finish, resp); {
+	case err == nil:
+	case errors.Is(err, idem.ErrNotReplicated):
+		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
+			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
+	default:
 		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
 	}

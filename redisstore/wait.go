@@ -24,8 +24,10 @@ const DefaultWaitTimeout = time.Second
 // than Options.WaitReplicas asks for. It arrives as a *ReplicationError
 // wrapped in an *idem.StoreError (Op "complete"); errors.Is matches it.
 // The record is written on the primary all the same (WAIT rolls nothing
-// back): repeats are replayed from it, and the lease is over.
-var ErrNotReplicated = errors.New("redisstore: completion not acknowledged by enough replicas")
+// back): repeats are replayed from it, and the lease is over. It is
+// idem.ErrNotReplicated, so that code written against any store (Guard,
+// idemhttp) can tell this failure from one that wrote nothing.
+var ErrNotReplicated = idem.ErrNotReplicated
 
 // ReplicationError is the error behind ErrNotReplicated.
 type ReplicationError struct {
