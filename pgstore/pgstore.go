@@ -25,7 +25,11 @@
 // commit, even if the lease runs out meanwhile: an Acquire answers in
 // flight while the lease lives, and after that waits for the transaction,
 // then finds the record completed (a replay) or, after a rollback, takes
-// the key over. If CompleteTx returns
+// the key over. With idem.Guard.Begin, call Attempt.StopRenewal before
+// CompleteTx and Attempt.Stop after the commit (Release after a
+// rollback): a renewal sent meanwhile would wait on that lock, then find
+// the record completed and cancel the attempt's context, which the commit
+// may be running with. If CompleteTx returns
 // ErrLeaseLost, the lease ended and another caller may hold the key (and
 // may be writing the same effect): roll back. CompleteTx does not accept a
 // record this lease completed already, as Complete does after a lost
