@@ -375,6 +375,10 @@ func (c *childServer) servePG(w http.ResponseWriter, r *http.Request) {
 	a := answer{Key: key, Token: lease.Token, Inc: c.inc, Applied: applied}
 	enc, _ := json.Marshal(a)
 	resp := &idem.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: enc}
+	// No renewal may wait on the row lock CompleteTx takes: it would find
+	// the record completed once the commit lands and cancel ctx, the
+	// context the commit runs with (idem.Attempt.StopRenewal).
+	att.StopRenewal()
 	if err := c.pgs.CompleteTx(ctx, tx, lease, resp, time.Hour); err != nil {
 		fail(http.StatusServiceUnavailable, err)
 		return
@@ -383,13 +387,7 @@ func (c *childServer) servePG(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadGateway, err)
 		return
 	}
-	// Commit with a context the attempt's end cannot cancel: the Guard's
-	// background renewal blocks on the row lock CompleteTx took, finds the
-	// record completed once this commit lands, and then cancels ctx with
-	// ErrLeaseLost, possibly while pgx still waits for COMMIT's answer.
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer ccancel()
-	if err := tx.Commit(cctx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		// Committed with the answer lost, or not: a retry gets the replay
 		// or runs again; Release changes nothing after a commit.
 		fail(http.StatusServiceUnavailable, err)
