@@ -3,6 +3,8 @@ package natsjs
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,17 +14,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
+var benchConcurrency, _ = strconv.Atoi(os.Getenv("BENCH_CONC"))
+var benchConsumers, _ = strconv.Atoi(os.Getenv("BENCH_LOOPS"))
+
 // Consumer throughput, BENCHMARKS.md "Message consumers (idemmsg)".
 const (
-	benchMsgs      = 20_000 // messages consumed per b.N iteration
-	benchConsumers = 16     // concurrent Run loops (pull iterators) on the durable
-	benchAckWait   = 30 * time.Second
-	benchLimit     = 2 * time.Minute // bound on one iteration's consumption
-	benchStop      = 10 * time.Second
+	benchMsgs    = 20_000 // messages consumed per b.N iteration
+	benchAckWait = 30 * time.Second
+	benchLimit   = 2 * time.Minute // bound on one iteration's consumption
+	benchStop    = 10 * time.Second
 )
 
 // BenchmarkConsume measures messages per second through one durable pull
@@ -207,6 +212,8 @@ func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
 					return
 				}
 				defer it.Stop()
+				pool := workpool.New(benchConcurrency)
+				defer pool.Wait()
 				for {
 					msg, err := it.Next(jetstream.NextContext(ctx))
 					if ctx.Err() != nil {
@@ -219,10 +226,12 @@ func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
 						b.Errorf("raw %d: pull: %v", n, err)
 						return
 					}
-					t.handle()
-					if err := msg.Ack(); err != nil {
-						b.Errorf("raw %d: ack: %v", n, err)
-					}
+					pool.Go(func() {
+						t.handle()
+						if err := msg.Ack(); err != nil {
+							b.Errorf("raw %d: ack: %v", n, err)
+						}
+					})
 				}
 			})
 		}
@@ -236,7 +245,7 @@ func consumeIdem(b *testing.B, d *idemmsg.Deduplicator) func(context.Context, *b
 		var wg sync.WaitGroup
 		for n := range benchConsumers {
 			c := &Consumer{
-				Consumer: t.cons, Dedup: d,
+				Consumer: t.cons, Dedup: d, Concurrency: benchConcurrency,
 				Handler: func(context.Context, jetstream.Msg) error { t.handle(); return nil },
 				OnError: func(err error) {
 					if ctx.Err() == nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,16 +14,19 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/redisstore"
 )
 
+var benchConcurrency, _ = strconv.Atoi(os.Getenv("BENCH_CONC"))
+var benchConsumers, _ = strconv.Atoi(os.Getenv("BENCH_LOOPS"))
+
 // Consumer throughput, BENCHMARKS.md "Message consumers (idemmsg)".
 const (
-	benchMsgs      = 20_000 // messages consumed per b.N iteration
-	benchConsumers = 16     // concurrent consumers of the group
-	benchBlock     = 100 * time.Millisecond
-	benchLimit     = 2 * time.Minute // bound on one iteration's consumption
-	benchStop      = 10 * time.Second
+	benchMsgs  = 20_000 // messages consumed per b.N iteration
+	benchBlock = 100 * time.Millisecond
+	benchLimit = 2 * time.Minute // bound on one iteration's consumption
+	benchStop  = 10 * time.Second
 )
 
 // BenchmarkConsume measures messages per second through a 16-consumer
@@ -166,16 +171,20 @@ func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
 					}
 					continue
 				}
+				pool := workpool.New(benchConcurrency)
 				for _, s := range res {
 					for _, msg := range s.Messages {
-						t.handle()
-						actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
-						if err := t.client.XAck(actx, t.stream, t.group, msg.ID).Err(); err != nil {
-							b.Errorf("%s: XACK: %v", name, err)
-						}
-						cancel()
+						pool.Go(func() {
+							t.handle()
+							actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+							if err := t.client.XAck(actx, t.stream, t.group, msg.ID).Err(); err != nil {
+								b.Errorf("%s: XACK: %v", name, err)
+							}
+							cancel()
+						})
 					}
 				}
+				pool.Wait()
 			}
 		})
 	}
@@ -202,7 +211,7 @@ func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemms
 	for n := range benchConsumers {
 		c := &Consumer{
 			Client: t.client, Stream: t.stream, Group: t.group, Consumer: fmt.Sprintf("idem-%d", n),
-			Dedup: d, KeyField: "k", Block: benchBlock,
+			Dedup: d, KeyField: "k", Block: benchBlock, Concurrency: benchConcurrency,
 			Handler: func(context.Context, redis.XMessage) error { t.handle(); return nil },
 			OnError: func(err error) {
 				if ctx.Err() == nil {
