@@ -71,4 +71,14 @@
 //     ack causes a redelivery, which is answered Duplicate and acked.
 //   - When the store is unreachable the handler is not run (fail closed).
 //   - After retention ends, the key is new again.
+//
+// # Adapters and their shared tests
+//
+// The adapters (redisstream, natsjs, rabbitmq, kafka) each run a consumer
+// loop with their broker's own client and acknowledgement rules. Their Run
+// loops handle one message at a time, in delivery order, unless a
+// Concurrency setting (all but kafka, which keeps per-partition order)
+// lets several handlers run at once. Package adaptertest holds the
+// scenarios every adapter must pass against its real broker; a new adapter
+// runs them through an adaptertest.Harness.
 package idemmsg

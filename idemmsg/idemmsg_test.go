@@ -257,11 +257,13 @@ func TestFencingToken(t *testing.T) {
 func TestLeaseRenewedWhileHandlerRuns(t *testing.T) {
 	stores(t, func(t *testing.T, store idem.Store) {
 		var renewals atomic.Int32
-		d := newDedup(t, store, idemmsg.Config{Namespace: "q", Lease: 60 * time.Millisecond,
+		// A lease long enough that a renewal (every third of it) is not
+		// lost to scheduling delays on a loaded machine.
+		d := newDedup(t, store, idemmsg.Config{Namespace: "q", Lease: 300 * time.Millisecond,
 			OnRenew: func(idem.Key, error) { renewals.Add(1) }})
 		var other idemmsg.Result
 		res := handle(t, d, idemmsg.Delivery{Key: "slow", Attempt: 1}, func(ctx context.Context) error {
-			time.Sleep(150 * time.Millisecond) // more than two leases
+			time.Sleep(750 * time.Millisecond) // more than two leases
 			other, _ = d.Handle(context.Background(), idemmsg.Delivery{Key: "slow", Attempt: 1}, ok)
 			return context.Cause(ctx)
 		})

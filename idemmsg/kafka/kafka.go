@@ -283,6 +283,9 @@ func (r *runner) partition(ctx context.Context, recs []*kgo.Record) error {
 			if ctx.Err() != nil {
 				return nil // the rest is left uncommitted, for the group to re-read
 			}
+			if r.crashed.Load() { // in tests: another partition crashed
+				return errCrashed
+			}
 			outcome, retryAfter, failed := r.process(ctx, rec, failures+1)
 			if outcome.Ack() {
 				break

@@ -12,29 +12,42 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
 // Consumer throughput, BENCHMARKS.md "Message consumers (idemmsg)".
 const (
-	benchMsgs      = 20_000 // messages consumed per b.N iteration
-	benchConsumers = 16     // concurrent Run loops (pull iterators) on the durable
-	benchAckWait   = 30 * time.Second
-	benchLimit     = 2 * time.Minute // bound on one iteration's consumption
-	benchStop      = 10 * time.Second
+	benchMsgs    = 20_000 // messages consumed per b.N iteration
+	benchAckWait = 30 * time.Second
+	benchLimit   = 2 * time.Minute // bound on one iteration's consumption
+	benchStop    = 10 * time.Second
 )
 
+// benchShape is how a benchmark consumes: loops Run loops on the
+// durable, each handling conc messages at once.
+type benchShape struct{ loops, conc int }
+
+func (s benchShape) String() string { return fmt.Sprintf("loops=%d,conc=%d", s.loops, s.conc) }
+
+// pull is the iterator's buffer: DefaultMaxMessages, or conc if more.
+func (s benchShape) pull() int { return max(DefaultMaxMessages, s.conc) }
+
+// benchShapes: 16 handlers at a time in two ways (16 in-order loops; one
+// loop with Concurrency 16), then 16 loops with Concurrency 16.
+var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
+
 // BenchmarkConsume measures messages per second through one durable pull
-// consumer of the private nats-server, read by 16 concurrent loops, side
-// by side in one process:
+// consumer of the private nats-server, for each shape, side by side in
+// one process:
 //
-//	raw   16 goroutines, each with its own Messages iterator
-//	      (PullMaxMessages 16) on the durable, acking each message:
-//	      Run's loop with no Deduplicator
-//	idem  16 Consumer.Run loops on the durable with a Deduplicator over
-//	      redisstore.Open (the production store) on a private redis-server
-//	      started by the benchmark
+//	raw   loops goroutines, each with its own Messages iterator
+//	      (PullMaxMessages 16) on the durable, acking each message, conc
+//	      at a time: Run's loop with no Deduplicator
+//	idem  loops Consumer.Run loops (Concurrency conc) on the durable with
+//	      a Deduplicator over redisstore.Open (the production store) on a
+//	      private redis-server started by the benchmark
 //
 // Both run the trivial handler (count the message) over benchMsgs
 // messages published, each with a unique Nats-Msg-Id, to a fresh
@@ -59,33 +72,38 @@ func BenchmarkConsume(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	var rawRate float64
-	b.Run("raw", func(b *testing.B) {
-		rawRate = benchConsume(b, js, "raw", func(b *testing.B, _ *benchTarget) (func(context.Context, *benchTarget), func()) {
-			return consumeRaw(b), func() {}
+	for _, shape := range benchShapes {
+		b.Run(shape.String(), func(b *testing.B) {
+			var rawRate float64
+			b.Run("raw", func(b *testing.B) {
+				rawRate = benchConsume(b, js, shape, "raw", func(b *testing.B, _ *benchTarget) (func(context.Context, *benchTarget), func()) {
+					return consumeRaw(b), func() {}
+				})
+			})
+			b.Run("idem", func(b *testing.B) {
+				rate := benchConsume(b, js, shape, "idem", func(b *testing.B, t *benchTarget) (func(context.Context, *benchTarget), func()) {
+					store, err := redisstore.Open("redis://"+rs.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + durable})
+					if err != nil {
+						store.Close()
+						b.Fatal(err)
+					}
+					return consumeIdem(b, d), func() { store.Close() }
+				})
+				if rawRate > 0 {
+					b.ReportMetric(rate/rawRate, "idem/raw")
+				}
+			})
 		})
-	})
-	b.Run("idem", func(b *testing.B) {
-		rate := benchConsume(b, js, "idem", func(b *testing.B, t *benchTarget) (func(context.Context, *benchTarget), func()) {
-			store, err := redisstore.Open("redis://"+rs.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + durable})
-			if err != nil {
-				store.Close()
-				b.Fatal(err)
-			}
-			return consumeIdem(b, d), func() { store.Close() }
-		})
-		if rawRate > 0 {
-			b.ReportMetric(rate/rawRate, "idem/raw")
-		}
-	})
+	}
 }
 
 // benchTarget is one iteration's stream and durable, already filled.
 type benchTarget struct {
+	shape   benchShape
 	stream  string
 	cons    jetstream.Consumer
 	handled atomic.Int64
@@ -103,12 +121,13 @@ func (t *benchTarget) handle() {
 // release, called after run returned.
 type prepareFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context, t *benchTarget), release func())
 
-func benchConsume(b *testing.B, js jetstream.JetStream, mode string, prepare prepareFunc) (rate float64) {
+func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode string, prepare prepareFunc) (rate float64) {
 	var elapsed time.Duration
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
 		t := benchPublish(b, js, fmt.Sprintf("B%s_%d_%d", mode, time.Now().UnixNano(), i))
+		t.shape = shape
 		run, release := prepare(b, t)
 
 		ctx, cancel := context.WithCancel(context.Background())
@@ -199,14 +218,16 @@ func benchPublish(b *testing.B, js jetstream.JetStream, name string) *benchTarge
 func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
 	return func(ctx context.Context, t *benchTarget) {
 		var wg sync.WaitGroup
-		for n := range benchConsumers {
+		for n := range t.shape.loops {
 			wg.Go(func() {
-				it, err := t.cons.Messages(jetstream.PullMaxMessages(DefaultMaxMessages))
+				it, err := t.cons.Messages(jetstream.PullMaxMessages(t.shape.pull()))
 				if err != nil {
 					b.Errorf("raw %d: pull: %v", n, err)
 					return
 				}
 				defer it.Stop()
+				pool := workpool.New(t.shape.conc)
+				defer pool.Wait()
 				for {
 					msg, err := it.Next(jetstream.NextContext(ctx))
 					if ctx.Err() != nil {
@@ -219,10 +240,12 @@ func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
 						b.Errorf("raw %d: pull: %v", n, err)
 						return
 					}
-					t.handle()
-					if err := msg.Ack(); err != nil {
-						b.Errorf("raw %d: ack: %v", n, err)
-					}
+					pool.Go(func() {
+						t.handle()
+						if err := msg.Ack(); err != nil {
+							b.Errorf("raw %d: ack: %v", n, err)
+						}
+					})
 				}
 			})
 		}
@@ -230,13 +253,13 @@ func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
 	}
 }
 
-// consumeIdem runs benchConsumers Consumer.Run loops over d.
+// consumeIdem runs t.shape.loops Consumer.Run loops over d.
 func consumeIdem(b *testing.B, d *idemmsg.Deduplicator) func(context.Context, *benchTarget) {
 	return func(ctx context.Context, t *benchTarget) {
 		var wg sync.WaitGroup
-		for n := range benchConsumers {
+		for n := range t.shape.loops {
 			c := &Consumer{
-				Consumer: t.cons, Dedup: d,
+				Consumer: t.cons, Dedup: d, Concurrency: t.shape.conc, MaxMessages: t.shape.pull(),
 				Handler: func(context.Context, jetstream.Msg) error { t.handle(); return nil },
 				OnError: func(err error) {
 					if ctx.Err() == nil {

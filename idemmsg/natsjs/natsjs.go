@@ -67,6 +67,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -74,6 +75,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 )
 
 // DefaultMaxMessages is Consumer.MaxMessages's default.
@@ -132,6 +134,12 @@ type Consumer struct {
 	// (jetstream.PullMaxMessages). Default 16. Buffered messages are not
 	// settled when Run stops: they are redelivered after AckWait.
 	MaxMessages int
+	// Concurrency is how many messages are handled at once. Default 1: one
+	// after another, in delivery order. With more, handlers run in
+	// parallel and finish in any order; MaxMessages should then be at
+	// least Concurrency. Several Run loops sharing the durable consumer
+	// give the same parallelism.
+	Concurrency int
 	// Backoff is the redelivery delay of a Failed delivery (or one the
 	// store could not decide), given its attempt. Default
 	// min(attempt·1s, 30s).
@@ -192,8 +200,8 @@ func (c *Consumer) validate() error {
 		return errors.New("natsjs: Consumer.Handler is nil")
 	case c.DeadLetterSubject != "" && c.JetStream == nil:
 		return errors.New("natsjs: Consumer.JetStream is required with DeadLetterSubject")
-	case c.MaxMessages < 0:
-		return errors.New("natsjs: negative MaxMessages")
+	case c.MaxMessages < 0 || c.Concurrency < 0:
+		return errors.New("natsjs: negative MaxMessages or Concurrency")
 	}
 	if info := c.Consumer.CachedInfo(); info != nil {
 		cfg := info.Config
@@ -220,7 +228,10 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return fmt.Errorf("natsjs: pull: %w", err)
 	}
 	defer it.Stop()
-	for {
+	pool := workpool.New(c.Concurrency)
+	defer pool.Wait()
+	var crashed atomic.Bool
+	for !crashed.Load() && !pool.Panicked() {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if ctx.Err() != nil {
 			if msg != nil {
@@ -233,10 +244,16 @@ func (c *Consumer) consume(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("natsjs: pull: %w", err)
 		}
-		if err := c.process(ctx, msg); err != nil {
-			return err
-		}
+		pool.Go(func() {
+			if c.process(ctx, msg) != nil {
+				crashed.Store(true)
+			}
+		})
 	}
+	if crashed.Load() {
+		return errCrashed
+	}
+	return nil
 }
 
 // process decides one message and settles it with JetStream. It returns

@@ -3,8 +3,9 @@
 // completed key, whatever RabbitMQ redelivers.
 //
 // A Consumer consumes the caller's queue on the caller's channel with
-// manual acknowledgements, handles deliveries one at a time, and settles
-// each one. For each delivery it calls Deduplicator.Handle and then:
+// manual acknowledgements, handles deliveries one at a time (or
+// Concurrency at a time), and settles each one. For each delivery it
+// calls Deduplicator.Handle and then:
 //
 //	Processed, Duplicate   Ack
 //	DeadLettered           Nack(requeue=false): to the queue's dead-letter
@@ -87,6 +88,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 )
 
 // DefaultPrefetch is Consumer.Prefetch's default.
@@ -128,8 +130,14 @@ type Consumer struct {
 	Tag string
 	// Prefetch is the channel's prefetch count (Qos): how many deliveries
 	// may be unacknowledged at once, including those held for a delayed
-	// requeue. Default 16.
+	// requeue. Default 16, or Concurrency if more; it must be at least
+	// Concurrency.
 	Prefetch int
+	// Concurrency is how many deliveries are handled at once. Default 1:
+	// one after another, in delivery order. With more, handlers run in
+	// parallel and finish in any order. Several Run loops on the queue,
+	// each on its own channel, give the same parallelism.
+	Concurrency int
 
 	// Dedup decides each delivery. Scope its Namespace to the queue and
 	// the consuming application, e.g. "orders/billing".
@@ -151,6 +159,8 @@ type Consumer struct {
 
 	// OnResult, when set, is called after each delivery is decided, with
 	// Handle's result and error. For metrics and logs; it must not block.
+	// With Concurrency above 1 it is called from several goroutines at
+	// once.
 	OnResult func(d amqp.Delivery, res idemmsg.Result, err error)
 	// OnError, when set, receives the errors of the settle steps and of
 	// Handle. Default: logged with slog.Default at warning level. It may
@@ -179,7 +189,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	prefetch := c.Prefetch
 	if prefetch == 0 {
-		prefetch = DefaultPrefetch
+		prefetch = max(DefaultPrefetch, c.Concurrency)
 	}
 	if err := c.Channel.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: qos: %w", err)
@@ -193,26 +203,60 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("rabbitmq: consume %s: %w", c.Queue, err)
 	}
 
-	r := &run{c: c, ctx: ctx, crashed: make(chan struct{}), counts: map[string]int{}}
+	r := &run{c: c, ctx: ctx, crashed: make(chan struct{}), halt: make(chan struct{}), counts: map[string]int{}}
 	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash)
+	pool := workpool.New(c.Concurrency)
+	var crashed atomic.Bool
 	for {
+		// A simulated crash or a handler's panic ends the loop before the
+		// next delivery is taken.
+		select {
+		case <-r.halt:
+			return r.halted(pool, &crashed)
+		default:
+		}
 		select {
 		case <-ctx.Done():
+			pool.Wait()
 			r.stop(tag, deliveries)
 			return nil
+		case <-r.halt:
+			return r.halted(pool, &crashed)
 		case d, ok := <-deliveries:
 			if !ok {
+				pool.Wait()
 				if ctx.Err() != nil {
 					return nil
 				}
 				return fmt.Errorf("rabbitmq: consumer %s on %s: deliveries closed (channel or connection closed, or consumer cancelled by the server)", tag, c.Queue)
 			}
-			if err := r.process(d); err != nil {
-				close(r.crashed)
-				return err
-			}
+			pool.Go(func() {
+				finished := false
+				defer func() {
+					if !finished { // the handler panicked: the pool passes it on
+						r.stopLoop()
+					}
+				}()
+				if r.process(d) != nil {
+					crashed.Store(true)
+					r.stopLoop()
+				}
+				finished = true
+			})
 		}
 	}
+}
+
+// halted ends Run after a simulated crash or a handler's panic: it waits
+// for the handlers still running, passes a panic on, and otherwise
+// returns errCrashed, abandoning the held deliveries.
+func (r *run) halted(pool *workpool.Pool, crashed *atomic.Bool) error {
+	pool.Wait() // panics if a handler panicked
+	if !crashed.Load() {
+		return nil // not reached: halt is only closed on a crash or a panic
+	}
+	close(r.crashed)
+	return errCrashed
 }
 
 func (c *Consumer) validate() error {
@@ -225,8 +269,10 @@ func (c *Consumer) validate() error {
 		return errors.New("rabbitmq: Consumer.Dedup is nil")
 	case c.Handler == nil:
 		return errors.New("rabbitmq: Consumer.Handler is nil")
-	case c.Prefetch < 0:
-		return errors.New("rabbitmq: negative Prefetch")
+	case c.Prefetch < 0 || c.Concurrency < 0:
+		return errors.New("rabbitmq: negative Prefetch or Concurrency")
+	case c.Prefetch > 0 && c.Prefetch < c.Concurrency:
+		return fmt.Errorf("rabbitmq: Prefetch %d is below Concurrency %d", c.Prefetch, c.Concurrency)
 	}
 	return nil
 }
@@ -236,10 +282,39 @@ type run struct {
 	c       *Consumer
 	ctx     context.Context
 	wg      sync.WaitGroup
-	crashed chan struct{}
+	crashed chan struct{} // closed after a simulated crash
+	// halt is closed by a handler goroutine after a simulated crash or a
+	// panic, to end the Run loop.
+	halt     chan struct{}
+	haltOnce sync.Once
 	// counts are the in-process delivery counts per key, for queues
-	// without x-delivery-count. Only the Run goroutine uses them.
-	counts map[string]int
+	// without x-delivery-count.
+	countsMu sync.Mutex
+	counts   map[string]int
+}
+
+func (r *run) stopLoop() { r.haltOnce.Do(func() { close(r.halt) }) }
+
+// count returns the in-process attempt of a delivery of key.
+func (r *run) count(key string, redelivered bool) int {
+	r.countsMu.Lock()
+	defer r.countsMu.Unlock()
+	if len(r.counts) >= maxLocalCounts {
+		clear(r.counts)
+	}
+	n := r.counts[key] + 1
+	if n == 1 && redelivered {
+		n = 2
+	}
+	r.counts[key] = n
+	return n
+}
+
+// forget drops key's in-process count, once a delivery of it is settled.
+func (r *run) forget(key string) {
+	r.countsMu.Lock()
+	defer r.countsMu.Unlock()
+	delete(r.counts, key)
 }
 
 // stop cancels the consumer and requeues what it had received.
@@ -276,15 +351,7 @@ func (r *run) process(d amqp.Delivery) error {
 		err = ErrNoMessageID
 	} else {
 		if !counted {
-			if len(r.counts) >= maxLocalCounts {
-				clear(r.counts)
-			}
-			n := r.counts[key] + 1
-			if n == 1 && d.Redelivered {
-				n = 2
-			}
-			r.counts[key] = n
-			attempt = n
+			attempt = r.count(key, d.Redelivered)
 		}
 		res, err = c.Dedup.Handle(r.ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: d.Body},
 			func(ctx context.Context) error { return c.Handler(ctx, d) })
@@ -304,12 +371,12 @@ func (r *run) process(d amqp.Delivery) error {
 	}
 	switch outcome {
 	case idemmsg.Processed, idemmsg.Duplicate:
-		delete(r.counts, key)
+		r.forget(key)
 		if err := d.Ack(false); err != nil {
 			c.onError(fmt.Errorf("rabbitmq: ack %s: %w", describe(d, key), err))
 		}
 	case idemmsg.DeadLettered:
-		delete(r.counts, key)
+		r.forget(key)
 		c.nack(d, key, false)
 	case idemmsg.InFlight:
 		r.requeueAfter(d, key, max(res.RetryAfter, minRetryDelay))

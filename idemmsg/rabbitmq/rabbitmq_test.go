@@ -323,110 +323,6 @@ func (e *env) deadLetters() []amqp.Delivery {
 	}
 }
 
-func keysWithDuplicates(n, distinct int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("order-%d", i%distinct)
-	}
-	return keys
-}
-
-func TestDuplicates(t *testing.T) {
-	for _, withID := range []bool{true, false} {
-		t.Run(fmt.Sprintf("messageID=%t", withID), func(t *testing.T) {
-			e := newEnv(t, envOpts{})
-			keys := keysWithDuplicates(30, 10)
-			e.publish(withID, keys...)
-			var key func(amqp.Delivery) string
-			if !withID {
-				key = bodyKey
-			}
-			var mu sync.Mutex
-			counts := map[idemmsg.Outcome]int{}
-			c := e.consumer("c1", nil, key, func(_ amqp.Delivery, res idemmsg.Result, _ error) {
-				mu.Lock()
-				counts[res.Outcome]++
-				mu.Unlock()
-			})
-			stop := e.start(c)
-			e.waitAcked(len(keys))
-			t0 := time.Now()
-			if err := stop(); err != nil {
-				t.Fatalf("Run: got %v, want nil after cancel", err)
-			}
-			if d := time.Since(t0); d > time.Second {
-				t.Errorf("Run took %v to stop, want under 1s", d)
-			}
-			e.checkLedger(keys)
-			mu.Lock()
-			defer mu.Unlock()
-			if counts[idemmsg.Processed] != 10 || counts[idemmsg.Duplicate] != 20 {
-				t.Errorf("outcomes: got %v, want 10 processed, 20 duplicate", counts)
-			}
-		})
-	}
-}
-
-func TestTwoConsumers(t *testing.T) {
-	e := newEnv(t, envOpts{})
-	keys := keysWithDuplicates(60, 25)
-	e.publish(true, keys...)
-	var handled [2]atomic.Int32
-	var stops []func() error
-	for i, name := range []string{"c1", "c2"} {
-		c := e.consumer(name, nil, nil, func(amqp.Delivery, idemmsg.Result, error) { handled[i].Add(1) })
-		c.Prefetch = 4
-		h := c.Handler
-		c.Handler = func(ctx context.Context, d amqp.Delivery) error {
-			time.Sleep(2 * time.Millisecond) // let the two interleave
-			return h(ctx, d)
-		}
-		stops = append(stops, e.start(c))
-	}
-	e.waitAcked(len(keys))
-	e.checkLedger(keys, stops...)
-	t.Logf("deliveries handled per Run loop: %d, %d", handled[0].Load(), handled[1].Load())
-}
-
-func TestCrashBeforeAck(t *testing.T) {
-	e := newEnv(t, envOpts{})
-	keys := keysWithDuplicates(12, 12)
-	e.publish(true, keys...)
-
-	// c1, on its own connection, performs and records the effect of its
-	// third message, then dies before the ack; the rest of its prefetched
-	// deliveries are left unacknowledged too.
-	conn := dial(t)
-	var handled atomic.Int32
-	crashed := e.consumer("c1", conn, nil, nil)
-	crashed.beforeAck = func(amqp.Delivery) bool { return handled.Add(1) < 3 }
-	stop := e.start(crashed)
-	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 3 })
-	if err := stop(); !errors.Is(err, errCrashed) {
-		t.Fatalf("crashed Run: got %v, want errCrashed", err)
-	}
-	if got := e.ledger.Snapshot(); len(got) != 3 {
-		t.Fatalf("before the restart the ledger holds %d keys, want 3", len(got))
-	}
-	conn.Close() // the crash: unacknowledged deliveries return to the queue
-
-	var duplicates atomic.Int32
-	var stops []func() error
-	for _, name := range []string{"c2", "c3"} {
-		c := e.consumer(name, nil, nil, func(_ amqp.Delivery, res idemmsg.Result, _ error) {
-			if res.Outcome == idemmsg.Duplicate {
-				duplicates.Add(1)
-			}
-		})
-		stops = append(stops, e.start(c))
-	}
-	e.waitAcked(3 + len(keys) - 2) // c1's three (one not acked), then the ten redelivered
-	e.checkLedger(keys, stops...)
-	if duplicates.Load() != 1 {
-		t.Errorf("got %d duplicates after the restart, want 1 (the crashed message)", duplicates.Load())
-	}
-}
-
 func TestInFlightRequeued(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -469,54 +365,134 @@ func TestInFlightRequeued(t *testing.T) {
 	}
 }
 
-func TestPoisonDeadLettered(t *testing.T) {
+// TestCrashConnectionClosed: a consumer dies, on its own connection,
+// after the effect of a delivery and before its ack; closing the
+// connection returns its unacknowledged deliveries to the queue, and the
+// next consumer answers exactly that one Duplicate. (The adapter suite
+// crashes consumers by closing their channel.)
+func TestCrashConnectionClosed(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	keys := []string{"order-1", "order-2", "order-3", "order-4"}
+	e.publish(true, keys...)
+	conn := dial(t)
+	var handled atomic.Int32
+	crashed := e.consumer("c1", conn, nil, nil)
+	crashed.beforeAck = func(amqp.Delivery) bool { return handled.Add(1) < 2 }
+	stop := e.start(crashed)
+	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 2 })
+	if err := stop(); !errors.Is(err, errCrashed) {
+		t.Fatalf("crashed Run: got %v, want errCrashed", err)
+	}
+	conn.Close() // the crash: unacknowledged deliveries return to the queue
+	if got := len(e.ledger.Snapshot()); got != 2 {
+		t.Fatalf("before the restart the ledger holds %d keys, want 2", got)
+	}
+	before := e.acked.Load() // c1's two decisions, one of them not acked
+	var duplicates atomic.Int32
+	c := e.consumer("c2", nil, nil, func(_ amqp.Delivery, res idemmsg.Result, _ error) {
+		if res.Outcome == idemmsg.Duplicate {
+			duplicates.Add(1)
+		}
+	})
+	stop = e.start(c)
+	e.waitAcked(int(before) + len(keys) - 1) // the three redelivered
+	e.checkLedger(keys, stop)
+	if duplicates.Load() != 1 {
+		t.Errorf("got %d duplicates after the restart, want 1 (the crashed delivery)", duplicates.Load())
+	}
+}
+
+// TestDeadLetterFields checks what the adapter suite does not: the dead
+// letter RabbitMQ routes keeps the message (body, message-id, headers) and
+// gains x-death; the kept error text is Result.Err; a quorum queue's
+// x-delivery-count gives the attempts (a classic queue's are counted in
+// the process); and Run, holding a delivery for its requeue, stops
+// promptly.
+func TestDeadLetterFields(t *testing.T) {
 	for _, quorum := range []bool{false, true} {
 		t.Run(fmt.Sprintf("quorum=%t", quorum), func(t *testing.T) {
 			e := newEnv(t, envOpts{maxFailures: 3, quorum: quorum})
-			keys := []string{"good-1", "poison", "good-2"}
-			e.publish(true, keys...)
-			var poisonRuns atomic.Int32
+			e.publish(true, "poison")
+			var runs atomic.Int32
 			var mu sync.Mutex
-			var attempts []int // the poison message's delivery counts, from the broker
-			c := e.consumer("c1", nil, nil, nil)
-			h := c.Handler
-			c.Handler = func(ctx context.Context, d amqp.Delivery) error {
-				if string(d.Body) == "poison" {
-					n, _ := deliveryCount(d)
+			var attempts []int // the delivery counts, from the broker
+			var deadErr error
+			c := e.consumer("c1", nil, nil, func(_ amqp.Delivery, res idemmsg.Result, _ error) {
+				if res.Outcome == idemmsg.DeadLettered {
 					mu.Lock()
-					attempts = append(attempts, n)
+					deadErr = res.Err
 					mu.Unlock()
-					return fmt.Errorf("cannot parse payload (run %d)", poisonRuns.Add(1))
 				}
-				return h(ctx, d)
+			})
+			c.Handler = func(ctx context.Context, d amqp.Delivery) error {
+				n, _ := deliveryCount(d)
+				mu.Lock()
+				attempts = append(attempts, n)
+				mu.Unlock()
+				return fmt.Errorf("cannot parse payload (run %d)", runs.Add(1))
 			}
 			stop := e.start(c)
-			e.waitAcked(len(keys))
-			if got := poisonRuns.Load(); got != 3 {
-				t.Errorf("poison handler ran %d times, want 3 (MaxFailures)", got)
+			e.waitAcked(1)
+			if got := runs.Load(); got != 3 {
+				t.Errorf("handler ran %d times, want 3 (MaxFailures)", got)
 			}
 			mu.Lock()
 			if quorum && fmt.Sprint(attempts) != "[1 2 3]" {
 				t.Errorf("quorum queue: x-delivery-count attempts %v, want [1 2 3]", attempts)
 			}
+			if deadErr == nil || deadErr.Error() != "cannot parse payload (run 3)" {
+				t.Errorf("Result.Err of the dead-lettered delivery: %v", deadErr)
+			}
 			mu.Unlock()
 			var dead []amqp.Delivery
 			waitFor(t, "the dead letter", func() bool { dead = append(dead, e.deadLetters()...); return len(dead) >= 1 })
-			if len(dead) != 1 || string(dead[0].Body) != "poison" || dead[0].MessageId != "poison" || dead[0].Headers["x-death"] == nil {
-				t.Fatalf("dead letters: got %d, want the poison message with x-death: %+v", len(dead), dead)
+			if len(dead) != 1 || string(dead[0].Body) != "poison" || dead[0].MessageId != "poison" || dead[0].Headers["n"] != int32(0) {
+				t.Fatalf("dead letters: got %d, want the poison message: %+v", len(dead), dead)
 			}
-
-			// A later message with the same key is dead-lettered without
-			// running.
-			e.publish(true, "poison")
-			e.waitAcked(len(keys) + 1)
-			if got := poisonRuns.Load(); got != 3 {
-				t.Errorf("poison handler ran %d times after a republication, want 3", got)
+			deaths, _ := dead[0].Headers["x-death"].([]any)
+			if len(deaths) != 1 {
+				t.Fatalf("x-death: got %v, want one entry", dead[0].Headers["x-death"])
 			}
-			waitFor(t, "the second dead letter", func() bool { dead = append(dead, e.deadLetters()...); return len(dead) >= 2 })
-			e.checkLedger([]string{"good-1", "good-2"}, stop)
+			if death, _ := deaths[0].(amqp.Table); death["reason"] != "rejected" || death["queue"] != e.queue {
+				t.Errorf("x-death: got %v, want reason rejected, queue %s", death, e.queue)
+			}
+			t0 := time.Now()
+			e.checkLedger(nil, stop)
+			if d := time.Since(t0); d > time.Second {
+				t.Errorf("Run took %v to stop, want under 1s", d)
+			}
 		})
 	}
+}
+
+// TestConcurrencyPanicPassedOn: with Concurrency, a handler's panic still
+// comes out of Run, once the other handlers returned.
+func TestConcurrencyPanicPassedOn(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.publish(true, "ok-1", "boom", "ok-2")
+	c := e.consumer("c1", nil, nil, nil)
+	c.Concurrency = 4
+	h := c.Handler
+	c.Handler = func(ctx context.Context, d amqp.Delivery) error {
+		if d.MessageId == "boom" {
+			panic("boom")
+		}
+		return h(ctx, d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	got := func() (v any) {
+		defer func() { v = recover() }()
+		c.Run(ctx)
+		return nil
+	}()
+	if got != "boom" {
+		t.Fatalf("Run: got panic %v, want boom", got)
+	}
+	c.Channel.Close() // unacknowledged deliveries return to the queue
+	stop := e.start(e.consumer("c2", nil, nil, nil))
+	e.waitAcked(3)
+	e.checkLedger([]string{"ok-1", "boom", "ok-2"}, stop)
 }
 
 func TestNoMessageIDDeadLettered(t *testing.T) {
@@ -558,6 +534,8 @@ func TestRunValidates(t *testing.T) {
 		"no dedup":      func(c *Consumer) { c.Dedup = nil },
 		"no handler":    func(c *Consumer) { c.Handler = nil },
 		"negative":      func(c *Consumer) { c.Prefetch = -1 },
+		"negative conc": func(c *Consumer) { c.Concurrency = -1 },
+		"prefetch<conc": func(c *Consumer) { c.Prefetch, c.Concurrency = 4, 8 },
 		"missing queue": func(c *Consumer) { c.Queue = "no-such-queue-" + e.queue },
 	} {
 		c := e.consumer("c1", nil, nil, nil)

@@ -12,26 +12,38 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/redisstore"
 )
 
 // Consumer throughput, BENCHMARKS.md "Message consumers (idemmsg)".
 const (
-	benchMsgs      = 20_000 // messages consumed per b.N iteration
-	benchConsumers = 16     // concurrent consumers of the group
-	benchBlock     = 100 * time.Millisecond
-	benchLimit     = 2 * time.Minute // bound on one iteration's consumption
-	benchStop      = 10 * time.Second
+	benchMsgs  = 20_000 // messages consumed per b.N iteration
+	benchBlock = 100 * time.Millisecond
+	benchLimit = 2 * time.Minute // bound on one iteration's consumption
+	benchStop  = 10 * time.Second
 )
 
-// BenchmarkConsume measures messages per second through a 16-consumer
-// group on the private redis-server, side by side in one process:
+// benchShape is how a benchmark consumes: loops Run loops (consumers of
+// the group), each handling conc entries of its batch at once.
+type benchShape struct{ loops, conc int }
+
+func (s benchShape) String() string { return fmt.Sprintf("loops=%d,conc=%d", s.loops, s.conc) }
+
+// benchShapes: 16 handlers at a time in two ways (16 in-order consumers;
+// one consumer with Concurrency 16), then 16 consumers with Concurrency 16.
+var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
+
+// BenchmarkConsume measures messages per second through a consumer group
+// on the private redis-server, for each shape, side by side in one
+// process:
 //
-//	raw   16 goroutines, each its own consumer of the group, in the loop
-//	      Run uses (XREADGROUP ">" COUNT 16, then one XACK per entry)
-//	      with no Deduplicator
-//	idem  16 Consumer.Run loops with a Deduplicator over redisstore.Open
-//	      (the production store) on the same redis-server
+//	raw   loops goroutines, each its own consumer of the group, in the
+//	      loop Run uses (XREADGROUP ">" COUNT 16, then one XACK per entry,
+//	      conc entries at a time) with no Deduplicator
+//	idem  loops Consumer.Run loops (Concurrency conc) with a Deduplicator
+//	      over redisstore.Open (the production store) on the same
+//	      redis-server
 //
 // Both run the trivial handler (count the message) over benchMsgs entries
 // published, before the timer starts, to a fresh stream per iteration.
@@ -40,20 +52,25 @@ const (
 // entry was then acknowledged is checked outside the timing. idem reports
 // idem/raw, the ratio of its rate to raw's from the same process.
 func BenchmarkConsume(b *testing.B) {
-	var rawRate float64
-	b.Run("raw", func(b *testing.B) {
-		rawRate = benchConsume(b, "raw", consumeRaw)
-	})
-	b.Run("idem", func(b *testing.B) {
-		rate := benchConsume(b, "idem", consumeIdem)
-		if rawRate > 0 {
-			b.ReportMetric(rate/rawRate, "idem/raw")
-		}
-	})
+	for _, shape := range benchShapes {
+		b.Run(shape.String(), func(b *testing.B) {
+			var rawRate float64
+			b.Run("raw", func(b *testing.B) {
+				rawRate = benchConsume(b, shape, "raw", consumeRaw)
+			})
+			b.Run("idem", func(b *testing.B) {
+				rate := benchConsume(b, shape, "idem", consumeIdem)
+				if rawRate > 0 {
+					b.ReportMetric(rate/rawRate, "idem/raw")
+				}
+			})
+		})
+	}
 }
 
 // benchTarget is one iteration's stream and group, already filled.
 type benchTarget struct {
+	shape         benchShape
 	client        *redis.Client
 	stream, group string
 	handled       atomic.Int64
@@ -71,15 +88,15 @@ func (t *benchTarget) handle() {
 // release, called after run returned.
 type consumeFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context), release func())
 
-func benchConsume(b *testing.B, mode string, consume consumeFunc) (rate float64) {
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 4 * benchConsumers})
+func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFunc) (rate float64) {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: shape.loops * (1 + shape.conc)})
 	defer c.Close()
 	var elapsed time.Duration
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
 		t := &benchTarget{
-			client: c, group: "g", done: make(chan struct{}),
+			shape: shape, client: c, group: "g", done: make(chan struct{}),
 			stream: fmt.Sprintf("bench:%s:%d:%d", mode, time.Now().UnixNano(), i),
 		}
 		benchPublish(b, t)
@@ -148,7 +165,7 @@ func consumeRaw(b *testing.B, t *benchTarget) (run func(context.Context), releas
 
 func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
 	var wg sync.WaitGroup
-	for n := range benchConsumers {
+	for n := range t.shape.loops {
 		name := fmt.Sprintf("raw-%d", n)
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -166,23 +183,27 @@ func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
 					}
 					continue
 				}
+				pool := workpool.New(t.shape.conc)
 				for _, s := range res {
 					for _, msg := range s.Messages {
-						t.handle()
-						actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
-						if err := t.client.XAck(actx, t.stream, t.group, msg.ID).Err(); err != nil {
-							b.Errorf("%s: XACK: %v", name, err)
-						}
-						cancel()
+						pool.Go(func() {
+							t.handle()
+							actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+							if err := t.client.XAck(actx, t.stream, t.group, msg.ID).Err(); err != nil {
+								b.Errorf("%s: XACK: %v", name, err)
+							}
+							cancel()
+						})
 					}
 				}
+				pool.Wait()
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// consumeIdem runs benchConsumers Consumer.Run loops over one
+// consumeIdem runs t.shape.loops Consumer.Run loops over one
 // Deduplicator on redisstore.Open.
 func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
 	store, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
@@ -199,10 +220,10 @@ func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), relea
 
 func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemmsg.Deduplicator) {
 	var wg sync.WaitGroup
-	for n := range benchConsumers {
+	for n := range t.shape.loops {
 		c := &Consumer{
 			Client: t.client, Stream: t.stream, Group: t.group, Consumer: fmt.Sprintf("idem-%d", n),
-			Dedup: d, KeyField: "k", Block: benchBlock,
+			Dedup: d, KeyField: "k", Block: benchBlock, Concurrency: t.shape.conc,
 			Handler: func(context.Context, redis.XMessage) error { t.handle(); return nil },
 			OnError: func(err error) {
 				if ctx.Err() == nil {

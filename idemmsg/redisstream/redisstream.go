@@ -58,12 +58,14 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/workpool"
 )
 
 // Defaults for Consumer's zero fields.
@@ -126,6 +128,13 @@ type Consumer struct {
 	MinIdle time.Duration
 	// ClaimInterval is how often XAUTOCLAIM runs. Default MinIdle/2.
 	ClaimInterval time.Duration
+	// Concurrency is how many entries of a batch (up to Count) are handled
+	// at once. Default 1: one after another, in stream order. With more,
+	// the handlers of a batch run in parallel and finish in any order; the
+	// next batch is read when the whole batch is settled. Several Run
+	// loops of one group give the same parallelism, with one connection
+	// each blocked in XREADGROUP.
+	Concurrency int
 
 	// DeadLetterStream, when set, receives dead-lettered entries (see the
 	// package documentation). Default: they are only acknowledged.
@@ -214,8 +223,8 @@ func (c *Consumer) runner() (*runner, error) {
 		return nil, errors.New("redisstream: Consumer.Dedup is nil")
 	case c.Handler == nil:
 		return nil, errors.New("redisstream: Consumer.Handler is nil")
-	case c.Block < 0 || c.Count < 0 || c.MinIdle < 0 || c.ClaimInterval < 0:
-		return nil, errors.New("redisstream: negative Block, Count, MinIdle or ClaimInterval")
+	case c.Block < 0 || c.Count < 0 || c.MinIdle < 0 || c.ClaimInterval < 0 || c.Concurrency < 0:
+		return nil, errors.New("redisstream: negative Block, Count, MinIdle, ClaimInterval or Concurrency")
 	}
 	r := &runner{Consumer: c, block: c.Block, minIdle: c.MinIdle, claimEvery: c.ClaimInterval, count: c.Count}
 	if r.block == 0 {
@@ -257,15 +266,37 @@ func (r *runner) read(ctx context.Context, block time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("redisstream: XREADGROUP %s: %w", r.Stream, err)
 	}
+	var msgs []redis.XMessage
 	for _, s := range res {
-		for _, msg := range s.Messages {
-			if ctx.Err() != nil {
-				return nil // the rest stays pending, for a claim
-			}
-			if err := r.process(ctx, msg, 1); err != nil {
-				return err
-			}
+		msgs = append(msgs, s.Messages...)
+	}
+	return r.processAll(ctx, msgs, func(redis.XMessage) (int, bool) { return 1, true })
+}
+
+// processAll decides msgs, Concurrency at a time, skipping those for which
+// attempt reports false. Once ctx ends the rest stay pending, for a claim.
+// It returns errCrashed if a simulated crash happened, and passes a
+// handler's panic on.
+func (r *runner) processAll(ctx context.Context, msgs []redis.XMessage, attempt func(redis.XMessage) (int, bool)) error {
+	pool := workpool.New(r.Concurrency)
+	var crashed atomic.Bool
+	for _, msg := range msgs {
+		if ctx.Err() != nil || crashed.Load() || pool.Panicked() {
+			break
 		}
+		n, ok := attempt(msg)
+		if !ok {
+			continue
+		}
+		pool.Go(func() {
+			if r.process(ctx, msg, n) != nil {
+				crashed.Store(true)
+			}
+		})
+	}
+	pool.Wait()
+	if crashed.Load() {
+		return errCrashed
 	}
 	return nil
 }
@@ -287,14 +318,12 @@ func (r *runner) claim(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			for _, msg := range msgs {
-				n, pending := counts[msg.ID]
-				if !pending || ctx.Err() != nil {
-					continue // acknowledged meanwhile, or stopping
-				}
-				if err := r.process(ctx, msg, int(n)); err != nil {
-					return err
-				}
+			err = r.processAll(ctx, msgs, func(msg redis.XMessage) (int, bool) {
+				n, pending := counts[msg.ID] // not pending: acknowledged meanwhile
+				return int(n), pending
+			})
+			if err != nil {
+				return err
 			}
 		}
 		if next == "0-0" || next == "" {
