@@ -27,7 +27,7 @@ go vet ./...
 # Each fuzz target also runs for a few seconds beyond its seed corpus
 # (longer: FUZZTIME=5m ./scripts/test.sh).
 fuzztime=${FUZZTIME:-5s}
-for target in .:FuzzScopeKey .:FuzzResponseDecode ./idemhttp:FuzzParseKey; do
+for target in .:FuzzScopeKey .:FuzzResponseDecode ./idemhttp:FuzzParseKey ./reliability/hostile:FuzzRawRequest; do
 	go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}" >/dev/null
 	echo "fuzz: ${target#*:} ran for $fuzztime, no failure"
 done
