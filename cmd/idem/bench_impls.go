@@ -20,7 +20,7 @@ import (
 
 // The implementations idem bench compares, in report order. "none" runs
 // only in scenario b, as its baseline.
-var benchImpls = []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis"}
+var benchImpls = []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait"}
 
 const (
 	// benchPoolSize is the connection pool of every go-redis client in the
@@ -32,6 +32,10 @@ const (
 	// Redis (--redis) leaves nothing behind for long.
 	benchPendingTTL = 5 * time.Minute
 	benchRetention  = 10 * time.Minute
+	// benchWait is idem-wait's idemhttp Config.Wait: a request whose key
+	// is in flight waits for the result (woken as soon as it completes in
+	// this process) instead of answering 409 at once.
+	benchWait = 2 * time.Second
 	// watchAttempts bounds the WATCH/MULTI/EXEC retries after a conflict.
 	watchAttempts = 5
 )
@@ -92,12 +96,16 @@ func buildLayer(ctx context.Context, impl, url string, app http.Handler, logger 
 	switch impl {
 	case "none":
 		return &benchLayer{handler: app, close: func() {}}, nil
-	case "idem-rueidis":
+	case "idem-rueidis", "idem-wait":
 		st, err := redisstore.Open(url, redisstore.Options{})
 		if err != nil {
 			return nil, err
 		}
-		mw := idemhttp.Middleware(st, idemhttp.Config{Retention: benchRetention, Logger: logger})
+		cfg := idemhttp.Config{Retention: benchRetention, Logger: logger}
+		if impl == "idem-wait" {
+			cfg.Wait = benchWait
+		}
+		mw := idemhttp.Middleware(st, cfg)
 		return &benchLayer{handler: mw(app), close: func() { st.Close() }}, nil
 	}
 	rdb, err := newGoredis(url)

@@ -11,7 +11,7 @@ import (
 	"strings"
 )
 
-var idemImpls = []string{"idem-rueidis", "idem-goredis"}
+var idemImpls = []string{"idem-rueidis", "idem-goredis", "idem-wait"}
 
 func findResult(rs []benchResult, impl, scenario string) (benchResult, bool) {
 	i := slices.IndexFunc(rs, func(r benchResult) bool { return r.Impl == impl && r.Scenario == scenario })

@@ -15,6 +15,7 @@ var implColors = map[string]string{
 	"lua":          "#1f77b4",
 	"idem-rueidis": "#2ca02c",
 	"idem-goredis": "#17becf",
+	"idem-wait":    "#9467bd",
 }
 
 func esc(s string) string {
