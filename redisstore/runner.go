@@ -94,21 +94,25 @@ func (r *goredisRunner) del(ctx context.Context, key string) (int64, error) {
 func (r *goredisRunner) close() { r.c.Close() }
 
 type rueidisRunner struct {
-	c       rueidis.Client
-	scripts [nScripts]*rueidis.Lua
+	c rueidis.Client
 }
 
-func newRueidisRunner(c rueidis.Client) *rueidisRunner {
-	r := &rueidisRunner{c: c}
-	for i, src := range scriptSources {
-		// Retryable: rueidis may resend after a lost reply, like go-redis.
-		r.scripts[i] = rueidis.NewLuaScriptRetryable(src)
-	}
-	return r
-}
+func newRueidisRunner(c rueidis.Client) *rueidisRunner { return &rueidisRunner{c: c} }
 
+// run sends EVALSHA, and EVAL after NOSCRIPT (a restarted or flushed
+// server). The commands are retryable, so rueidis may resend them after a
+// lost reply, as go-redis does: the scripts are safe to repeat. They are
+// pinned (never returned to rueidis's command pool): rueidis v1.0.79
+// recycles a retried command's memory when the retry succeeds on a new
+// connection while the dead connection's writer may still read it, a
+// data race that the race detector reports (reliability/faults).
 func (r *rueidisRunner) run(ctx context.Context, script int, key string, args ...string) (reply, error) {
-	res, err := r.scripts[script].Exec(ctx, r.c, []string{key}, args).ToArray()
+	cmd := r.c.B().Evalsha().Sha1(scriptSHAs[script]).Numkeys(1).Key(key).Arg(args...).Build()
+	res, err := r.c.Do(ctx, cmd.ToRetryable().Pin()).ToArray()
+	if re, ok := rueidis.IsRedisErr(err); ok && re.IsNoScript() {
+		cmd = r.c.B().Eval().Script(scriptSources[script]).Numkeys(1).Key(key).Arg(args...).Build()
+		res, err = r.c.Do(ctx, cmd.ToRetryable().Pin()).ToArray()
+	}
 	if err != nil {
 		return reply{}, err
 	}
