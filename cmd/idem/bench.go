@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,6 +112,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	limit := fs.Float64("physical-limit", 0, "redis-benchmark's pipelined EVALSHA acquire rate (`acquires/s`, from scripts/bench.sh), to report idem's scenario b against half of it")
 	jsonPath := fs.String("json", "", "also write the results as JSON to `FILE`")
 	svgPath := fs.String("svg", "", "also write charts as SVG to `FILE`")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (load generator, servers and clients; not Redis) to `FILE`, for go tool pprof")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: idem bench [--redis URL] [--impls LIST] [--scenarios LIST] [--quick] [--rate R] [--json FILE] [--svg FILE]")
 		fs.PrintDefaults()
@@ -145,6 +147,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if o.quick {
 			o.duration = 10 * time.Second
 		}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	results, meta, err := benchAll(ctx, o, stderr)
 	if err != nil {
