@@ -100,7 +100,9 @@ type Result struct {
 // panics, the key is released so a later call may run it again, and the
 // error (or panic) is passed on. If fn succeeds but its result cannot be
 // stored (the lease was lost, the store failed), Do returns the response
-// with that error: the work ran, and a later call may run it again.
+// with that error: the work ran, and a later call may run it again. With
+// ErrNotReplicated the result was stored, and later calls replay it, but
+// a failover may still lose it.
 func (g *Guard) Do(ctx context.Context, key Key, fp Fingerprint, fn func(context.Context) (*Response, error)) (Result, error) {
 	att, acq, err := g.Begin(ctx, key, fp)
 	if err != nil {
@@ -162,7 +164,7 @@ func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, A
 		case g.forgets <- struct{}{}:
 			go func() {
 				defer func() { <-g.forgets }()
-				g.forget(Lease{Key: key, ID: req.LeaseID, TTL: req.TTL})
+				g.forget(context.Background(), Lease{Key: key, ID: req.LeaseID, TTL: req.TTL})
 			}()
 		default:
 		}
@@ -181,10 +183,10 @@ const (
 	maxForgets    = 64
 )
 
-// forget releases l, best effort: ErrLeaseLost (it was never acquired, or
-// already finished) and store errors are ignored.
-func (g *Guard) forget(l Lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), forgetTimeout)
+// forget releases l, best effort, within forgetTimeout: ErrLeaseLost (it
+// was never acquired, or already finished) and store errors are ignored.
+func (g *Guard) forget(ctx context.Context, l Lease) {
+	ctx, cancel := context.WithTimeout(ctx, forgetTimeout)
 	defer cancel()
 	g.store.Release(ctx, l)
 }
@@ -258,7 +260,7 @@ func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
 			// time) while the store still holds the lease: free the key
 			// rather than leave it blocked until the lease ends. The store
 			// checks the lease id, so this cannot touch another holder's.
-			a.g.forget(a.lease)
+			a.g.forget(ctx, a.lease)
 		}
 		return err
 	}
@@ -267,7 +269,7 @@ func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
 	}
 	err := a.g.store.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
 	if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotReplicated) {
-		a.g.forget(a.lease)
+		a.g.forget(ctx, a.lease)
 	}
 	return err
 }
@@ -303,8 +305,8 @@ func (a *Attempt) Release(ctx context.Context) error {
 func (a *Attempt) Stop() error { return a.finish() }
 
 // StopRenewal stops the background renewal and leaves the attempt open and
-// its context live; the lease then lasts until its current end (at least
-// two thirds of the lease). Call it before completing the record inside
+// its context live; the lease then lasts until the end the last successful
+// renewal (or the acquire) gave it. Call it before completing the record inside
 // your own transaction (pgstore.CompleteTx): otherwise a renewal can wait
 // on the row the transaction locked, find the record completed once it
 // commits, and cancel, with ErrLeaseLost, the very context the commit runs

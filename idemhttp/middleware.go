@@ -415,7 +415,12 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 }
 
 func (m *middleware) release(ctx context.Context, att *idem.Attempt) {
-	if err := att.Release(ctx); err != nil {
+	switch err := att.Release(ctx); {
+	case err == nil:
+	case errors.Is(err, idem.ErrLeaseLost):
+		m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost before the release; another request may hold the key",
+			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
+	default:
 		m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: release failed; the key stays blocked until its lease ends",
 			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
 	}

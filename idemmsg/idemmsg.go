@@ -228,6 +228,9 @@ func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx cont
 	stopped := ctx.Err() != nil || context.Cause(att.Context()) != nil
 	if !stopped && max(dl.Attempt, 1) >= d.cfg.MaxFailures {
 		if err := att.Complete(finish, deadLetterResponse(ferr)); err != nil {
+			if errors.Is(err, idem.ErrNotReplicated) {
+				return Result{Outcome: DeadLettered, Err: ferr}, err // recorded
+			}
 			// Not recorded (Complete released the key unless the lease
 			// was lost): the next delivery fails and tries again.
 			return Result{Outcome: Failed, Err: ferr}, err

@@ -22,13 +22,13 @@
 // repeats are replayed from it, and the lease is over. What callers see:
 //
 //   - idem.Guard.Do returns the work's response together with the error;
-//     the work ran once. Attempt.Complete tries a Release after a store
-//     error, which finds the record completed and changes nothing.
+//     the work ran once. ErrNotReplicated is idem.ErrNotReplicated, so
+//     Attempt.Complete does not release after it (the record is written).
 //   - idemhttp has already sent the handler's response to the client (it
-//     streams): the client gets the original answer; the middleware logs a
-//     warning that the response was not stored, which here means "not
-//     confirmed on the replicas" — a retry is replayed from the primary
-//     unless a failover loses the record first.
+//     streams): the client gets the original answer, and the middleware
+//     logs a warning that the response is stored but not on enough
+//     replicas; a retry is replayed from the primary unless a failover
+//     loses the record first.
 //
 // Only Complete waits. Acquire does not: a WAIT there would add a
 // replication round trip to every first request, and what a failover can

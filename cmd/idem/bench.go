@@ -114,7 +114,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	svgPath := fs.String("svg", "", "also write charts as SVG to `FILE`")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (load generator, servers and clients; not Redis) to `FILE`, for go tool pprof")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: idem bench [--redis URL] [--impls LIST] [--scenarios LIST] [--quick] [--rate R] [--json FILE] [--svg FILE]")
+		fmt.Fprintln(fs.Output(), "usage: idem bench [--redis URL] [--impls LIST] [--scenarios LIST] [--quick] [--rate R] [--json FILE] [--svg FILE] [--cpuprofile FILE]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {

@@ -228,27 +228,47 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return fmt.Errorf("natsjs: pull: %w", err)
 	}
 	defer it.Stop()
+	// pull ends when ctx does, and when a handler panics or crashes (in
+	// a test), so that the loop does not wait in Next for another message
+	// before passing that on.
+	pull, stopPull := context.WithCancel(ctx)
+	defer stopPull()
 	pool := workpool.New(c.Concurrency)
-	defer pool.Wait()
+	defer pool.Wait() // passes a handler's panic on
 	var crashed atomic.Bool
-	for !crashed.Load() && !pool.Panicked() {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if ctx.Err() != nil {
-			if msg != nil {
+	for {
+		msg, err := it.Next(jetstream.NextContext(pull))
+		if pull.Err() != nil {
+			if msg != nil && !crashed.Load() {
 				// Taken but not handled: let it go at once rather than
 				// after AckWait.
 				c.nak(msg, 0)
 			}
-			return nil
+			break
 		}
 		if err != nil {
 			return fmt.Errorf("natsjs: pull: %w", err)
 		}
-		pool.Go(func() {
+		ran := pool.Go(func() {
+			settled := false
+			defer func() {
+				if !settled { // a panic, or a simulated crash
+					stopPull()
+				}
+			}()
 			if c.process(ctx, msg) != nil {
 				crashed.Store(true)
+				pool.Stop()
+				return
 			}
+			settled = true
 		})
+		if !ran {
+			if !crashed.Load() {
+				c.nak(msg, 0) // taken while a handler panicked: hand it back
+			}
+			break
+		}
 	}
 	if crashed.Load() {
 		return errCrashed

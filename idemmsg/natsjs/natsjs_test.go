@@ -409,3 +409,29 @@ func TestRunValidates(t *testing.T) {
 		}
 	}
 }
+
+// With Concurrency > 1 a handler's panic is passed on at once, even when no
+// further message arrives to wake the pull loop.
+func TestConcurrencyPanicPassedOn(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.publish(true, "boom") // and nothing after it
+	c := e.consumer("c1", nil)
+	c.Concurrency = 4
+	c.Handler = func(context.Context, jetstream.Msg) error { panic("boom") }
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	start := time.Now()
+	got := func() (v any) {
+		defer func() { v = recover() }()
+		c.Run(ctx)
+		return nil
+	}()
+	if got != "boom" {
+		t.Fatalf("Run: got panic %v, want boom", got)
+	}
+	// Before the fix the loop sat in Next until the message came back
+	// after AckWait (or ctx ended).
+	if took := time.Since(start); took >= testAckWait/2 {
+		t.Errorf("the panic came out after %v: Run waited for another message", took)
+	}
+}

@@ -230,7 +230,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				}
 				return fmt.Errorf("rabbitmq: consumer %s on %s: deliveries closed (channel or connection closed, or consumer cancelled by the server)", tag, c.Queue)
 			}
-			pool.Go(func() {
+			ran := pool.Go(func() {
 				finished := false
 				defer func() {
 					if !finished { // the handler panicked: the pool passes it on
@@ -239,10 +239,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 				}()
 				if r.process(d) != nil {
 					crashed.Store(true)
+					pool.Stop()
 					r.stopLoop()
 				}
 				finished = true
 			})
+			if !ran && !crashed.Load() {
+				// Taken while a handler panicked: hand it back. (After a
+				// simulated crash it is abandoned, as a crash would.)
+				d.Nack(false, true)
+			}
 		}
 	}
 }
@@ -251,11 +257,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 // for the handlers still running, passes a panic on, and otherwise
 // returns errCrashed, abandoning the held deliveries.
 func (r *run) halted(pool *workpool.Pool, crashed *atomic.Bool) error {
+	wasCrash := crashed.Load()
+	if wasCrash {
+		close(r.crashed) // abandon held deliveries at once, as a crash would
+	}
 	pool.Wait() // panics if a handler panicked
-	if !crashed.Load() {
+	if !wasCrash {
 		return nil // not reached: halt is only closed on a crash or a panic
 	}
-	close(r.crashed)
 	return errCrashed
 }
 

@@ -131,9 +131,12 @@ type Consumer struct {
 	// Concurrency is how many entries of a batch (up to Count) are handled
 	// at once. Default 1: one after another, in stream order. With more,
 	// the handlers of a batch run in parallel and finish in any order; the
-	// next batch is read when the whole batch is settled. Several Run
-	// loops of one group give the same parallelism, with one connection
-	// each blocked in XREADGROUP.
+	// next batch is read when the whole batch is settled. Two entries of
+	// one batch with the same key then run side by side: the second is
+	// answered InFlight and left pending, and is acknowledged as Duplicate
+	// only when claimed after MinIdle. Several Run loops of one group give
+	// the same parallelism, with one connection each blocked in
+	// XREADGROUP.
 	Concurrency int
 
 	// DeadLetterStream, when set, receives dead-lettered entries (see the
@@ -281,18 +284,22 @@ func (r *runner) processAll(ctx context.Context, msgs []redis.XMessage, attempt 
 	pool := workpool.New(r.Concurrency)
 	var crashed atomic.Bool
 	for _, msg := range msgs {
-		if ctx.Err() != nil || crashed.Load() || pool.Panicked() {
+		if ctx.Err() != nil || pool.Stopped() {
 			break
 		}
 		n, ok := attempt(msg)
 		if !ok {
 			continue
 		}
-		pool.Go(func() {
+		ran := pool.Go(func() {
 			if r.process(ctx, msg, n) != nil {
 				crashed.Store(true)
+				pool.Stop()
 			}
 		})
+		if !ran {
+			break // stopped meanwhile: the rest stays pending
+		}
 	}
 	pool.Wait()
 	if crashed.Load() {

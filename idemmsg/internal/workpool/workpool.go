@@ -6,13 +6,14 @@ package workpool
 import "sync"
 
 // Pool runs functions on at most n goroutines at once. With n <= 1 it runs
-// each function in the caller's goroutine, in order. The zero value is not
-// usable; use New.
+// each function in the caller's goroutine, in order (a panic then goes
+// straight up). The zero value is not usable; use New.
 type Pool struct {
 	sem chan struct{}
 	wg  sync.WaitGroup
 
 	mu       sync.Mutex
+	stopped  bool // Stop, or a panic
 	panicked bool
 	panicVal any
 }
@@ -26,17 +27,22 @@ func New(n int) *Pool {
 	return p
 }
 
-// Go runs f, waiting first while n functions run. After a function
-// panicked, Go runs nothing more: the panic comes out of Wait.
-func (p *Pool) Go(f func()) {
+// Go runs f, waiting first while n functions run, and reports whether it
+// did: once the pool is stopped (Stop, or a function panicked), Go runs
+// nothing more and returns false, so that the caller can hand the work
+// back.
+func (p *Pool) Go(f func()) bool {
 	if p.sem == nil {
+		if p.Stopped() {
+			return false
+		}
 		f()
-		return
+		return true
 	}
 	p.sem <- struct{}{}
-	if p.Panicked() {
+	if p.Stopped() {
 		<-p.sem
-		return
+		return false
 	}
 	p.wg.Go(func() {
 		defer func() { <-p.sem }()
@@ -46,18 +52,29 @@ func (p *Pool) Go(f func()) {
 				if !p.panicked {
 					p.panicked, p.panicVal = true, v
 				}
+				p.stopped = true
 				p.mu.Unlock()
 			}
 		}()
 		f()
 	})
+	return true
 }
 
-// Panicked reports whether a function run by Go panicked.
-func (p *Pool) Panicked() bool {
+// Stop makes later calls of Go run nothing; functions already started
+// run on.
+func (p *Pool) Stop() {
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+}
+
+// Stopped reports whether Stop was called or a function run by Go
+// panicked.
+func (p *Pool) Stopped() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.panicked
+	return p.stopped
 }
 
 // Wait waits for every function started by Go to return, then panics with
