@@ -1,14 +1,16 @@
 // Command table turns the rows that reltest.Report appends to
 // IDEM_RELIABILITY_OUT (one JSON object per line) into the markdown table
-// of RELIABILITY.md, in the order the rows arrived. Used by
-// scripts/reliability.sh.
+// of RELIABILITY.md, sorted by scenario and store (rows of one scenario
+// keep their order). Used by scripts/reliability.sh.
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/idemkit/idem/internal/reltest"
@@ -24,6 +26,7 @@ func main() {
 func run() error {
 	fmt.Println("| scenario | store | fault | requests | keys | duplicate effects | lost completions | stuck keys | errors seen by clients | notes |")
 	fmt.Println("|---|---|---|---:|---:|---:|---:|---:|---|---|")
+	var rows []reltest.Row
 	sc := bufio.NewScanner(os.Stdin)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -34,11 +37,20 @@ func run() error {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			return fmt.Errorf("line %d: %w", line, err)
 		}
+		rows = append(rows, r)
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	slices.SortStableFunc(rows, func(a, b reltest.Row) int {
+		return cmp.Or(strings.Compare(a.Scenario, b.Scenario), strings.Compare(a.Store, b.Store))
+	})
+	for _, r := range rows {
 		fmt.Printf("| %s | %s | %s | %d | %d | %d | %d | %d | %s | %s |\n",
 			cell(r.Scenario), cell(r.Store), cell(r.Fault), r.Requests, r.Keys, r.Duplicates, r.Lost, r.Stuck,
 			cell(reltest.FormatErrors(r.ClientErrors)), cell(r.Notes))
 	}
-	return sc.Err()
+	return nil
 }
 
 // cell keeps a value inside its table cell.
