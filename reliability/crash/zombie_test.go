@@ -210,7 +210,7 @@ func TestZombieSIGSTOP(t *testing.T) {
 	logs := cl.logs(incA)
 	for _, want := range []string{
 		"handler ran but its response was not stored", // Complete rejected
-		"lease lost before the release", // Release rejected
+		"lease lost before the release",               // Release rejected
 		idem.ErrLeaseLost.Error(),
 	} {
 		if !strings.Contains(logs, want) {
