@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
@@ -44,13 +45,17 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //	idem  loops Consumer.Run loops (Concurrency conc) with a Deduplicator
 //	      over redisstore.Open (the production store) on the same
 //	      redis-server
+//	idem-rueidis (16x16 only) as idem, the consumers on Consumer.Rueidis:
+//	      one rueidis client set up as Open sets up its own, shared by
+//	      the store (redisstore.NewRueidis) and the consumers
 //
 // Both run the trivial handler (count the message) over benchMsgs entries
 // published, before the timer starts, to a fresh stream per iteration.
 // b.N counts iterations of benchMsgs messages; run with -benchtime 1x.
 // The clock stops when the handler has run for every entry; that every
 // entry was then acknowledged is checked outside the timing. idem reports
-// idem/raw, the ratio of its rate to raw's from the same process.
+// idem/raw, the ratio of its rate to raw's from the same process (so does
+// idem-rueidis).
 func BenchmarkConsume(b *testing.B) {
 	for _, shape := range benchShapes {
 		b.Run(shape.String(), func(b *testing.B) {
@@ -60,6 +65,15 @@ func BenchmarkConsume(b *testing.B) {
 			})
 			b.Run("idem", func(b *testing.B) {
 				rate := benchConsume(b, shape, "idem", consumeIdem)
+				if rawRate > 0 {
+					b.ReportMetric(rate/rawRate, "idem/raw")
+				}
+			})
+			if shape != (benchShape{16, 16}) {
+				return
+			}
+			b.Run("idem-rueidis", func(b *testing.B) {
+				rate := benchConsume(b, shape, "idem-rueidis", consumeIdemRueidis)
 				if rawRate > 0 {
 					b.ReportMetric(rate/rawRate, "idem/raw")
 				}
@@ -215,14 +229,38 @@ func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), relea
 		store.Close()
 		b.Fatal(err)
 	}
-	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d) }, func() { store.Close() }
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, nil) }, func() { store.Close() }
 }
 
-func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemmsg.Deduplicator) {
+// consumeIdemRueidis is consumeIdem with the consumers on the store's
+// rueidis client, which is configured as redisstore.Open configures its
+// own (20µs flush delay, no timeout per store call).
+func consumeIdemRueidis(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+	ru, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{srv.Addr()}, DisableCache: true, MaxFlushDelay: 20 * time.Microsecond,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	store, err := redisstore.NewRueidis(ru, redisstore.Options{Prefix: "idem:" + t.stream + ":", Timeout: -1})
+	if err != nil {
+		ru.Close()
+		b.Fatal(err)
+	}
+	d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + t.group})
+	if err != nil {
+		ru.Close()
+		b.Fatal(err)
+	}
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, ru) }, ru.Close
+}
+
+// consumeIdemRun runs the consumers on ru when set, else on t.client.
+func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemmsg.Deduplicator, ru rueidis.Client) {
 	var wg sync.WaitGroup
 	for n := range t.shape.loops {
 		c := &Consumer{
-			Client: t.client, Stream: t.stream, Group: t.group, Consumer: fmt.Sprintf("idem-%d", n),
+			Stream: t.stream, Group: t.group, Consumer: fmt.Sprintf("idem-%d", n),
 			Dedup: d, KeyField: "k", Block: benchBlock, Concurrency: t.shape.conc,
 			Handler: func(context.Context, redis.XMessage) error { t.handle(); return nil },
 			OnError: func(err error) {
@@ -230,6 +268,11 @@ func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemms
 					b.Errorf("consumer %d: %v", n, err)
 				}
 			},
+		}
+		if ru != nil {
+			c.Rueidis = ru
+		} else {
+			c.Client = t.client
 		}
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {

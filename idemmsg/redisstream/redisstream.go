@@ -1,6 +1,11 @@
 // Package redisstream consumes a Redis stream through a consumer group with
 // an idemmsg.Deduplicator: each message key's handler runs at most once per
-// completed key, whatever Redis redelivers.
+// completed key, whatever Redis redelivers. It runs on a go-redis client
+// (Consumer.Client) or a rueidis client (Consumer.Rueidis), like
+// redisstore, with the same behaviour on both; handlers see a
+// redis.XMessage either way. With rueidis, the blocking XREADGROUP goes
+// out on a connection of rueidis's pool for blocking commands, so it does
+// not hold up the commands that share the auto-pipelined connection.
 //
 // A Consumer reads new entries with XREADGROUP (">"), and every
 // ClaimInterval takes over, with XAUTOCLAIM, entries left pending for longer
@@ -57,11 +62,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
@@ -87,10 +92,16 @@ const (
 const ackTimeout = 5 * time.Second
 
 // Consumer is one member of a consumer group. Fill in the fields and call
-// Run. Client, Stream, Group, Consumer, Dedup and Handler are required.
+// Run. Client or Rueidis, Stream, Group, Consumer, Dedup and Handler are
+// required.
 type Consumer struct {
 	// Client is the caller's go-redis client; Run does not close it.
+	// Exactly one of Client and Rueidis must be set.
 	Client redis.UniversalClient
+	// Rueidis is the caller's rueidis client, instead of Client; Run does
+	// not close it. Messages still reach Handler, Key and OnResult as
+	// redis.XMessage, with string values.
+	Rueidis rueidis.Client
 	// Stream is the stream's key.
 	Stream string
 	// Group is the consumer group, created by Run when missing (XGROUP
@@ -212,14 +223,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 // runner is a Consumer with its defaults filled in.
 type runner struct {
 	*Consumer
+	rc                         streamClient
 	block, minIdle, claimEvery time.Duration
 	count                      int64
 }
 
 func (c *Consumer) runner() (*runner, error) {
 	switch {
-	case c.Client == nil:
-		return nil, errors.New("redisstream: Consumer.Client is nil")
+	case c.Client == nil && c.Rueidis == nil:
+		return nil, errors.New("redisstream: Consumer.Client and Consumer.Rueidis are nil: set one")
+	case c.Client != nil && c.Rueidis != nil:
+		return nil, errors.New("redisstream: Consumer.Client and Consumer.Rueidis are both set: set one")
 	case c.Stream == "" || c.Group == "" || c.Consumer == "":
 		return nil, errors.New("redisstream: Consumer.Stream, Group and Consumer are required")
 	case c.Dedup == nil:
@@ -230,6 +244,11 @@ func (c *Consumer) runner() (*runner, error) {
 		return nil, errors.New("redisstream: negative Block, Count, MinIdle, ClaimInterval or Concurrency")
 	}
 	r := &runner{Consumer: c, block: c.Block, minIdle: c.MinIdle, claimEvery: c.ClaimInterval, count: c.Count}
+	if c.Client != nil {
+		r.rc = goredisClient{c.Client}
+	} else {
+		r.rc = rueidisClient{c.Rueidis}
+	}
 	if r.block == 0 {
 		r.block = DefaultBlock
 	}
@@ -250,7 +269,7 @@ func (r *runner) createGroup(ctx context.Context) error {
 	if start == "" {
 		start = "0"
 	}
-	err := r.Client.XGroupCreateMkStream(ctx, r.Stream, r.Group, start).Err()
+	err := r.rc.createGroup(ctx, r.Stream, r.Group, start)
 	if err != nil && !isRedisError(err, "BUSYGROUP") {
 		return fmt.Errorf("redisstream: create group %s on %s: %w", r.Group, r.Stream, err)
 	}
@@ -259,19 +278,9 @@ func (r *runner) createGroup(ctx context.Context) error {
 
 // read handles one batch of new entries.
 func (r *runner) read(ctx context.Context, block time.Duration) error {
-	res, err := r.Client.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: r.Group, Consumer: r.Consumer.Consumer, Streams: []string{r.Stream, ">"},
-		Count: r.count, Block: block,
-	}).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil
-	}
+	msgs, err := r.rc.readGroup(ctx, r.Stream, r.Group, r.Consumer.Consumer, r.count, block)
 	if err != nil {
 		return fmt.Errorf("redisstream: XREADGROUP %s: %w", r.Stream, err)
-	}
-	var msgs []redis.XMessage
-	for _, s := range res {
-		msgs = append(msgs, s.Messages...)
 	}
 	return r.processAll(ctx, msgs, func(redis.XMessage) (int, bool) { return 1, true })
 }
@@ -313,10 +322,7 @@ func (r *runner) processAll(ctx context.Context, msgs []redis.XMessage, attempt 
 func (r *runner) claim(ctx context.Context) error {
 	start := "0-0"
 	for ctx.Err() == nil {
-		msgs, next, err := r.Client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: r.Stream, Group: r.Group, Consumer: r.Consumer.Consumer,
-			MinIdle: r.minIdle, Start: start, Count: r.count,
-		}).Result()
+		msgs, next, err := r.rc.autoClaim(ctx, r.Stream, r.Group, r.Consumer.Consumer, r.minIdle, start, r.count)
 		if err != nil {
 			return fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", r.Stream, err)
 		}
@@ -344,23 +350,16 @@ func (r *runner) claim(ctx context.Context) error {
 // deliveryCounts returns the delivery count of each claimed entry still
 // pending, from one pipeline of XPENDING calls.
 func (r *runner) deliveryCounts(ctx context.Context, msgs []redis.XMessage) (map[string]int64, error) {
-	cmds := make([]*redis.XPendingExtCmd, len(msgs))
-	_, err := r.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, msg := range msgs {
-			cmds[i] = p.XPendingExt(ctx, &redis.XPendingExtArgs{
-				Stream: r.Stream, Group: r.Group, Start: msg.ID, End: msg.ID, Count: 1,
-			})
-		}
-		return nil
-	})
+	ids := make([]string, len(msgs))
+	for i, msg := range msgs {
+		ids[i] = msg.ID
+	}
+	counts, err := r.rc.deliveryCounts(ctx, r.Stream, r.Group, ids)
 	if err != nil {
 		return nil, fmt.Errorf("redisstream: XPENDING %s: %w", r.Stream, err)
 	}
-	counts := make(map[string]int64, len(msgs))
-	for _, cmd := range cmds {
-		for _, p := range cmd.Val() {
-			counts[p.ID] = max(p.RetryCount, 1)
-		}
+	for id, n := range counts {
+		counts[id] = max(n, 1)
 	}
 	return counts, nil
 }
@@ -390,12 +389,12 @@ func (r *runner) process(ctx context.Context, msg redis.XMessage, attempt int) e
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 	defer cancel()
 	if outcome == idemmsg.DeadLettered && r.DeadLetterStream != "" {
-		if err := r.Client.XAdd(sctx, &redis.XAddArgs{Stream: r.DeadLetterStream, Values: r.deadLetterValues(msg, res.Err)}).Err(); err != nil {
+		if err := r.rc.add(sctx, r.DeadLetterStream, r.deadLetterValues(msg, res.Err)); err != nil {
 			r.onError(fmt.Errorf("redisstream: XADD %s (dead letter of %s): %w", r.DeadLetterStream, msg.ID, err))
 			return nil // pending: the next delivery is dead-lettered again
 		}
 	}
-	if err := r.Client.XAck(sctx, r.Stream, r.Group, msg.ID).Err(); err != nil {
+	if err := r.rc.ack(sctx, r.Stream, r.Group, msg.ID); err != nil {
 		r.onError(fmt.Errorf("redisstream: XACK %s %s: %w", r.Stream, msg.ID, err))
 	}
 	return nil
@@ -412,7 +411,10 @@ func (r *runner) key(msg redis.XMessage) string {
 	return msg.ID
 }
 
-func (r *runner) deadLetterValues(msg redis.XMessage, cause error) []any {
+// deadLetterValues returns the dead letter's fields and values. Values
+// read from Redis are strings; any other value is formatted with
+// fmt.Sprint, nil as "".
+func (r *runner) deadLetterValues(msg redis.XMessage, cause error) []string {
 	text := ""
 	if cause != nil {
 		text = cause.Error()
@@ -422,9 +424,17 @@ func (r *runner) deadLetterValues(msg redis.XMessage, cause error) []any {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	vals := make([]any, 0, 2*len(names)+8)
+	vals := make([]string, 0, 2*len(names)+8)
 	for _, name := range names {
-		vals = append(vals, name, msg.Values[name])
+		var s string
+		switch v := msg.Values[name].(type) {
+		case string:
+			s = v
+		case nil:
+		default:
+			s = fmt.Sprint(v)
+		}
+		vals = append(vals, name, s)
 	}
 	return append(vals, FieldStream, r.Stream, FieldGroup, r.Group, FieldID, msg.ID, FieldError, text)
 }
@@ -435,13 +445,6 @@ func (r *runner) onError(err error) {
 		return
 	}
 	slog.Default().Warn("redisstream", "stream", r.Stream, "group", r.Group, "consumer", r.Consumer.Consumer, "err", err)
-}
-
-// isRedisError reports whether err holds a Redis error reply of the given
-// kind (its first word).
-func isRedisError(err error, kind string) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), kind+" ")
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -7,10 +7,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
@@ -35,10 +37,30 @@ const (
 	waitLimit = 10 * time.Second
 )
 
-// env is one test's stream, group, client, deduplicator and ledger.
+// The client libraries a Consumer runs on, as subtest names.
+const (
+	goredisLib = "go-redis"
+	rueidisLib = "rueidis"
+)
+
+var clientLibs = []string{goredisLib, rueidisLib}
+
+// forEachLib runs test as one subtest per client library.
+func forEachLib(t *testing.T, test func(t *testing.T, lib string)) {
+	for _, lib := range clientLibs {
+		t.Run(lib, func(t *testing.T) { test(t, lib) })
+	}
+}
+
+// env is one test's stream, group, clients, deduplicator and ledger.
 type env struct {
-	t      *testing.T
+	t *testing.T
+	// client publishes and inspects the stream, whatever lib is.
 	client *redis.Client
+	// lib is the library of the consumers' client and of the store's:
+	// client itself for go-redis, else ru.
+	lib    string
+	ru     rueidis.Client
 	stream string
 	group  string
 	dedup  *idemmsg.Deduplicator
@@ -46,13 +68,31 @@ type env struct {
 	lastID string
 }
 
-func newEnv(t *testing.T, maxFailures int) *env {
+func newEnv(t *testing.T, lib string, maxFailures int) *env {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { c.Close() })
 	// Unique per run, so that -count=N starts from empty streams and keys.
 	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().UnixNano())
-	store, err := redisstore.New(c, redisstore.Options{Prefix: "idem:" + name + ":"})
+	opts := redisstore.Options{Prefix: "idem:" + name + ":"}
+	var (
+		ru    rueidis.Client
+		store *redisstore.Store
+		err   error
+	)
+	switch lib {
+	case goredisLib:
+		store, err = redisstore.New(c, opts)
+	case rueidisLib:
+		ru, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ru.Close)
+		store, err = redisstore.NewRueidis(ru, opts)
+	default:
+		t.Fatalf("unknown client library %q", lib)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +101,7 @@ func newEnv(t *testing.T, maxFailures int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, client: c, stream: stream, group: group, dedup: d, ledger: msgtest.NewLedger()}
+	return &env{t: t, client: c, lib: lib, ru: ru, stream: stream, group: group, dedup: d, ledger: msgtest.NewLedger()}
 }
 
 // publish adds one entry per key.
@@ -77,14 +117,20 @@ func (e *env) publish(keys ...string) {
 }
 
 func (e *env) consumer(name string) *Consumer {
-	return &Consumer{
-		Client: e.client, Stream: e.stream, Group: e.group, Consumer: name,
+	c := &Consumer{
+		Stream: e.stream, Group: e.group, Consumer: name,
 		Dedup: e.dedup, KeyField: "k", Block: testBlock,
 		Handler: func(ctx context.Context, msg redis.XMessage) error {
 			return e.ledger.Apply(ctx, msg.Values["k"].(string))
 		},
 		OnError: func(err error) { e.t.Logf("%s: %v", name, err) },
 	}
+	if e.ru != nil {
+		c.Rueidis = e.ru
+	} else {
+		c.Client = e.client
+	}
+	return c
 }
 
 // start runs c until the test ends, and returns a function that stops it
@@ -148,85 +194,151 @@ func (e *env) checkLedger(keys []string) {
 }
 
 func TestDeadLetterFields(t *testing.T) {
-	e := newEnv(t, 1)
-	e.publish("poison")
-	c := e.consumer("c1")
-	c.DeadLetterStream = e.stream + ":dead"
-	c.Handler = func(context.Context, redis.XMessage) error { return errors.New("cannot parse payload") }
-	e.start(c)
-	waitFor(t, "the entry acknowledged", e.settled)
-	dead, err := e.client.XRange(context.Background(), c.DeadLetterStream, "-", "+").Result()
-	if err != nil || len(dead) != 1 {
-		t.Fatalf("dead-letter stream: got %d entries (%v), want 1", len(dead), err)
-	}
-	v := dead[0].Values
-	if v["k"] != "poison" || v["n"] != "0" || v[FieldStream] != e.stream || v[FieldGroup] != e.group ||
-		v[FieldError] != "cannot parse payload" || v[FieldID] != e.lastID {
-		t.Errorf("dead letter: got %v", v)
-	}
+	forEachLib(t, func(t *testing.T, lib string) {
+		e := newEnv(t, lib, 1)
+		e.publish("poison")
+		c := e.consumer("c1")
+		c.DeadLetterStream = e.stream + ":dead"
+		c.Handler = func(context.Context, redis.XMessage) error { return errors.New("cannot parse payload") }
+		e.start(c)
+		waitFor(t, "the entry acknowledged", e.settled)
+		dead, err := e.client.XRange(context.Background(), c.DeadLetterStream, "-", "+").Result()
+		if err != nil || len(dead) != 1 {
+			t.Fatalf("dead-letter stream: got %d entries (%v), want 1", len(dead), err)
+		}
+		v := dead[0].Values
+		if v["k"] != "poison" || v["n"] != "0" || v[FieldStream] != e.stream || v[FieldGroup] != e.group ||
+			v[FieldError] != "cannot parse payload" || v[FieldID] != e.lastID {
+			t.Errorf("dead letter: got %v", v)
+		}
+	})
 }
 
 func TestInvalidKeyDeadLettered(t *testing.T) {
-	e := newEnv(t, 0)
-	e.publish("ok", "") // an empty key field is invalid
-	c := e.consumer("c1")
-	c.DeadLetterStream = e.stream + ":dead"
-	c.OnError = func(error) {}
-	e.start(c)
-	waitFor(t, "all entries acknowledged", e.settled)
-	e.checkLedger([]string{"ok"})
-	dead, err := e.client.XRange(context.Background(), c.DeadLetterStream, "-", "+").Result()
-	if err != nil || len(dead) != 1 || !strings.Contains(dead[0].Values[FieldError].(string), "invalid") {
-		t.Fatalf("dead-letter stream: got %v (%v), want one entry with the key error", dead, err)
-	}
+	forEachLib(t, func(t *testing.T, lib string) {
+		e := newEnv(t, lib, 0)
+		e.publish("ok", "") // an empty key field is invalid
+		c := e.consumer("c1")
+		c.DeadLetterStream = e.stream + ":dead"
+		c.OnError = func(error) {}
+		e.start(c)
+		waitFor(t, "all entries acknowledged", e.settled)
+		e.checkLedger([]string{"ok"})
+		dead, err := e.client.XRange(context.Background(), c.DeadLetterStream, "-", "+").Result()
+		if err != nil || len(dead) != 1 || !strings.Contains(dead[0].Values[FieldError].(string), "invalid") {
+			t.Fatalf("dead-letter stream: got %v (%v), want one entry with the key error", dead, err)
+		}
+	})
 }
 
 func TestDefaultKeyIsEntryID(t *testing.T) {
-	e := newEnv(t, 0)
-	e.publish("same", "same") // two entries, two ids: both processed
-	var seen sync.Map
-	c := e.consumer("c1")
-	c.KeyField = ""
-	c.Handler = func(ctx context.Context, msg redis.XMessage) error {
-		seen.Store(msg.ID, true)
-		return e.ledger.Apply(ctx, msg.ID)
-	}
-	e.start(c)
-	waitFor(t, "all entries acknowledged", e.settled)
-	if got := len(e.ledger.Snapshot()); got != 2 {
-		t.Errorf("ledger holds %d keys, want 2 (one per entry id)", got)
-	}
+	forEachLib(t, func(t *testing.T, lib string) {
+		e := newEnv(t, lib, 0)
+		e.publish("same", "same") // two entries, two ids: both processed
+		var seen sync.Map
+		c := e.consumer("c1")
+		c.KeyField = ""
+		c.Handler = func(ctx context.Context, msg redis.XMessage) error {
+			seen.Store(msg.ID, true)
+			return e.ledger.Apply(ctx, msg.ID)
+		}
+		e.start(c)
+		waitFor(t, "all entries acknowledged", e.settled)
+		if got := len(e.ledger.Snapshot()); got != 2 {
+			t.Errorf("ledger holds %d keys, want 2 (one per entry id)", got)
+		}
+	})
 }
 
 func TestGroupRecreated(t *testing.T) {
-	e := newEnv(t, 0)
-	e.publish("a")
-	c := e.consumer("c1")
-	c.OnError = func(error) {}
-	e.start(c)
-	waitFor(t, "the first entry acknowledged", e.settled)
-	if err := e.client.Del(context.Background(), e.stream).Err(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * testBlock) // let a read fail with NOGROUP
-	e.publish("b")
-	waitFor(t, "the entry after the deletion acknowledged", e.settled)
-	e.checkLedger([]string{"a", "b"})
+	forEachLib(t, func(t *testing.T, lib string) {
+		e := newEnv(t, lib, 0)
+		e.publish("a")
+		c := e.consumer("c1")
+		c.OnError = func(error) {}
+		e.start(c)
+		waitFor(t, "the first entry acknowledged", e.settled)
+		if err := e.client.Del(context.Background(), e.stream).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * testBlock) // let a read fail with NOGROUP
+		e.publish("b")
+		waitFor(t, "the entry after the deletion acknowledged", e.settled)
+		e.checkLedger([]string{"a", "b"})
+	})
 }
 
 func TestRunValidates(t *testing.T) {
-	e := newEnv(t, 0)
+	e := newEnv(t, rueidisLib, 0) // e.client is a go-redis client too
 	for name, mutate := range map[string]func(c *Consumer){
-		"no client":  func(c *Consumer) { c.Client = nil },
-		"no stream":  func(c *Consumer) { c.Stream = "" },
-		"no dedup":   func(c *Consumer) { c.Dedup = nil },
-		"no handler": func(c *Consumer) { c.Handler = nil },
-		"negative":   func(c *Consumer) { c.Block = -1 },
+		"no client":    func(c *Consumer) { c.Client, c.Rueidis = nil, nil },
+		"both clients": func(c *Consumer) { c.Client, c.Rueidis = e.client, e.ru },
+		"no stream":    func(c *Consumer) { c.Stream = "" },
+		"no dedup":     func(c *Consumer) { c.Dedup = nil },
+		"no handler":   func(c *Consumer) { c.Handler = nil },
+		"negative":     func(c *Consumer) { c.Block = -1 },
 	} {
 		c := e.consumer("c1")
 		mutate(c)
 		if err := c.Run(context.Background()); err == nil {
 			t.Errorf("%s: got nil error", name)
 		}
+	}
+}
+
+// TestIdleNoErrors: reads that find nothing (redis.Nil with go-redis, a
+// nil reply with rueidis) are not errors.
+func TestIdleNoErrors(t *testing.T) {
+	forEachLib(t, func(t *testing.T, lib string) {
+		e := newEnv(t, lib, 0)
+		var errs atomic.Int64
+		c := e.consumer("c1")
+		c.OnError = func(err error) { errs.Add(1); t.Log(err) }
+		e.start(c)
+		time.Sleep(6 * testBlock) // several empty reads
+		e.publish("a")
+		waitFor(t, "the entry acknowledged", e.settled)
+		e.checkLedger([]string{"a"})
+		if n := errs.Load(); n != 0 {
+			t.Errorf("OnError called %d times, want 0", n)
+		}
+	})
+}
+
+// TestRueidisBlockingRead: with rueidis, XREADGROUP BLOCK waits on a
+// connection of its own, so that commands on the client's auto-pipelined
+// connection (the store's, here a PING) are not held up behind it, and
+// Run's end interrupts it.
+func TestRueidisBlockingRead(t *testing.T) {
+	e := newEnv(t, rueidisLib, 0)
+	const block = 3 * time.Second
+	c := e.consumer("c1")
+	c.Block, c.MinIdle = block, time.Minute // one long read after the first claim
+	stop := e.start(c)
+	waitFor(t, "XREADGROUP blocked", func() bool {
+		list, err := e.client.ClientList(context.Background()).Result()
+		if err != nil {
+			return false
+		}
+		for line := range strings.Lines(list) {
+			if strings.Contains(line, " cmd=xreadgroup") && strings.Contains(line, " flags=b ") {
+				return true
+			}
+		}
+		return false
+	})
+	start := time.Now()
+	if err := e.ru.Do(context.Background(), e.ru.B().Ping().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > block/3 {
+		t.Errorf("PING took %v while XREADGROUP was blocked, want well under the block of %v", d, block)
+	}
+	start = time.Now()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > block/3 {
+		t.Errorf("Run returned %v after its context ended, want well under the block of %v", d, block)
 	}
 }

@@ -13,13 +13,17 @@ import (
 
 // TestAdapterSuite runs the shared adapter scenarios against the private
 // redis-server, with the Deduplicator on redisstore in the same server.
+// The consumers run on each client library in turn, the store on the same
+// library.
 func TestAdapterSuite(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Harness{
-		NewTopic: func(t *testing.T, cfg adaptertest.Config) adaptertest.Topic {
-			return &suiteTopic{env: newEnv(t, cfg.MaxFailures)}
-		},
-		IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
-		Concurrency: true,
+	forEachLib(t, func(t *testing.T, lib string) {
+		adaptertest.Run(t, adaptertest.Harness{
+			NewTopic: func(t *testing.T, cfg adaptertest.Config) adaptertest.Topic {
+				return &suiteTopic{env: newEnv(t, lib, cfg.MaxFailures)}
+			},
+			IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
+			Concurrency: true,
+		})
 	})
 }
 
