@@ -45,17 +45,18 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //	idem  loops Consumer.Run loops (Concurrency conc) with a Deduplicator
 //	      over redisstore.Open (the production store) on the same
 //	      redis-server
-//	idem-rueidis (16x16 only) as idem, the consumers on Consumer.Rueidis:
-//	      one rueidis client set up as Open sets up its own, shared by
-//	      the store (redisstore.NewRueidis) and the consumers
+//	raw-rueidis, idem-rueidis (16x16 only): raw and idem with the
+//	      consumers on rueidis (Consumer.Rueidis): one rueidis client set
+//	      up as Open sets up its own, shared by the store
+//	      (redisstore.NewRueidis) and the consumers
 //
 // Both run the trivial handler (count the message) over benchMsgs entries
 // published, before the timer starts, to a fresh stream per iteration.
 // b.N counts iterations of benchMsgs messages; run with -benchtime 1x.
 // The clock stops when the handler has run for every entry; that every
 // entry was then acknowledged is checked outside the timing. idem reports
-// idem/raw, the ratio of its rate to raw's from the same process (so does
-// idem-rueidis).
+// idem/raw, the ratio of its rate to raw's from the same process;
+// idem-rueidis reports it against raw-rueidis.
 func BenchmarkConsume(b *testing.B) {
 	for _, shape := range benchShapes {
 		b.Run(shape.String(), func(b *testing.B) {
@@ -72,6 +73,9 @@ func BenchmarkConsume(b *testing.B) {
 			if shape != (benchShape{16, 16}) {
 				return
 			}
+			b.Run("raw-rueidis", func(b *testing.B) {
+				rawRate = benchConsume(b, shape, "raw-rueidis", consumeRawRueidis)
+			})
 			b.Run("idem-rueidis", func(b *testing.B) {
 				rate := benchConsume(b, shape, "idem-rueidis", consumeIdemRueidis)
 				if rawRate > 0 {
@@ -232,16 +236,65 @@ func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), relea
 	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, nil) }, func() { store.Close() }
 }
 
-// consumeIdemRueidis is consumeIdem with the consumers on the store's
-// rueidis client, which is configured as redisstore.Open configures its
-// own (20µs flush delay, no timeout per store call).
-func consumeIdemRueidis(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+// newBenchRueidis returns a rueidis client configured as redisstore.Open
+// configures its own (20µs flush delay).
+func newBenchRueidis(b *testing.B) rueidis.Client {
 	ru, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress: []string{srv.Addr()}, DisableCache: true, MaxFlushDelay: 20 * time.Microsecond,
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
+	return ru
+}
+
+// consumeRawRueidis is consumeRaw on rueidis.
+func consumeRawRueidis(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+	ru := newBenchRueidis(b)
+	return func(ctx context.Context) {
+		var wg sync.WaitGroup
+		for n := range t.shape.loops {
+			name := fmt.Sprintf("raw-%d", n)
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					cmd := ru.B().Xreadgroup().Group(t.group, name).Count(DefaultCount).Block(benchBlock.Milliseconds()).
+						Streams().Key(t.stream).Id(">").Build()
+					res, err := ru.Do(ctx, cmd).AsXRead()
+					if rueidis.IsRedisNil(err) {
+						continue
+					}
+					if err != nil {
+						if ctx.Err() == nil {
+							b.Errorf("%s: XREADGROUP: %v", name, err)
+							time.Sleep(benchBlock)
+						}
+						continue
+					}
+					pool := workpool.New(t.shape.conc)
+					for _, entries := range res {
+						for _, e := range entries {
+							pool.Go(func() {
+								t.handle()
+								actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+								if err := ru.Do(actx, ru.B().Xack().Key(t.stream).Group(t.group).Id(e.ID).Build()).Error(); err != nil {
+									b.Errorf("%s: XACK: %v", name, err)
+								}
+								cancel()
+							})
+						}
+					}
+					pool.Wait()
+				}
+			})
+		}
+		wg.Wait()
+	}, ru.Close
+}
+
+// consumeIdemRueidis is consumeIdem with the consumers on the store's
+// rueidis client (no timeout per store call, as Open).
+func consumeIdemRueidis(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+	ru := newBenchRueidis(b)
 	store, err := redisstore.NewRueidis(ru, redisstore.Options{Prefix: "idem:" + t.stream + ":", Timeout: -1})
 	if err != nil {
 		ru.Close()
