@@ -240,39 +240,11 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// clusterNode is one line of CLUSTER NODES.
-type clusterNode struct {
-	id, addr, master string // master: the primary's id, for a replica
-	primary          bool
-	slots            [][2]int
-}
-
-func clusterNodes(t *testing.T) []clusterNode {
+func clusterNodes(t *testing.T) []redistest.ClusterNode {
 	t.Helper()
-	out, err := cluster.Nodes()[0].Do("CLUSTER", "NODES")
+	nodes, err := cluster.Topology()
 	if err != nil {
 		t.Fatal(err)
-	}
-	var nodes []clusterNode
-	for line := range strings.Lines(out) {
-		f := strings.Fields(line)
-		if len(f) < 8 {
-			continue
-		}
-		n := clusterNode{id: f[0], addr: strings.Split(f[1], "@")[0], master: f[3], primary: strings.Contains(f[2], "master")}
-		for _, r := range f[8:] {
-			if strings.HasPrefix(r, "[") {
-				continue
-			}
-			lo, hi, _ := strings.Cut(r, "-")
-			a, _ := strconv.Atoi(lo)
-			b := a
-			if hi != "" {
-				b, _ = strconv.Atoi(hi)
-			}
-			n.slots = append(n.slots, [2]int{a, b})
-		}
-		nodes = append(nodes, n)
 	}
 	return nodes
 }
@@ -318,8 +290,8 @@ func server(addr string) *redistest.Server {
 func onReplica(t *testing.T, key string) bool {
 	slot := slotOf(t, key)
 	for _, n := range clusterNodes(t) {
-		for _, r := range n.slots {
-			if n.primary && r[0] <= slot && slot <= r[1] {
+		for _, r := range n.Slots {
+			if n.Primary && r[0] <= slot && slot <= r[1] {
 				return onReplicaOf(t, n, key)
 			}
 		}
@@ -329,20 +301,20 @@ func onReplica(t *testing.T, key string) bool {
 }
 
 // onReplicaOf reports whether every replica of primary holds key.
-func onReplicaOf(t *testing.T, primary clusterNode, key string) bool {
+func onReplicaOf(t *testing.T, primary redistest.ClusterNode, key string) bool {
 	found := false
 	for _, n := range clusterNodes(t) {
-		if n.primary || n.master != primary.id {
+		if n.Primary || n.Master != primary.ID {
 			continue
 		}
 		found = true
-		c := redis.NewClient(&redis.Options{Addr: n.addr, OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr, OnConnect: func(ctx context.Context, cn *redis.Conn) error {
 			return cn.ReadOnly(ctx).Err()
 		}})
 		v, err := c.Get(context.Background(), key).Result()
 		c.Close()
 		if err != nil || !strings.HasPrefix(v, "C") {
-			t.Logf("replica %s: %q, %v", n.addr, v, err)
+			t.Logf("replica %s: %q, %v", n.Addr, v, err)
 			return false
 		}
 	}
@@ -353,26 +325,26 @@ func onReplicaOf(t *testing.T, primary clusterNode, key string) bool {
 // redis-cli --cluster reshard does it.
 type move struct {
 	slot     int
-	src, dst clusterNode
+	src, dst redistest.ClusterNode
 }
 
 func startMove(t *testing.T, key string) *move {
 	t.Helper()
 	m := &move{slot: slotOf(t, key)}
-	var primaries []clusterNode
+	var primaries []redistest.ClusterNode
 	for _, n := range clusterNodes(t) {
-		if n.primary {
+		if n.Primary {
 			primaries = append(primaries, n)
 		}
 	}
 	for i, n := range primaries {
-		for _, r := range n.slots {
+		for _, r := range n.Slots {
 			if r[0] <= m.slot && m.slot <= r[1] {
 				m.src, m.dst = n, primaries[(i+1)%len(primaries)]
 			}
 		}
 	}
-	if m.src.id == "" {
+	if m.src.ID == "" {
 		t.Fatalf("no primary owns slot %d", m.slot)
 	}
 	s := strconv.Itoa(m.slot)
@@ -380,8 +352,8 @@ func startMove(t *testing.T, key string) *move {
 		addr string
 		args []string
 	}{
-		{m.dst.addr, []string{"CLUSTER", "SETSLOT", s, "IMPORTING", m.src.id}},
-		{m.src.addr, []string{"CLUSTER", "SETSLOT", s, "MIGRATING", m.dst.id}},
+		{m.dst.Addr, []string{"CLUSTER", "SETSLOT", s, "IMPORTING", m.src.ID}},
+		{m.src.Addr, []string{"CLUSTER", "SETSLOT", s, "MIGRATING", m.dst.ID}},
 	} {
 		if _, err := server(step.addr).Do(step.args...); err != nil {
 			t.Fatalf("%v on %s: %v", step.args, step.addr, err)
@@ -393,7 +365,7 @@ func startMove(t *testing.T, key string) *move {
 // migrateKeys moves every key of the slot to the target.
 func (m *move) migrateKeys(t *testing.T) {
 	t.Helper()
-	src := server(m.src.addr)
+	src := server(m.src.Addr)
 	for {
 		keys, err := src.Do("CLUSTER", "GETKEYSINSLOT", strconv.Itoa(m.slot), "100")
 		if err != nil {
@@ -402,7 +374,7 @@ func (m *move) migrateKeys(t *testing.T) {
 		if keys == "" {
 			return
 		}
-		host, port, _ := strings.Cut(m.dst.addr, ":")
+		host, port, _ := strings.Cut(m.dst.Addr, ":")
 		args := append([]string{"MIGRATE", host, port, "", "0", "5000", "KEYS"}, strings.Split(keys, "\n")...)
 		if _, err := src.Do(args...); err != nil {
 			t.Fatal(fmt.Errorf("%v: %w", args[:6], err))
@@ -415,14 +387,14 @@ func (m *move) migrateKeys(t *testing.T) {
 func (m *move) finish(t *testing.T) {
 	t.Helper()
 	m.migrateKeys(t)
-	addrs := []string{m.dst.addr, m.src.addr}
+	addrs := []string{m.dst.Addr, m.src.Addr}
 	for _, n := range clusterNodes(t) {
-		if n.primary && n.id != m.dst.id && n.id != m.src.id {
-			addrs = append(addrs, n.addr)
+		if n.Primary && n.ID != m.dst.ID && n.ID != m.src.ID {
+			addrs = append(addrs, n.Addr)
 		}
 	}
 	for _, addr := range addrs {
-		if _, err := server(addr).Do("CLUSTER", "SETSLOT", strconv.Itoa(m.slot), "NODE", m.dst.id); err != nil {
+		if _, err := server(addr).Do("CLUSTER", "SETSLOT", strconv.Itoa(m.slot), "NODE", m.dst.ID); err != nil {
 			t.Fatalf("SETSLOT NODE on %s: %v", addr, err)
 		}
 	}

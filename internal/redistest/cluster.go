@@ -244,3 +244,67 @@ func (c *Cluster) sortPrimariesFirst() error {
 	})
 	return nil
 }
+
+// ClusterNode is one node as CLUSTER NODES describes it.
+type ClusterNode struct {
+	ID      string
+	Addr    string // host:port, without the bus port
+	Master  string // for a replica, its primary's ID; "-" for a primary
+	Primary bool
+	Slots   [][2]int // the slot ranges a primary serves, inclusive
+}
+
+// Owns reports whether n serves slot.
+func (n ClusterNode) Owns(slot int) bool {
+	for _, r := range n.Slots {
+		if r[0] <= slot && slot <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// Topology reads CLUSTER NODES from the first node that answers, sorted
+// by address.
+func (c *Cluster) Topology() ([]ClusterNode, error) {
+	var out string
+	var err error
+	for _, s := range c.nodes {
+		if out, err = s.Do("CLUSTER", "NODES"); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	nodes := ParseClusterNodes(out)
+	slices.SortFunc(nodes, func(a, b ClusterNode) int { return strings.Compare(a.Addr, b.Addr) })
+	return nodes, nil
+}
+
+// ParseClusterNodes parses the reply of CLUSTER NODES. Slots being
+// migrated ("[slot->-id]") are left out.
+func ParseClusterNodes(out string) []ClusterNode {
+	var nodes []ClusterNode
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		n := ClusterNode{ID: f[0], Addr: strings.Split(f[1], "@")[0], Master: f[3], Primary: strings.Contains(f[2], "master")}
+		for _, r := range f[8:] {
+			if strings.HasPrefix(r, "[") {
+				continue
+			}
+			lo, hi, _ := strings.Cut(r, "-")
+			a, _ := strconv.Atoi(lo)
+			b := a
+			if hi != "" {
+				b, _ = strconv.Atoi(hi)
+			}
+			n.Slots = append(n.Slots, [2]int{a, b})
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes
+}

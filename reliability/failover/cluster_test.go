@@ -70,62 +70,20 @@ func clusterClients(c *redistest.Cluster) []storeClient {
 }
 
 // node is one line of CLUSTER NODES.
-type node struct {
-	id, addr, master string // master: the primary's id, for a replica
-	primary          bool
-	slots            [][2]int
-}
-
-func (n node) owns(slot int) bool {
-	for _, r := range n.slots {
-		if r[0] <= slot && slot <= r[1] {
-			return true
-		}
-	}
-	return false
-}
+type node = redistest.ClusterNode
 
 // topology reads CLUSTER NODES from the first node that answers.
 func topology(t *testing.T, c *redistest.Cluster) []node {
 	t.Helper()
-	var out string
-	var err error
-	for _, s := range c.Nodes() {
-		if out, err = s.Do("CLUSTER", "NODES"); err == nil {
-			break
-		}
-	}
+	nodes, err := c.Topology()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nodes []node
-	for line := range strings.Lines(out) {
-		f := strings.Fields(line)
-		if len(f) < 8 {
-			continue
-		}
-		n := node{id: f[0], addr: strings.Split(f[1], "@")[0], master: f[3], primary: strings.Contains(f[2], "master")}
-		for _, r := range f[8:] {
-			if strings.HasPrefix(r, "[") {
-				continue
-			}
-			lo, hi, _ := strings.Cut(r, "-")
-			a, _ := strconv.Atoi(lo)
-			b := a
-			if hi != "" {
-				b, _ = strconv.Atoi(hi)
-			}
-			n.slots = append(n.slots, [2]int{a, b})
-		}
-		nodes = append(nodes, n)
-	}
-	// Stable order: by address.
-	slices.SortFunc(nodes, func(a, b node) int { return strings.Compare(a.addr, b.addr) })
 	return nodes
 }
 
 func primaries(nodes []node) []node {
-	return slices.DeleteFunc(slices.Clone(nodes), func(n node) bool { return !n.primary })
+	return slices.DeleteFunc(slices.Clone(nodes), func(n node) bool { return !n.Primary })
 }
 
 func serverAt(c *redistest.Cluster, addr string) *redistest.Server {
@@ -209,22 +167,22 @@ func clusterFailover(c *redistest.Cluster, shard int) func(t *testing.T) {
 		p := primaries(nodes)[shard]
 		var r node
 		for _, n := range nodes {
-			if n.master == p.id {
+			if n.Master == p.ID {
 				r = n
 			}
 		}
-		if r.id == "" {
-			t.Fatalf("primary %s has no replica", p.addr)
+		if r.ID == "" {
+			t.Fatalf("primary %s has no replica", p.Addr)
 		}
-		if _, err := serverAt(c, r.addr).Do("CLUSTER", "FAILOVER"); err != nil {
-			t.Fatalf("CLUSTER FAILOVER on %s: %v", r.addr, err)
+		if _, err := serverAt(c, r.Addr).Do("CLUSTER", "FAILOVER"); err != nil {
+			t.Fatalf("CLUSTER FAILOVER on %s: %v", r.Addr, err)
 		}
 		waitUntil(t, 20*time.Second, func() string {
-			if role, _ := serverAt(c, r.addr).Do("ROLE"); !strings.HasPrefix(role, "master") {
-				return r.addr + " not promoted"
+			if role, _ := serverAt(c, r.Addr).Do("ROLE"); !strings.HasPrefix(role, "master") {
+				return r.Addr + " not promoted"
 			}
-			if role, _ := serverAt(c, p.addr).Do("ROLE"); !strings.HasPrefix(role, "slave") {
-				return p.addr + " not demoted"
+			if role, _ := serverAt(c, p.Addr).Do("ROLE"); !strings.HasPrefix(role, "slave") {
+				return p.Addr + " not demoted"
 			}
 			return stable(c)
 		})
@@ -357,8 +315,8 @@ func hotKeys(slots []int, n int) []idem.Key {
 // source and the other primaries. Traffic meanwhile gets ASK and MOVED.
 func reshard(c *redistest.Cluster, src, dst node, slots []int, stats *reshardStats) func(t *testing.T) {
 	return func(t *testing.T) {
-		srcS, dstS := serverAt(c, src.addr), serverAt(c, dst.addr)
-		host, port, _ := strings.Cut(dst.addr, ":")
+		srcS, dstS := serverAt(c, src.Addr), serverAt(c, dst.Addr)
+		host, port, _ := strings.Cut(dst.Addr, ":")
 		do := func(s *redistest.Server, args ...string) string {
 			out, err := s.Do(args...)
 			if err != nil {
@@ -368,8 +326,8 @@ func reshard(c *redistest.Cluster, src, dst node, slots []int, stats *reshardSta
 		}
 		for _, slot := range slots {
 			sl := strconv.Itoa(slot)
-			do(dstS, "CLUSTER", "SETSLOT", sl, "IMPORTING", src.id)
-			do(srcS, "CLUSTER", "SETSLOT", sl, "MIGRATING", dst.id)
+			do(dstS, "CLUSTER", "SETSLOT", sl, "IMPORTING", src.ID)
+			do(srcS, "CLUSTER", "SETSLOT", sl, "MIGRATING", dst.ID)
 			for {
 				out := do(srcS, "CLUSTER", "GETKEYSINSLOT", sl, "5")
 				if out == "" {
@@ -380,11 +338,11 @@ func reshard(c *redistest.Cluster, src, dst node, slots []int, stats *reshardSta
 				do(srcS, append([]string{"MIGRATE", host, port, "", "0", "5000", "KEYS"}, keys...)...)
 				time.Sleep(time.Millisecond) // let traffic meet a half-moved slot
 			}
-			do(dstS, "CLUSTER", "SETSLOT", sl, "NODE", dst.id)
-			do(srcS, "CLUSTER", "SETSLOT", sl, "NODE", dst.id)
+			do(dstS, "CLUSTER", "SETSLOT", sl, "NODE", dst.ID)
+			do(srcS, "CLUSTER", "SETSLOT", sl, "NODE", dst.ID)
 			for _, p := range primaries(topology(t, c)) {
-				if p.id != src.id && p.id != dst.id {
-					do(serverAt(c, p.addr), "CLUSTER", "SETSLOT", sl, "NODE", dst.id)
+				if p.ID != src.ID && p.ID != dst.ID {
+					do(serverAt(c, p.Addr), "CLUSTER", "SETSLOT", sl, "NODE", dst.ID)
 				}
 			}
 			stats.slots++
@@ -392,8 +350,8 @@ func reshard(c *redistest.Cluster, src, dst node, slots []int, stats *reshardSta
 		waitUntil(t, 20*time.Second, func() string {
 			for _, n := range primaries(topology(t, c)) {
 				for _, s := range slots {
-					if n.owns(s) && n.id != dst.id {
-						return fmt.Sprintf("slot %d still at %s", s, n.addr)
+					if n.Owns(s) && n.ID != dst.ID {
+						return fmt.Sprintf("slot %d still at %s", s, n.Addr)
 					}
 				}
 			}
@@ -413,7 +371,7 @@ func TestClusterReshard(t *testing.T) {
 			src, dst := ps[i%3], ps[(i+1)%3]
 			// Hot slots: spread over the source's slots.
 			var own []int
-			for _, r := range src.slots {
+			for _, r := range src.Slots {
 				for s := r[0]; s <= r[1]; s++ {
 					own = append(own, s)
 				}
