@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -17,17 +18,15 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "table:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
-	fmt.Println("| scenario | store | fault | requests | keys | duplicate effects | lost completions | stuck keys | errors seen by clients | notes |")
-	fmt.Println("|---|---|---|---:|---:|---:|---:|---:|---|---|")
+func run(in io.Reader, out io.Writer) error {
 	var rows []reltest.Row
-	sc := bufio.NewScanner(os.Stdin)
+	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for line := 1; sc.Scan(); line++ {
 		if strings.TrimSpace(sc.Text()) == "" {
@@ -45,8 +44,10 @@ func run() error {
 	slices.SortStableFunc(rows, func(a, b reltest.Row) int {
 		return cmp.Or(strings.Compare(a.Scenario, b.Scenario), strings.Compare(a.Store, b.Store))
 	})
+	fmt.Fprintln(out, "| scenario | store | fault | requests | keys | duplicate effects | lost completions | stuck keys | errors seen by clients | notes |")
+	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---:|---|---|")
 	for _, r := range rows {
-		fmt.Printf("| %s | %s | %s | %d | %d | %d | %d | %d | %s | %s |\n",
+		fmt.Fprintf(out, "| %s | %s | %s | %d | %d | %d | %d | %d | %s | %s |\n",
 			cell(r.Scenario), cell(r.Store), cell(r.Fault), r.Requests, r.Keys, r.Duplicates, r.Lost, r.Stuck,
 			cell(reltest.FormatErrors(r.ClientErrors)), cell(r.Notes))
 	}
