@@ -304,9 +304,23 @@ func (s *Store) run(ctx context.Context, op string, key idem.Key, script int, ar
 	defer cancel()
 	r, err := s.r.run(ctx, script, s.KeyName(key), args...)
 	if err != nil {
-		return reply{}, &idem.StoreError{Op: op, Key: key, Err: err}
+		return reply{}, &idem.StoreError{Op: op, Key: key, Err: s.explainACL(err)}
 	}
 	return r, nil
+}
+
+// explainACL adds to a Redis permission error what the store needs. The
+// error is kept (errors.Is and As still reach it). Redis reports a missing
+// key pattern or script command as NOPERM, but a command missing inside a
+// script (Redis 7.0) only as "The user executing the script can't run this
+// command", without naming it (found by reliability/hostile).
+func (s *Store) explainACL(err error) error {
+	msg := err.Error()
+	if !strings.Contains(msg, "NOPERM") && !strings.Contains(msg, "can't run this command") {
+		return err
+	}
+	return fmt.Errorf("%w (the Redis user needs the keys ~%s* and the commands +evalsha +eval +get +set +time +pttl +pexpireat +del)",
+		err, s.prefix)
 }
 
 // bound applies Options.Timeout unless ctx ends sooner.

@@ -98,7 +98,7 @@ func (s *Store) completeWait(ctx context.Context, key idem.Key, args ...string) 
 	r, acked, err := s.r.runWait(ctx, w, scriptComplete, s.KeyName(key), args...)
 	switch {
 	case err != nil:
-		return &idem.StoreError{Op: "complete", Key: key, Err: err}
+		return &idem.StoreError{Op: "complete", Key: key, Err: s.explainACL(err)}
 	case r.n[0] != 1:
 		return idem.ErrLeaseLost // nothing written: the WAIT did not matter
 	case acked < w.replicas:

@@ -153,6 +153,8 @@ func TestRedisACL(t *testing.T) {
 				t.Errorf("%s as %s: Acquire error %T, want *idem.StoreError", client, user, aerr)
 			case !strings.Contains(logs.String(), want):
 				t.Errorf("%s as %s: the middleware's log does not say %q:\n%s", client, user, want, logs)
+			case !strings.Contains(aerr.Error(), "the Redis user needs the keys ~idem:* and the commands +evalsha"):
+				t.Errorf("%s as %s: Acquire error %v does not say what the store needs", client, user, aerr)
 			}
 			if n := dbsizeAll(t, srv) - keysBefore; n != 0 {
 				t.Errorf("%s as %s: %d keys written", client, user, n)
