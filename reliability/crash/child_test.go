@@ -243,6 +243,12 @@ func (c *childServer) serveRedis(w http.ResponseWriter, r *http.Request) {
 			cause = "not cancelled"
 		}
 	}
+	if mode == "" && ctx.Err() != nil {
+		// The lease was lost (a starved process): a well-behaved handler
+		// does not write its effect then. The retry runs it.
+		http.Error(w, "lease lost before the effect", http.StatusServiceUnavailable)
+		return
+	}
 	applied, err := c.apply(key, lease.Token)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)

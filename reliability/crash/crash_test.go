@@ -238,6 +238,21 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 	}
 	answers, fed := clients.run(t, ctx, keys, minKeys, randomDone, 2, reltest.Scale(6, 8))
 	awg.Wait()
+	if len(abandoned) > 0 {
+		// An abandoned key whose send found no live server was never held:
+		// at least one must really have been killed mid-handler.
+		fmu.Lock()
+		held := 0
+		for _, k := range abandoned {
+			if fired[k] {
+				held++
+			}
+		}
+		fmu.Unlock()
+		if held == 0 {
+			t.Errorf("none of the %d abandoned keys was killed while held: their checks test nothing", len(abandoned))
+		}
+	}
 	close(stopRandom)
 	<-randomDone
 	clientsDone := time.Now()

@@ -98,6 +98,7 @@ func startIdemProxy(t *testing.T, args ...string) *proxyProc {
 			p.cmd.Env = append(p.cmd.Env, kv)
 		}
 	}
+	p.cmd.SysProcAttr = sysProcAttr()
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,10 @@ func startIdemProxy(t *testing.T, args ...string) *proxyProc {
 			p.mu.Unlock()
 			var rec struct{ Msg, Listen string }
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "idem proxy listening" {
-				listening <- rec.Listen
+				select { // never block the log reader
+				case listening <- rec.Listen:
+				default:
+				}
 			}
 		}
 		io.Copy(io.Discard, stderr)
