@@ -284,6 +284,8 @@ type scenario struct {
 	spec               loadSpec
 	warmup, after      time.Duration
 	notes              string
+	// extra, if set, adds to the notes what the fault found out.
+	extra func() string
 }
 
 // run drives the scenario; fault performs the fault and returns when the
@@ -322,6 +324,9 @@ func (sc scenario) run(t *testing.T, store idem.Store, fault func(t *testing.T))
 	}
 	notes := fmt.Sprintf("%s; fault took %v; %d replays (%d keys replayed another run's result); %d runs not acknowledged; %d of %d sends after the fault succeeded",
 		sc.notes, faultTook.Round(10*time.Millisecond), r.replays, r.badReplay, r.unacked, r.okAfter, r.sentAfter)
+	if sc.extra != nil {
+		notes += "; " + sc.extra()
+	}
 	reltest.Report(t, reltest.Row{Scenario: sc.name, Store: sc.store, Fault: sc.fault,
 		Requests: r.requests, Keys: r.keys, Duplicates: r.duplicates, Lost: r.lost, Stuck: r.stuck,
 		ClientErrors: r.errs, Notes: strings.TrimPrefix(notes, "; ")})
