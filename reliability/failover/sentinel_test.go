@@ -83,7 +83,7 @@ daemonize no
 dir %s
 logfile %s
 sentinel monitor %s 127.0.0.1 %d 2
-sentinel down-after-milliseconds %s 1000
+sentinel down-after-milliseconds %s 5000
 sentinel failover-timeout %s 10000
 `, port, dir, filepath.Join(dir, "sentinel.log"), masterName, primaryPort, masterName, masterName)
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
@@ -234,6 +234,12 @@ func TestSentinelFailover(t *testing.T) {
 				}
 				if wait > 0 && r.badReplay > 0 {
 					t.Errorf("WaitReplicas=1: %d keys replayed another result than the confirmed one", r.badReplay)
+				}
+				// The scenario must have hit the window WAIT guards: some
+				// completions written to the old primary after the
+				// promotion, which no replica acknowledged.
+				if wait > 0 && r.errs["not_replicated"] == 0 {
+					t.Errorf("WaitReplicas=1: no completion failed its WAIT, so the failover window was never hit and the 0 lost proves nothing")
 				}
 			})
 		}
