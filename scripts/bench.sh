@@ -5,7 +5,8 @@
 #   2. full acquire+complete pairs/s from 64 goroutines with rueidis and
 #      go-redis (go test -bench, against the test package's private server);
 #   3. the in-memory store and the Guard.
-# Bounded: about two minutes. Loopback only.
+#   4. the consumers and idem bench (see below).
+# Bounded: about six minutes. Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benchtime=${BENCHTIME:-5s}
@@ -57,7 +58,12 @@ echo "$thr" | awk '
 			100 * r["g" g "/first/redis"] / r["g" g "/no-layer"], 100 * r["g" g "/replay/redis"] / r["g" g "/no-layer"],
 			100 * r["g" g "/first/memstore"] / r["g" g "/no-layer"] }'
 
-# idem bench: the source articles' comparison (BENCHMARKS.md, last section).
+# Message consumers (idemmsg): messages/s through the Redis Streams and NATS
+# JetStream adapters with and without the Deduplicator, per shape (Run
+# loops x Concurrency); each idem row reports idem/raw.
+go test -run '^$' -bench Consume -benchtime 1x -count 1 ./idemmsg/redisstream/ ./idemmsg/natsjs/ | grep Benchmark
+
+# idem bench: the source articles' comparison (BENCHMARKS.md, idem bench section).
 # The same net/http handler behind naive GET-then-SET, WATCH/MULTI/EXEC,
 # plain Lua and idem (both clients) on a private redis-server that idem bench
 # starts, in four scenarios; idem's scenario b is set against the physical
