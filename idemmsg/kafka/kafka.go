@@ -78,6 +78,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/loop"
 )
 
 // DefaultKeyHeader is the header read by the default Key.
@@ -192,7 +193,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		if pollErr {
 			failures++
-			sleep(ctx, backoff(failures))
+			loop.Sleep(ctx, backoff(failures))
 		} else {
 			failures = 0
 		}
@@ -299,7 +300,7 @@ func (r *runner) partition(ctx context.Context, recs []*kgo.Record) error {
 			if outcome == idemmsg.InFlight && retryAfter > 0 && retryAfter < wait {
 				wait = retryAfter
 			}
-			sleep(ctx, wait)
+			loop.Sleep(ctx, wait)
 		}
 		if r.crashed.Load() || (r.beforeCommit != nil && !r.beforeCommit(rec)) {
 			r.crashed.Store(true)
@@ -394,13 +395,4 @@ func (r *runner) onError(err error) {
 // backoff is the wait before the n-th retry: min(100ms·n, 5s).
 func backoff(n int) time.Duration {
 	return min(backoffStep*time.Duration(max(n, 1)), maxBackoff)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -156,29 +156,6 @@ func headerValue(rec *kgo.Record, name string) string {
 	return ""
 }
 
-// start runs c until the test ends, and returns a function that stops it
-// and returns Run's error.
-func (e *env) start(c *Consumer) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(waitLimit):
-				e.t.Errorf("consumer did not stop within %v", waitLimit)
-			}
-		})
-		return err
-	}
-	e.t.Cleanup(func() { stop() })
-	return stop
-}
-
 // settled reports whether the group's committed offset of every partition
 // is the partition's end.
 func (e *env) settled() bool {
@@ -193,17 +170,6 @@ func (e *env) settled() bool {
 		}
 	}
 	return true
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // checkLedger wants exactly one effect per distinct key, in order per
@@ -546,4 +512,15 @@ func TestHandlerPanicPassedOn(t *testing.T) {
 	e.start(c2)
 	waitFor(t, "all records committed", e.settled)
 	e.checkLedger([]string{"ok", "boom"})
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	return msgtest.Start(e.t, "consumer", waitLimit, c.Run, nil)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	msgtest.WaitFor(t, what, waitLimit, cond)
 }

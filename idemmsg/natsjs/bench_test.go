@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
@@ -144,7 +145,7 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		b.StopTimer()
 		elapsed += time.Since(start)
 
-		benchWait(b, "every message acknowledged", func() bool {
+		msgtest.WaitFor(b, "every message acknowledged", benchStop, func() bool {
 			ictx, icancel := context.WithTimeout(context.Background(), time.Second)
 			defer icancel()
 			info, err := t.cons.Info(ictx)
@@ -274,17 +275,5 @@ func consumeIdem(b *testing.B, d *idemmsg.Deduplicator) func(context.Context, *b
 			})
 		}
 		wg.Wait()
-	}
-}
-
-// benchWait polls cond until it holds, for at most benchStop.
-func benchWait(b *testing.B, what string, cond func() bool) {
-	b.Helper()
-	deadline := time.Now().Add(benchStop)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.Fatalf("timed out after %v waiting for %s", benchStop, what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -75,6 +75,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/loop"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 )
 
@@ -185,7 +186,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.onError(err)
 		failures++
-		sleep(ctx, min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second))
+		loop.Sleep(ctx, loop.Backoff(failures))
 	}
 	return nil
 }
@@ -392,13 +393,4 @@ func describe(msg jetstream.Msg) string {
 		return meta.Stream + " #" + strconv.FormatUint(meta.Sequence.Stream, 10)
 	}
 	return msg.Subject()
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

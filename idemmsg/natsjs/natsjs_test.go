@@ -145,29 +145,6 @@ func (e *env) consumer(name string, key func(jetstream.Msg) string) *Consumer {
 	}
 }
 
-// start runs c until the test ends, and returns a function that stops it
-// and returns Run's error.
-func (e *env) start(c *Consumer) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(waitLimit):
-				e.t.Errorf("consumer did not stop within %v", waitLimit)
-			}
-		})
-		return err
-	}
-	e.t.Cleanup(func() { stop() })
-	return stop
-}
-
 // settled reports whether every published message was delivered to the
 // consumer and settled: nothing pending, nothing awaiting an ack.
 func (e *env) settled() bool {
@@ -176,17 +153,6 @@ func (e *env) settled() bool {
 		return false
 	}
 	return info.Delivered.Stream >= e.lastSeq && info.NumAckPending == 0 && info.NumPending == 0
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // checkLedger wants exactly one effect per distinct key and nothing
@@ -434,4 +400,15 @@ func TestConcurrencyPanicPassedOn(t *testing.T) {
 	if took := time.Since(start); took >= testAckWait/2 {
 		t.Errorf("the panic came out after %v: Run waited for another message", took)
 	}
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	return msgtest.Start(e.t, "consumer", waitLimit, c.Run, nil)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	msgtest.WaitFor(t, what, waitLimit, cond)
 }

@@ -223,41 +223,6 @@ func (e *env) consumer(name string, conn *amqp.Connection, key func(amqp.Deliver
 	}
 }
 
-// start runs c until the test ends, and returns a function that stops it,
-// closes its channel and returns Run's error.
-func (e *env) start(c *Consumer) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(waitLimit):
-				e.t.Errorf("consumer did not stop within %v", waitLimit)
-			}
-			c.Channel.Close()
-		})
-		return err
-	}
-	e.t.Cleanup(func() { stop() })
-	return stop
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (e *env) waitAcked(n int) {
 	e.t.Helper()
 	waitFor(e.t, fmt.Sprintf("%d deliveries acknowledged or dead-lettered", n), func() bool { return int(e.acked.Load()) >= n })
@@ -565,4 +530,15 @@ func TestDeliveryCount(t *testing.T) {
 			t.Errorf("%v: got %d, %t; want %d, %t", tc.h, n, ok, tc.n, tc.counted)
 		}
 	}
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	return msgtest.Start(e.t, "consumer", waitLimit, c.Run, func() { c.Channel.Close() })
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	msgtest.WaitFor(t, what, waitLimit, cond)
 }

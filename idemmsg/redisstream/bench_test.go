@@ -13,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -134,7 +135,7 @@ func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFu
 		b.StopTimer()
 		elapsed += time.Since(start)
 
-		benchWait(b, "every entry acknowledged", func() bool {
+		msgtest.WaitFor(b, "every entry acknowledged", benchStop, func() bool {
 			p, err := c.XPending(context.Background(), t.stream, t.group).Result()
 			return err == nil && p.Count == 0
 		})
@@ -334,16 +335,4 @@ func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemms
 		})
 	}
 	wg.Wait()
-}
-
-// benchWait polls cond until it holds, for at most benchStop.
-func benchWait(b *testing.B, what string, cond func() bool) {
-	b.Helper()
-	deadline := time.Now().Add(benchStop)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.Fatalf("timed out after %v waiting for %s", benchStop, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

@@ -70,6 +70,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/loop"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 )
 
@@ -214,7 +215,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				}
 			}
 			failures++
-			sleep(ctx, min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second))
+			loop.Sleep(ctx, loop.Backoff(failures))
 		}
 	}
 	return nil
@@ -445,13 +446,4 @@ func (r *runner) onError(err error) {
 		return
 	}
 	slog.Default().Warn("redisstream", "stream", r.Stream, "group", r.Group, "consumer", r.Consumer.Consumer, "err", err)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

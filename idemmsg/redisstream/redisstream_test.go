@@ -133,29 +133,6 @@ func (e *env) consumer(name string) *Consumer {
 	return c
 }
 
-// start runs c until the test ends, and returns a function that stops it
-// and returns Run's error.
-func (e *env) start(c *Consumer) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(waitLimit):
-				e.t.Errorf("consumer %s did not stop within %v", c.Consumer, waitLimit)
-			}
-		})
-		return err
-	}
-	e.t.Cleanup(func() { stop() })
-	return stop
-}
-
 // settled reports whether every published entry was delivered to the
 // group and acknowledged.
 func (e *env) settled() bool {
@@ -169,17 +146,6 @@ func (e *env) settled() bool {
 		}
 	}
 	return false
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // checkLedger wants exactly one effect per distinct key and nothing
@@ -341,4 +307,15 @@ func TestRueidisBlockingRead(t *testing.T) {
 	if d := time.Since(start); d > block/3 {
 		t.Errorf("Run returned %v after its context ended, want well under the block of %v", d, block)
 	}
+}
+
+// start runs c until the test ends, and returns a function that stops it
+// and returns Run's error.
+func (e *env) start(c *Consumer) (stop func() error) {
+	return msgtest.Start(e.t, c.Consumer, waitLimit, c.Run, nil)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	msgtest.WaitFor(t, what, waitLimit, cond)
 }
