@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/memstore"
@@ -81,4 +82,51 @@ func ExampleGuard_Begin() {
 	// Output:
 	// attempt 1 released
 	// attempt 2 completed
+}
+
+// The README's first example: Guard.Do with every error handled.
+func Example() {
+	ctx := context.Background()
+	account, clientKey := "acct_1", "order-42"
+	fingerprint := idem.SumFingerprint([]byte(`{"amount":1000}`), "POST", "/charges")
+	charge := func(ctx context.Context, token uint64) (*idem.Response, error) {
+		return &idem.Response{Status: 201, Body: []byte(`{"charge":"ch_1"}`)}, nil
+	}
+
+	store := memstore.New(memstore.Options{}) // or redisstore.Open("redis://localhost:6379", redisstore.Options{})
+	g, err := idem.New(store, idem.Config{})  // lease 30s, retention 24h
+	if err != nil {
+		log.Fatal(err)
+	}
+	key, err := idem.Scope{Tenant: account, Method: "POST", Route: "/charges"}.Key(clientKey)
+	if err != nil {
+		log.Fatal(err) // idem.ErrInvalidKey: empty, too long, not printable ASCII
+	}
+	res, err := g.Do(ctx, key, fingerprint, func(ctx context.Context) (*idem.Response, error) {
+		lease, _ := idem.LeaseFromContext(ctx) // lease.Token: the fencing token
+		return charge(ctx, lease.Token)
+	})
+	var inFlight *idem.InFlightError
+	switch {
+	case err == nil: // res.Replayed: the stored result; the work did not run again
+		fmt.Println(res.Response.Status, string(res.Response.Body), "replayed:", res.Replayed)
+	case errors.As(err, &inFlight): // another caller holds the key
+		fmt.Println("in flight; retry after", inFlight.RetryAfter)
+	case errors.Is(err, idem.ErrMismatch): // the key was used with another request
+		fmt.Println("mismatch")
+	default: // *idem.StoreError: the store failed and the work did not run
+		log.Fatal(err)
+	}
+
+	// The same request again: the stored result.
+	res, err = g.Do(ctx, key, fingerprint, func(ctx context.Context) (*idem.Response, error) {
+		return nil, errors.New("not run")
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Response.Status, string(res.Response.Body), "replayed:", res.Replayed)
+	// Output:
+	// 201 {"charge":"ch_1"} replayed: false
+	// 201 {"charge":"ch_1"} replayed: true
 }

@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // Defaults for Config's zero fields.
@@ -30,8 +36,23 @@ type Config struct {
 	// MaxResponseSize is the largest body stored, in bytes, before
 	// compression. A larger body is not stored: the key is completed with
 	// the status and headers and Response.BodyOmitted set, and the work is
-	// never run again for it. Default 1 MiB; at most MaxEncodedBody.
+	// never run again for it. Default 1 MiB; at most MaxEncodedBody. A
+	// response whose body is in a blob store (Response.Blob) is stored
+	// whatever its size.
 	MaxResponseSize int
+
+	// TracerProvider and MeterProvider, when set, make the Guard report
+	// through OpenTelemetry: a span per store call (idem.acquire,
+	// idem.complete, idem.release, idem.renew; children of the caller's
+	// span, with the key's digest, never the raw key, the store, the
+	// result, the fencing token and, when in flight, the lease left), the
+	// histogram idem.store.duration, the counters idem.outcomes (Do's
+	// outcomes, layer "guard") and idem.lease.renewals, and the event
+	// idem.lease_lost on the caller's span. Default nil: none of it, at no
+	// cost. Pass otel.GetTracerProvider() and otel.GetMeterProvider() to
+	// use the global ones.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 
 	// OnRenew, when set, is called after each background lease renewal
 	// with its result: nil, ErrLeaseLost (the lease is gone: the work's
@@ -45,15 +66,19 @@ type Config struct {
 // repeats. It is safe for concurrent use.
 type Guard struct {
 	store Store
-	cfg   Config
+	// ops is the store the Guard calls: store itself, or store observed
+	// through OpenTelemetry.
+	ops Store
+	tel *telemetry.T // nil without providers
+	cfg Config
 	// forgets bounds the background releases in flight (see Begin).
 	forgets chan struct{}
 }
 
 // New returns a Guard over store. It validates cfg and fills in defaults.
 func New(store Store, cfg Config) (*Guard, error) {
-	if store == nil {
-		return nil, errors.New("idem: New: nil Store")
+	if isNilStore(store) {
+		return nil, errors.New("idem: New: nil Store (did opening the store fail?)")
 	}
 	if cfg.Lease == 0 {
 		cfg.Lease = DefaultLease
@@ -72,7 +97,29 @@ func New(store Store, cfg Config) (*Guard, error) {
 	case cfg.MaxResponseSize < 0 || cfg.MaxResponseSize > MaxEncodedBody:
 		return nil, fmt.Errorf("idem: Config.MaxResponseSize %d is outside 1..%d", cfg.MaxResponseSize, MaxEncodedBody)
 	}
-	return &Guard{store: store, cfg: cfg, forgets: make(chan struct{}, maxForgets)}, nil
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("idem: OpenTelemetry instruments: %w", err)
+	}
+	g := &Guard{store: store, ops: store, tel: tel, cfg: cfg, forgets: make(chan struct{}, maxForgets)}
+	if tel != nil {
+		g.ops = newObservedStore(store, tel)
+	}
+	return g, nil
+}
+
+// isNilStore reports whether s is nil, or an interface holding a nil
+// pointer (a *redisstore.Store left nil because Open failed, say), which
+// would pass a plain nil check and panic on the first call.
+func isNilStore(s Store) bool {
+	if s == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(s); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // Config returns the guard's configuration with defaults filled in.
@@ -106,16 +153,22 @@ type Result struct {
 func (g *Guard) Do(ctx context.Context, key Key, fp Fingerprint, fn func(context.Context) (*Response, error)) (Result, error) {
 	att, acq, err := g.Begin(ctx, key, fp)
 	if err != nil {
+		g.tel.Outcome(ctx, "guard", "store_error")
 		return Result{}, err
 	}
 	switch acq.Outcome {
 	case Replay:
+		g.tel.Outcome(ctx, "guard", "replayed")
+		telemetry.Event(ctx, telemetry.EventReplay)
 		return Result{Response: acq.Response, Replayed: true}, nil
 	case InFlight:
+		g.tel.Outcome(ctx, "guard", "in_flight")
 		return Result{}, &InFlightError{RetryAfter: acq.RetryAfter}
 	case Mismatch:
+		g.tel.Outcome(ctx, "guard", "mismatch")
 		return Result{}, ErrMismatch
 	case Acquired:
+		g.tel.Outcome(ctx, "guard", "executed")
 	default:
 		return Result{}, &StoreError{Op: "acquire", Key: key, Err: fmt.Errorf("unknown outcome %v", acq.Outcome)}
 	}
@@ -153,7 +206,7 @@ func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, A
 	}
 	sent := time.Now()
 	req := AcquireRequest{Key: key, Fingerprint: fp, LeaseID: NewLeaseID(), TTL: g.cfg.Lease}
-	acq, err := g.store.Acquire(ctx, req)
+	acq, err := g.ops.Acquire(ctx, req)
 	if err != nil {
 		// The acquire may have been applied with its reply lost: release
 		// the lease nobody will hold, in the background, rather than leave
@@ -188,7 +241,7 @@ const (
 func (g *Guard) forget(ctx context.Context, l Lease) {
 	ctx, cancel := context.WithTimeout(ctx, forgetTimeout)
 	defer cancel()
-	g.store.Release(ctx, l)
+	g.ops.Release(ctx, l)
 }
 
 // LeaseFromContext returns the lease of the work running with ctx: its Key
@@ -242,8 +295,15 @@ func (a *Attempt) Context() context.Context { return a.ctx }
 // Lease returns the held lease.
 func (a *Attempt) Lease() Lease { return a.lease }
 
+// Retention returns the guard's Retention: how long the completed record
+// is kept, for callers that complete it themselves (pgstore.CompleteTx).
+func (a *Attempt) Retention() time.Duration { return a.g.cfg.Retention }
+
 // Complete stores resp and ends the attempt. A body larger than the
-// guard's MaxResponseSize is not stored (see Config). If the lease was lost,
+// guard's MaxResponseSize is not stored (see Config). A response with a
+// Blob is stored as it is, reference and all: the caller has written the
+// whole blob before (idemhttp does, for large bodies), so a completed
+// record never points to a blob still being written. If the lease was lost,
 // Complete returns ErrLeaseLost and writes nothing. If the store fails,
 // Complete releases the key (best effort) so that a retry need not wait
 // for the lease to end, and returns the store's error; ErrNotReplicated
@@ -264,10 +324,10 @@ func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
 		}
 		return err
 	}
-	if resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize {
+	if resp.Blob == nil && (resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize) {
 		resp = omitBody(resp)
 	}
-	err := a.g.store.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
+	err := a.g.ops.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
 	if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotReplicated) {
 		a.g.forget(ctx, a.lease)
 	}
@@ -289,11 +349,11 @@ func omitBody(resp *Response) *Response {
 func (a *Attempt) Release(ctx context.Context) error {
 	if err := a.finish(); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			a.g.store.Release(ctx, a.lease) // ErrLeaseLost unless the loss was only local
+			a.g.ops.Release(ctx, a.lease) // ErrLeaseLost unless the loss was only local
 		}
 		return err
 	}
-	return a.g.store.Release(ctx, a.lease)
+	return a.g.ops.Release(ctx, a.lease)
 }
 
 // Stop ends the attempt without touching the store: renewal stops and
@@ -353,9 +413,7 @@ func (a *Attempt) renew() {
 	if left <= 0 {
 		a.loseLocked()
 		a.mu.Unlock()
-		if a.g.cfg.OnRenew != nil {
-			a.g.cfg.OnRenew(a.lease.Key, ErrLeaseLost)
-		}
+		a.onRenew(ErrLeaseLost)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), left)
@@ -363,7 +421,7 @@ func (a *Attempt) renew() {
 	a.mu.Unlock()
 
 	sent := time.Now()
-	err := a.g.store.Renew(ctx, a.lease, a.g.cfg.Lease)
+	err := a.g.ops.Renew(ctx, a.lease, a.g.cfg.Lease)
 	cancel()
 
 	a.mu.Lock()
@@ -372,9 +430,7 @@ func (a *Attempt) renew() {
 	if a.finished || a.renewStopped {
 		return // finished or stopped meanwhile; the answer no longer matters
 	}
-	if a.g.cfg.OnRenew != nil {
-		a.g.cfg.OnRenew(a.lease.Key, err)
-	}
+	a.onRenew(err)
 	switch {
 	case err == nil:
 		a.validUntil = sent.Add(a.g.cfg.Lease)
@@ -386,9 +442,7 @@ func (a *Attempt) renew() {
 		// lease up once it may have ended.
 		if left = time.Until(a.validUntil); left <= 0 {
 			a.loseLocked()
-			if a.g.cfg.OnRenew != nil {
-				a.g.cfg.OnRenew(a.lease.Key, ErrLeaseLost)
-			}
+			a.onRenew(ErrLeaseLost)
 			return
 		}
 		a.timer.Reset(min(a.g.cfg.Lease/10, left))
@@ -397,5 +451,15 @@ func (a *Attempt) renew() {
 
 func (a *Attempt) loseLocked() {
 	a.lost = true
+	telemetry.Event(a.ctx, telemetry.EventLeaseLost, telemetry.AttrToken.Int64(int64(a.lease.Token)))
 	a.cancel(ErrLeaseLost)
+}
+
+// onRenew reports a renewal's result to Config.OnRenew and to the
+// telemetry.
+func (a *Attempt) onRenew(err error) {
+	if a.g.cfg.OnRenew != nil {
+		a.g.cfg.OnRenew(a.lease.Key, err)
+	}
+	a.g.tel.Renewal(result(err))
 }

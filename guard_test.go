@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,11 @@ func TestNewValidates(t *testing.T) {
 	s := memstore.New(memstore.Options{})
 	if _, err := idem.New(nil, idem.Config{}); err == nil {
 		t.Error("nil store: got nil error, want one")
+	}
+	// What a caller that ignored Open's error passes: a typed nil.
+	var typedNil *memstore.Store
+	if _, err := idem.New(typedNil, idem.Config{}); err == nil || !strings.Contains(err.Error(), "nil Store") {
+		t.Errorf("typed nil store: got %v, want the nil Store error", err)
 	}
 	for _, cfg := range []idem.Config{
 		{Lease: 5 * time.Millisecond},

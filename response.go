@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -23,6 +24,11 @@ type Response struct {
 	// and is never executed again; replays carry the status and headers
 	// with an empty body.
 	BodyOmitted bool
+	// Blob, when not nil, says that the body is in a BlobStore, not in the
+	// record: Body is empty and BodyOmitted false. It is written before
+	// Complete (idemhttp streams large bodies there), and replays read it
+	// with OpenBlob, which checks its size and digest.
+	Blob *BlobRef
 }
 
 // Limits of the record encoding.
@@ -40,20 +46,25 @@ const (
 //	bits 0-1  status form: 0 = 200, 1 = 201, 2 = one byte (status-100),
 //	          3 = uvarint
 //	bit  2    the header set is exactly {Content-Type: application/json}
-//	bit  3    body is zstd-compressed
-//	bit  4    body omitted
+//	bits 3-4  body form: 0 = the rest, 1 (bit 3) = zstd-compressed,
+//	          2 (bit 4) = omitted, 3 = in a blob store (a BlobRef)
 //	bits 5-7  version - 1 (0)
 //
 // Then the status when its form asks for it, then (unless bit 2) a uvarint
 // count of header lines, each a name and a value written as a uvarint table
 // code (1..len(table)) or 0 followed by a uvarint length and the bytes.
 // The body is the rest; a compressed body is its uvarint length, then the
-// zstd frame. The table is append-only: codes never change.
+// zstd frame; a blob reference is the uvarint size, the 32-byte SHA-256
+// and the name (uvarint length, bytes). The table is append-only: codes
+// never change. Body form 3 came after the first release: an idem built
+// before it finds such a record corrupt (an omitted body with bytes) and
+// answers as for a store failure, never with an empty body.
 const (
 	flagStatusMask = 0x03
 	flagJSONOnly   = 1 << 2
 	flagZstd       = 1 << 3
 	flagOmitted    = 1 << 4
+	flagBlob       = flagZstd | flagOmitted // both: the body is in a blob store
 	flagVersion    = 0xE0
 )
 
@@ -123,6 +134,12 @@ func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 		b = appendHeader(b, r.Header)
 	}
 	switch {
+	case r.Blob != nil:
+		flags |= flagBlob
+		b = binary.AppendUvarint(b, uint64(r.Blob.Size))
+		b = append(b, r.Blob.SHA256[:]...)
+		b = binary.AppendUvarint(b, uint64(len(r.Blob.Name)))
+		b = append(b, r.Blob.Name...)
 	case r.BodyOmitted:
 		flags |= flagOmitted
 	case len(r.Body) >= CompressMinSize && r.Header.Get("Content-Encoding") == "":
@@ -150,6 +167,10 @@ func (r *Response) validate() error {
 		return fmt.Errorf("idem: response status %d out of range 0..999", r.Status)
 	case len(r.Body) > MaxEncodedBody:
 		return fmt.Errorf("idem: response body of %d bytes exceeds the %d-byte maximum", len(r.Body), MaxEncodedBody)
+	case r.Blob != nil && (len(r.Body) > 0 || r.BodyOmitted):
+		return errors.New("idem: a response with a Blob has no Body and is not BodyOmitted")
+	case r.Blob != nil:
+		return r.Blob.validate()
 	}
 	return nil
 }
@@ -191,6 +212,12 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 		}
 	}
 	switch {
+	case flags&flagBlob == flagBlob:
+		ref, err := readBlobRef(p)
+		if err != nil {
+			return err
+		}
+		r.Blob = ref
 	case flags&flagOmitted != 0:
 		r.BodyOmitted = true
 		if len(p) != 0 {
@@ -210,6 +237,26 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 		r.Body = slices.Clone(p)
 	}
 	return nil
+}
+
+// readBlobRef decodes a blob reference that must fill p.
+func readBlobRef(p []byte) (*BlobRef, error) {
+	size, n := binary.Uvarint(p)
+	if n <= 0 || size > math.MaxInt64 {
+		return nil, corrupt("bad blob size")
+	}
+	p = p[n:]
+	ref := &BlobRef{Size: int64(size)}
+	if len(p) < len(ref.SHA256) {
+		return nil, corrupt("truncated blob digest")
+	}
+	p = p[copy(ref.SHA256[:], p):]
+	l, n := binary.Uvarint(p)
+	if n <= 0 || l == 0 || l > MaxBlobNameLen || l != uint64(len(p)-n) {
+		return nil, corrupt("bad blob name")
+	}
+	ref.Name = string(p[n:])
+	return ref, nil
 }
 
 func isJSONOnly(h http.Header) bool {

@@ -127,6 +127,7 @@ func FuzzResponseDecode(f *testing.F) {
 		{Status: 200},
 		{Status: 404, Header: http.Header{"X-A": {"b"}}, Body: []byte("nope")},
 		{Status: 200, Body: bytes.Repeat([]byte("abc"), 500)},
+		{Status: 200, Blob: &idem.BlobRef{Name: "idem/x/1-0123456789abcdef", Size: 1 << 30}},
 	} {
 		b, _ := r.AppendBinary(nil)
 		f.Add(b)
@@ -145,6 +146,7 @@ func FuzzResponseDecode(f *testing.F) {
 			t.Fatalf("decode of re-encoding: %v", err)
 		}
 		if again.Status != r.Status || !bytes.Equal(again.Body, r.Body) || again.BodyOmitted != r.BodyOmitted ||
+			!reflect.DeepEqual(again.Blob, r.Blob) ||
 			!(len(again.Header) == 0 && len(r.Header) == 0 || reflect.DeepEqual(again.Header, r.Header)) {
 			t.Fatalf("re-encoding changed the response: %+v vs %+v", again, r)
 		}

@@ -32,7 +32,12 @@ type Store interface {
 	Renew(ctx context.Context, l Lease, ttl time.Duration) error
 
 	// Complete stores resp as the key's result, kept for retention, and
-	// ends the lease. Repeating a successful Complete returns nil.
+	// ends the lease. Repeating a successful Complete returns nil. The
+	// whole of resp is kept, Blob included (Response.AppendBinary keeps
+	// it, and the stores of this module store that encoding): a store that
+	// kept responses in a format of its own and dropped Blob would replay
+	// an empty body, so it must not be used with a blob store
+	// (idemhttp.Config.Blobs); without one, large bodies are not stored.
 	Complete(ctx context.Context, l Lease, resp *Response, retention time.Duration) error
 
 	// Release ends the lease without a result: the key becomes absent, and

@@ -1,0 +1,201 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Blob errors. They arrive wrapped; branch on them with errors.Is.
+var (
+	// ErrBlobNotFound reports a blob that is not in the BlobStore: never
+	// written, deleted, or removed by the store's own lifecycle rules.
+	ErrBlobNotFound = errors.New("idem: blob not found")
+
+	// ErrBlobCorrupt reports a blob whose size or SHA-256 digest is not the
+	// one its BlobRef recorded.
+	ErrBlobCorrupt = errors.New("idem: blob corrupt")
+)
+
+// BlobRef is where a response body too large for the record lives: a
+// blob in a BlobStore, with the body's size and SHA-256 digest, which a
+// replay checks as it reads. A Response with a BlobRef has an empty Body.
+// Stores keep the reference inside the encoded response, as opaque bytes:
+// no Store reads or writes blobs.
+type BlobRef struct {
+	// Name is the blob's name in the BlobStore (NewBlobName).
+	Name string
+	// Size is the body's length in bytes.
+	Size int64
+	// SHA256 is the digest of the body.
+	SHA256 [sha256.Size]byte
+}
+
+// MaxBlobNameLen is the longest BlobRef.Name the encoding accepts.
+const MaxBlobNameLen = 512
+
+func (b *BlobRef) validate() error {
+	switch {
+	case b.Name == "" || len(b.Name) > MaxBlobNameLen:
+		return fmt.Errorf("idem: blob name of %d bytes: want 1 to %d", len(b.Name), MaxBlobNameLen)
+	case b.Size < 0:
+		return fmt.Errorf("idem: blob size %d is negative", b.Size)
+	}
+	return nil
+}
+
+// BlobStore keeps the bodies of responses too large for their record
+// (package blobstore implements it over S3, the file system and memory).
+// Implementations are safe for concurrent use.
+type BlobStore interface {
+	// Create starts a blob called name. Its bytes become readable, whole,
+	// only when the writer's Close returns nil: no reader or listing ever
+	// sees a partial blob. Abort, or the end of ctx before Close, discards
+	// it. Names are unique (NewBlobName): a name is never written twice.
+	Create(ctx context.Context, name string) (BlobWriter, error)
+
+	// Open returns a reader of the blob and its size. A missing blob is an
+	// error wrapping ErrBlobNotFound; ctx bounds the reads too.
+	Open(ctx context.Context, name string) (io.ReadCloser, int64, error)
+
+	// Delete removes the blob. A missing blob is an error wrapping
+	// ErrBlobNotFound.
+	Delete(ctx context.Context, name string) error
+
+	// List calls fn with every blob whose name starts with prefix, in no
+	// particular order, and stops at fn's first error, which it returns.
+	List(ctx context.Context, prefix string, fn func(BlobInfo) error) error
+
+	// Check reports whether the store answers: nil when it can be used.
+	Check(ctx context.Context) error
+}
+
+// BlobWriter writes one blob: Close commits it, Abort discards it. After
+// either, the writer is done.
+type BlobWriter interface {
+	io.Writer
+	Close() error
+	Abort() error
+}
+
+// BlobInfo describes a listed blob.
+type BlobInfo struct {
+	Name    string
+	Size    int64
+	ModTime time.Time
+}
+
+// BlobPrefix starts the name of every blob idem writes: a sweep lists
+// only the names under it and never touches other objects of a bucket.
+const BlobPrefix = "idem/"
+
+// NewBlobName returns a fresh blob name for the response of lease l:
+//
+//	idem/<key>/<token>-<random>
+//
+// where key is l.Key.String() (the record key's digest, never client
+// bytes), token the lease's fencing token, and random 16 hex digits, so
+// that two attempts never share a name, even for two stores (whose tokens
+// may repeat) writing to one bucket. ParseBlobName reads it back.
+func NewBlobName(l Lease) string {
+	var r [8]byte
+	rand.Read(r[:]) // never fails (crypto/rand)
+	return BlobPrefix + l.Key.String() + "/" + strconv.FormatUint(l.Token, 10) + "-" + hex.EncodeToString(r[:])
+}
+
+// ParseBlobName returns the record key and fencing token of a name from
+// NewBlobName; ok is false for any other name.
+func ParseBlobName(name string) (key Key, token uint64, ok bool) {
+	rest, found := strings.CutPrefix(name, BlobPrefix)
+	if !found {
+		return Key{}, 0, false
+	}
+	ks, rest, found := strings.Cut(rest, "/")
+	if !found {
+		return Key{}, 0, false
+	}
+	k, err := ParseKey(ks)
+	if err != nil {
+		return Key{}, 0, false
+	}
+	ts, rs, found := strings.Cut(rest, "-")
+	if !found || len(rs) != 16 || ts == "" || (ts[0] == '0' && ts != "0") {
+		return Key{}, 0, false
+	}
+	if _, err := hex.DecodeString(rs); err != nil || strings.ToLower(rs) != rs {
+		return Key{}, 0, false
+	}
+	t, err := strconv.ParseUint(ts, 10, 64)
+	if err != nil {
+		return Key{}, 0, false
+	}
+	return k, t, true
+}
+
+// OpenBlob opens the blob ref names and returns a reader that checks it
+// against ref as it reads: it fails at once, with ErrBlobCorrupt, if the
+// blob's size is not ref.Size, and at the end, with ErrBlobCorrupt instead
+// of io.EOF, if the bytes read do not have ref's digest. So io.EOF means
+// that every byte read so far is the body that was stored. A missing blob
+// is an error wrapping ErrBlobNotFound.
+func OpenBlob(ctx context.Context, bs BlobStore, ref BlobRef) (io.ReadCloser, error) {
+	rc, size, err := bs.Open(ctx, ref.Name)
+	if err != nil {
+		return nil, err
+	}
+	if size != ref.Size {
+		rc.Close()
+		return nil, fmt.Errorf("%w: blob %s has %d bytes, want %d", ErrBlobCorrupt, ref.Name, size, ref.Size)
+	}
+	return &blobReader{rc: rc, ref: ref, h: sha256.New()}, nil
+}
+
+// blobReader verifies a blob as it is read (see OpenBlob).
+type blobReader struct {
+	rc  io.ReadCloser
+	ref BlobRef
+	h   hash.Hash
+	n   int64
+	err error // sticky: the verdict once the end was seen, or a read error
+}
+
+func (r *blobReader) Read(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	n, err := r.rc.Read(p)
+	r.h.Write(p[:n])
+	r.n += int64(n)
+	switch {
+	case r.n > r.ref.Size:
+		r.err = fmt.Errorf("%w: blob %s is longer than %d bytes", ErrBlobCorrupt, r.ref.Name, r.ref.Size)
+		return 0, r.err
+	case errors.Is(err, io.EOF):
+		var sum [sha256.Size]byte
+		switch r.h.Sum(sum[:0]); {
+		case r.n != r.ref.Size:
+			r.err = fmt.Errorf("%w: blob %s ended after %d bytes, want %d", ErrBlobCorrupt, r.ref.Name, r.n, r.ref.Size)
+		case sum != r.ref.SHA256:
+			r.err = fmt.Errorf("%w: blob %s: SHA-256 %x, want %x", ErrBlobCorrupt, r.ref.Name, sum, r.ref.SHA256)
+		default:
+			r.err = io.EOF
+		}
+		if r.err != io.EOF {
+			return 0, r.err // none of this read's bytes can be trusted either
+		}
+		return n, io.EOF
+	case err != nil:
+		r.err = err
+	}
+	return n, err
+}
+
+func (r *blobReader) Close() error { return r.rc.Close() }
