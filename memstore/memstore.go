@@ -181,6 +181,11 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 	if err != nil {
 		return &idem.StoreError{Op: "complete", Key: l.Key, Err: err}
 	}
+	return s.complete(l, enc, retention)
+}
+
+// complete is the critical section of Complete.
+func (s *Store) complete(l idem.Lease, enc []byte, retention time.Duration) error {
 	sh, now := s.lock(l.Key)
 	defer sh.mu.Unlock()
 	r := sh.live(l.Key, now)
@@ -202,6 +207,11 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 	if err := ctxErr(ctx, "release", l.Key); err != nil {
 		return err
 	}
+	return s.release(l)
+}
+
+// release is the critical section of Release.
+func (s *Store) release(l idem.Lease) error {
 	sh, now := s.lock(l.Key)
 	defer sh.mu.Unlock()
 	r := sh.live(l.Key, now)

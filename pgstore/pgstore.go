@@ -4,13 +4,14 @@
 // # Exactly-once effects inside the database
 //
 // CompleteTx stores a key's result with the same transaction as the
-// business writes it answers for:
+// business writes it answers for. With idem.Guard, BeginFunc takes every
+// step in order:
 //
-//	acq, err := store.Acquire(ctx, req)            // Acquired: we hold the key
-//	tx, err := pool.Begin(ctx)
-//	tx.Exec(ctx, "INSERT INTO charges ...")         // the effect
-//	err = store.CompleteTx(ctx, tx, acq.Lease, resp, retention)
-//	err = tx.Commit(ctx)                            // both, or neither
+//	att, acq, err := g.Begin(ctx, key, fp)          // acq.Outcome == idem.Acquired
+//	resp, err := store.BeginFunc(ctx, pool, att, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
+//		_, err := tx.Exec(ctx, "INSERT INTO charges ...") // the effect
+//		return &idem.Response{Status: 201}, err
+//	}) // begin, fn, StopRenewal, CompleteTx, commit: both, or neither
 //
 // Both commit, or neither does. A crash, a lost connection or a rollback
 // before the commit leaves no business writes and the key in flight, so it
@@ -158,6 +159,8 @@ var _ idem.Store = (*Store)(nil)
 // statements are the SQL texts with the table's names filled in.
 type statements struct {
 	acquire, renew, complete, completeTx, release, get, del, reap string
+
+	acquireMany, completeMany, releaseMany string // batch.go
 }
 
 // names are the quoted identifiers of the table and the objects it owns.
@@ -256,6 +259,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 			get:        n.fill(getSQL),
 			del:        n.fill(deleteSQL),
 			reap:       n.fill(reapSQL),
+
+			acquireMany:  n.fill(acquireManySQL),
+			completeMany: n.fill(completeManySQL),
+			releaseMany:  n.fill(releaseManySQL),
 		},
 	}, nil
 }
@@ -276,6 +283,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err != nil {
 		return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: err}
 	}
+	return acquisition(req, &r, leftNow)
+}
+
+// acquisition maps the row acquireSQL (or acquireManySQL) returned for
+// req, and the time left at the statement's end, to Acquire's answer.
+func acquisition(req idem.AcquireRequest, r *row, leftNow time.Duration) (idem.Acquisition, error) {
 	rec, err := r.record()
 	if err != nil {
 		return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: err}

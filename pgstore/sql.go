@@ -178,3 +178,87 @@ DELETE FROM {table} WHERE ctid = ANY (ARRAY(
 	WHERE expires_at <= statement_timestamp() - $2::interval
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))`
+
+// The batched statements (idem.BatchStore): each is its single-key
+// counterpart above over the rows of unnest($2, ...) WITH ORDINALITY, one
+// row per key, and returns one row per key with its ordinal. The keys of
+// one statement are distinct: the store sends a key that appears twice in
+// a batch in a second statement, after the first (an INSERT ... ON
+// CONFLICT cannot touch one row twice, and the order of a key's calls
+// must hold).
+
+// acquireManySQL is acquireSQL for many keys. $1 namespace, $2 keys, $3
+// fingerprints, $4 lease ids, $5 TTLs. It returns, per key, its ordinal
+// and the columns acquireSQL returns.
+//
+// The insert goes in key order, so that two batches over the same keys
+// wait for each other's rows in one order and never deadlock. A takeover's
+// lease is measured from its write, as in acquireSQL: the ON CONFLICT
+// branch reads the TTL back from excluded.expires_at.
+const acquireManySQL = `
+WITH req AS (
+	SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::interval[]) WITH ORDINALITY AS q(key, fingerprint, lease_id, ttl, ord)
+), cur AS (
+	SELECT q.ord, r.state, r.token, r.fingerprint, r.lease_id, r.expires_at, r.response
+	FROM req q JOIN {table} r ON r.namespace = $1 AND r.key = q.key
+	WHERE r.state <> 3 AND r.expires_at > statement_timestamp()
+), ins AS (
+	INSERT INTO {table} AS r (namespace, key, state, token, fingerprint, lease_id, expires_at)
+	SELECT $1, q.key, 1, nextval('{seq}'), q.fingerprint, q.lease_id, statement_timestamp() + q.ttl
+	FROM req q
+	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.ord = q.ord)
+	ORDER BY q.key
+	ON CONFLICT (namespace, key) DO UPDATE SET
+		state       = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN 1 ELSE r.state END,
+		token       = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN nextval('{seq}') ELSE r.token END,
+		fingerprint = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.fingerprint ELSE r.fingerprint END,
+		lease_id    = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN excluded.lease_id ELSE r.lease_id END,
+		response    = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp() THEN NULL ELSE r.response END,
+		expires_at  = CASE WHEN r.state = 3 OR r.expires_at <= statement_timestamp()
+			THEN clock_timestamp() + (excluded.expires_at - statement_timestamp()) ELSE r.expires_at END
+	RETURNING r.key, r.state, r.token, r.fingerprint, r.lease_id, r.expires_at, r.response
+)
+SELECT q.ord, i.state, i.token, i.fingerprint, i.lease_id, i.expires_at - statement_timestamp(), i.response, i.expires_at - clock_timestamp()
+FROM ins i JOIN req q ON q.key = i.key
+UNION ALL
+SELECT ord, state, token, fingerprint, lease_id, expires_at - statement_timestamp(), response, expires_at - clock_timestamp() FROM cur`
+
+// completeManySQL is completeSQL for many keys. $1 namespace, $2 keys, $3
+// lease ids, $4 encoded responses, $5 retentions, $6 tokens. It returns,
+// per key, its ordinal and completeSQL's boolean.
+const completeManySQL = `
+WITH req AS (
+	SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::interval[], $6::bigint[]) WITH ORDINALITY AS q(key, lease_id, response, retention, token, ord)
+), done AS (
+	UPDATE {table} r SET state = 2, lease_id = NULL, response = q.response,
+		expires_at = statement_timestamp() + q.retention
+	FROM req q
+	WHERE r.namespace = $1 AND r.key = q.key AND r.state = 1 AND r.lease_id = q.lease_id
+		AND r.expires_at > statement_timestamp()
+	RETURNING q.ord
+)
+SELECT q.ord, EXISTS (SELECT FROM done d WHERE d.ord = q.ord) OR EXISTS (
+	SELECT FROM {table} r
+	WHERE r.namespace = $1 AND r.key = q.key AND r.state = 2 AND r.token = q.token
+		AND r.expires_at > statement_timestamp())
+FROM req q`
+
+// releaseManySQL is releaseSQL for many keys. $1 namespace, $2 keys, $3
+// lease ids, $4 tombstone TTLs, $5 tokens. It returns, per key, its
+// ordinal and releaseSQL's boolean.
+const releaseManySQL = `
+WITH req AS (
+	SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::interval[], $5::bigint[]) WITH ORDINALITY AS q(key, lease_id, ttl, token, ord)
+), done AS (
+	UPDATE {table} r SET state = 3, fingerprint = NULL, lease_id = NULL,
+		expires_at = statement_timestamp() + q.ttl
+	FROM req q
+	WHERE r.namespace = $1 AND r.key = q.key AND r.state = 1 AND r.lease_id = q.lease_id
+		AND r.expires_at > statement_timestamp()
+	RETURNING q.ord
+)
+SELECT q.ord, EXISTS (SELECT FROM done d WHERE d.ord = q.ord) OR EXISTS (
+	SELECT FROM {table} r
+	WHERE r.namespace = $1 AND r.key = q.key AND r.state = 3 AND r.token = q.token
+		AND r.expires_at > statement_timestamp())
+FROM req q`

@@ -407,3 +407,55 @@ func TestForeignValues(t *testing.T) {
 		t.Errorf("Acquire on an in-flight record without expiry: got %v, want ErrCorrupt (else it is in flight forever)", err)
 	}
 }
+
+// Open refuses what rueidis would read loosely, before connecting, and
+// never repeats the URL (it may hold a password).
+func TestOpenRejectsBadURLs(t *testing.T) {
+	for _, u := range []string{
+		"redis:127.0.0.1:6379",                // no //: rueidis would use localhost:6379
+		"redis://",                            // no host
+		"redis://:secret@127.0.0.1:1?dbb=2",   // unknown parameter
+		"redis://:secret@127.0.0.1:1/0/1",     // bad path
+		"http://127.0.0.1:6379",               // not Redis
+		"redis://:secret@127.0.0.1:1#section", // fragment
+		"redis://:secret@127.0.0.1:%zz",       // does not parse
+	} {
+		_, err := redisstore.Open(u, redisstore.Options{})
+		if !errors.Is(err, redisstore.ErrBadURL) {
+			t.Errorf("Open(%q): got %v, want ErrBadURL", u, err)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("Open(%q): the error %q shows the password", u, err)
+		}
+	}
+}
+
+// Open's store bounds each call by Options.Timeout (DefaultTimeout): a
+// Redis that stops answering fails the call with the deadline, however
+// long rueidis would go on retrying.
+func TestOpenBoundsCalls(t *testing.T) {
+	srv := redistest.MustStartServer()
+	defer srv.Stop()
+	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k, _ := idem.Scope{Method: "POST", Route: "/t"}.Key("bounded")
+	if err := srv.Pause(); err != nil { // SIGSTOP: connections stay open, nothing answers
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: k, LeaseID: idem.NewLeaseID(), TTL: time.Second})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire on a silent Redis: got %v, want an error with context.DeadlineExceeded (Options.Timeout)", err)
+		}
+	case <-time.After(4 * redisstore.DefaultTimeout):
+		t.Fatalf("Acquire on a silent Redis still waiting after %v", 4*redisstore.DefaultTimeout)
+	}
+}

@@ -16,10 +16,14 @@ const (
 	scriptComplete
 	scriptRelease
 	scriptGet
+	scriptHold
+	scriptFill
+	scriptRaise
 	nScripts
 )
 
-var scriptFiles = [nScripts]string{"acquire.lua", "renew.lua", "complete.lua", "release.lua", "get.lua"}
+var scriptFiles = [nScripts]string{"acquire.lua", "renew.lua", "complete.lua", "release.lua", "get.lua",
+	"hold.lua", "fill.lua", "raise.lua"}
 
 // reply is the one shape every script answers with: up to three integers
 // and an optional bulk string.

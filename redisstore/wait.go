@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -110,14 +109,13 @@ func (s *Store) completeWait(ctx context.Context, key idem.Key, args ...string) 
 
 // redirectOf reads a MOVED or ASK error reply ("MOVED 3999 127.0.0.1:7001").
 func redirectOf(err error) (addr string, ask, ok bool) {
-	if err == nil {
-		return "", false, false
+	if addr, ok := redis.IsMovedError(err); ok {
+		return addr, false, true
 	}
-	f := strings.Fields(err.Error())
-	if len(f) != 3 || (f[0] != "MOVED" && f[0] != "ASK") {
-		return "", false, false
+	if addr, ok := redis.IsAskError(err); ok {
+		return addr, true, true
 	}
-	return f[2], f[0] == "ASK", true
+	return "", false, false
 }
 
 // runWait sends the script and WAIT in one pipeline on one connection of
@@ -182,7 +180,7 @@ func (r *goredisRunner) pipeWait(ctx context.Context, node *redis.Client, asking
 		})
 		res, err := run.Slice()
 		if err != nil {
-			if evalsha && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			if evalsha && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				continue
 			}
 			return reply{}, 0, err

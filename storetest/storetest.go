@@ -90,13 +90,16 @@ func Run(t *testing.T, h Harness) {
 		{"Responses", (*suite).testResponses},
 		{"BadInput", (*suite).testBadInput},
 		{"Guard", (*suite).testGuard},
+		{"Batch", (*suite).testBatch},
 	}
 	// The group keeps Run from returning (and the caller from tearing down
 	// its backend) before the parallel subtests have run.
 	// Concurrency runs before the others, not beside them: its storm of
 	// 1,000 callers can starve a client's connection pool, and the timing
 	// subtests (lease renewal) would fail for that reason only.
-	alone := map[string]bool{"Concurrency": true}
+	// Batch too: its subtests run side by side and race batches of their
+	// own.
+	alone := map[string]bool{"Concurrency": true, "Batch": true}
 	t.Run("storetest", func(t *testing.T) {
 		for _, tt := range tests {
 			if alone[tt.name] {

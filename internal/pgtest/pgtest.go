@@ -20,6 +20,8 @@ package pgtest
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
+	neturl "net/url"
 	"os"
 	"strings"
 	"testing"
@@ -57,50 +59,69 @@ func New(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, URL())
+	url, dropDB, err := CreateDatabase(ctx)
 	if err != nil {
-		tb.Fatalf("pgtest: cannot reach PostgreSQL at %s: %v\n"+
-			"Run the tests with ./scripts/test.sh, which starts the local cluster (or installs it),\n"+
-			"or start it yourself: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n"+
-			"or set IDEM_PG_URL to a server where this user may CREATE DATABASE.", URL(), err)
+		tb.Fatal(err)
 	}
-	defer admin.Close(context.Background())
-
-	name := "idemtest_" + strings.ToLower(rand.Text()[:16])
-	ident := pgx.Identifier{name}.Sanitize()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
-		tb.Fatalf("pgtest: CREATE DATABASE %s: %v", name, err)
-	}
-	tb.Cleanup(func() { drop(tb, ident) })
-
-	cfg, err := pgxpool.ParseConfig(URL())
+	tb.Cleanup(func() {
+		if err := dropDB(); err != nil {
+			tb.Error(err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pgtest: IDEM_PG_URL: %v", err)
 	}
-	cfg.ConnConfig.Database = name
 	cfg.MaxConns = MaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		tb.Fatalf("pgtest: pool on %s: %v", name, err)
+		tb.Fatalf("pgtest: pool: %v", err)
 	}
 	tb.Cleanup(pool.Close) // runs before drop: cleanups run last added, first called
 	if err := pool.Ping(ctx); err != nil {
-		tb.Fatalf("pgtest: connect to %s: %v", name, err)
+		tb.Fatalf("pgtest: connect: %v", err)
 	}
 	return pool
 }
 
-// drop drops the database ident (quoted), ending any session still on it.
-func drop(tb testing.TB, ident string) {
+// CreateDatabase creates a private database and returns its URL, and drop,
+// which drops it with the sessions still on it. It is for what has no
+// testing.TB, such as a package's examples (set up in TestMain).
+func CreateDatabase(ctx context.Context) (url string, drop func() error, err error) {
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		return "", nil, fmt.Errorf("pgtest: cannot reach PostgreSQL at %s: %v\n"+
+			"Run the tests with ./scripts/test.sh, which starts the local cluster (or installs it),\n"+
+			"or start it yourself: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n"+
+			"or set IDEM_PG_URL to a server where this user may CREATE DATABASE", URL(), err)
+	}
+	defer admin.Close(context.Background())
+	name := "idemtest_" + strings.ToLower(rand.Text()[:16])
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("pgtest: CREATE DATABASE %s: %v", name, err)
+	}
+	u, err := neturl.Parse(URL())
+	if err != nil || u.Scheme == "" {
+		dropDatabase(ident)
+		return "", nil, fmt.Errorf("pgtest: IDEM_PG_URL must be a postgres:// URL")
+	}
+	u.Path = "/" + name
+	return u.String(), func() error { return dropDatabase(ident) }, nil
+}
+
+// dropDatabase drops the database ident (quoted), ending any session
+// still on it.
+func dropDatabase(ident string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, URL())
 	if err != nil {
-		tb.Errorf("pgtest: drop %s: %v", ident, err)
-		return
+		return fmt.Errorf("pgtest: drop %s: %v", ident, err)
 	}
 	defer admin.Close(context.Background())
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
-		tb.Errorf("pgtest: DROP DATABASE %s: %v", ident, err)
+		return fmt.Errorf("pgtest: DROP DATABASE %s: %v", ident, err)
 	}
+	return nil
 }

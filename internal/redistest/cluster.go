@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 const (
@@ -127,7 +129,7 @@ func (c *Cluster) create(cli string, replicasPerPrimary int) error {
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicasPerPrimary), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = proctest.SysProcAttr()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
 	}

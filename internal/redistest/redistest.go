@@ -32,6 +32,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 const (
@@ -193,7 +195,7 @@ func (s *Server) launch() error {
 	// Errors printed before the log file is open (bad arguments) go to
 	// stderr; append them to the same log.
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = proctest.SysProcAttr()
 	err = cmd.Start()
 	logFile.Close() // the child has its own descriptor
 	if err != nil {

@@ -1,0 +1,200 @@
+// Package proctest runs the child processes of the test suites: it builds
+// the idem command once per test binary and runs `idem proxy` with its JSON
+// log captured, and gives every child a parent-death signal on Linux
+// ([SysProcAttr]) so none outlives a crashed test binary.
+//
+// A suite that starts proxies removes the built binary in TestMain:
+//
+//	func TestMain(m *testing.M) {
+//		code := m.Run()
+//		proctest.RemoveIdem()
+//		os.Exit(code)
+//	}
+package proctest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// modulePath is the module whose cmd/idem BuildIdem builds.
+const modulePath = "github.com/idemkit/idem"
+
+var (
+	idemOnce sync.Once
+	idemDir  string // the temporary directory of the binary
+	idemBin  string
+	idemErr  error
+)
+
+// BuildIdem builds cmd/idem of this module once per process (without
+// -race: the proxy is the system under test, in its own process, not the
+// subject of the race detector) into a temporary directory, and returns
+// the binary's path. The module is found by walking up from the working
+// directory (a test's package directory) to its go.mod.
+func BuildIdem() (string, error) {
+	idemOnce.Do(func() {
+		root, err := moduleRoot()
+		if err != nil {
+			idemErr = err
+			return
+		}
+		idemDir, err = os.MkdirTemp("", "idem-proctest-")
+		if err != nil {
+			idemErr = err
+			return
+		}
+		idemBin = filepath.Join(idemDir, "idem")
+		cmd := exec.Command("go", "build", "-o", idemBin, "./cmd/idem")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			idemErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, out)
+		}
+	})
+	return idemBin, idemErr
+}
+
+// RemoveIdem deletes the binary BuildIdem built, if any; TestMain calls it
+// after the tests.
+func RemoveIdem() {
+	if idemDir != "" {
+		os.RemoveAll(idemDir)
+	}
+}
+
+// moduleRoot returns the directory of the go.mod of modulePath at or above
+// the working directory (skipping nested modules such as examples/frameworks).
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil {
+			for line := range bytes.Lines(b) {
+				if f := strings.Fields(string(line)); len(f) == 2 && f[0] == "module" && strings.Trim(f[1], `"`) == modulePath {
+					return dir, nil
+				}
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("proctest: no go.mod of %s at or above the working directory", modulePath)
+		}
+		dir = parent
+	}
+}
+
+// logCap bounds the captured log of a proxy; lines past it are dropped.
+const logCap = 8 << 20
+
+// Proxy is a running `idem proxy` and its JSON log (stderr).
+type Proxy struct {
+	Cmd  *exec.Cmd
+	Addr string // host:port it listens on
+
+	mu  sync.Mutex
+	log strings.Builder
+}
+
+// LogText returns the log captured so far (at most about 8 MiB: the
+// first lines).
+func (p *Proxy) LogText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// TB is the part of testing.TB that StartProxy uses (a *testing.T or
+// *testing.B is one). proctest does not import testing: internal/redistest
+// imports proctest for SysProcAttr, and cmd/idem (idem bench) imports
+// redistest, so testing would be linked into the idem binary.
+type TB interface {
+	Helper()
+	Cleanup(func())
+	Failed() bool
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+}
+
+// StartProxy runs `idem proxy --listen 127.0.0.1:0 --log-format json` with
+// args (built by BuildIdem; IDEM_* variables removed from its environment,
+// since they would change the flags), waits up to 15s for its "idem proxy
+// listening" log line, and kills it at the end of the test, logging the
+// tail of its log if the test failed.
+func StartProxy(t TB, args ...string) *Proxy {
+	t.Helper()
+	bin, err := BuildIdem()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append([]string{"proxy", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
+	p := &Proxy{Cmd: exec.Command(bin, all...)}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEM_") {
+			p.Cmd.Env = append(p.Cmd.Env, kv)
+		}
+	}
+	p.Cmd.SysProcAttr = SysProcAttr()
+	stderr, err := p.Cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan string, 1)
+	exited := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(nil, 4<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			if p.log.Len() < logCap {
+				p.log.Write(sc.Bytes())
+				p.log.WriteByte('\n')
+			}
+			p.mu.Unlock()
+			var rec struct{ Msg, Listen string }
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "idem proxy listening" {
+				select { // never block the log reader
+				case listening <- rec.Listen:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		p.Cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		p.Cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			log := p.LogText()
+			t.Logf("idem proxy %s log (last 4 KiB):\n%s", p.Addr, log[max(0, len(log)-4096):])
+		}
+	})
+	select {
+	case p.Addr = <-listening:
+	case <-exited:
+		t.Fatalf("idem proxy exited at start:\n%s", p.LogText())
+	case <-time.After(15 * time.Second):
+		t.Fatal("idem proxy did not listen within 15s")
+	}
+	return p
+}

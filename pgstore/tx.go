@@ -1,0 +1,77 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn, or a
+// pgx.Tx (whose Begin makes a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// BeginFunc is pgx.BeginFunc for a held key: it runs fn in a new
+// transaction of db and completes att's key in that same transaction with
+// the response fn returns, so that fn's writes and the completion commit
+// together, or neither does. It takes the steps in the order CompleteTx
+// needs:
+//
+//  1. Begin a transaction on db.
+//  2. Run fn with att.Context(), which carries the lease (and its fencing
+//     token) and is cancelled if the lease is lost, and the transaction.
+//  3. Stop the lease's renewal (Attempt.StopRenewal): a renewal sent now
+//     would wait on the row CompleteTx locks, find it completed once the
+//     transaction commits, and cancel the attempt's context.
+//  4. CompleteTx with att's lease and retention, in the transaction.
+//  5. Commit, and finish the attempt (Attempt.Stop).
+//
+// The transaction's statements after fn, the commit and the release run
+// with ctx without its cancellation: a caller that leaves (a client that
+// times out) must not cut the transaction short between the completion
+// and the commit.
+//
+// On any failure (fn's error or panic, CompleteTx's ErrLeaseLost, which
+// means another caller may hold the key, a failed commit) the transaction
+// is rolled back, the key is released so that a retry may run fn again,
+// and the error (or panic) is passed on. A commit whose outcome is unknown
+// (the connection broke during COMMIT) is released too: if it did commit,
+// the record is completed and the store refuses the release. The attempt is
+// finished in every case; BeginFunc returns fn's response when it
+// committed.
+func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
+	fn func(ctx context.Context, tx pgx.Tx) (*idem.Response, error)) (*idem.Response, error) {
+	finish := context.WithoutCancel(ctx)
+	tx, err := db.Begin(finish)
+	if err != nil {
+		return nil, errors.Join(err, att.Release(finish))
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			tx.Rollback(finish)
+			att.Release(finish) // a panic, or a commit that failed
+		}
+	}()
+	resp, err := fn(att.Context(), tx)
+	if err != nil {
+		return nil, err
+	}
+	if resp == nil {
+		resp = &idem.Response{}
+	}
+	att.StopRenewal()
+	if err := s.CompleteTx(finish, tx, att.Lease(), resp, att.Retention()); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(finish); err != nil {
+		return nil, err
+	}
+	committed = true
+	att.Stop()
+	return resp, nil
+}
