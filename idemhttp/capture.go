@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"net/http"
 	"slices"
@@ -9,7 +10,17 @@ import (
 
 // capture passes a handler's response through to the client as it is
 // written and keeps a copy for the store: the final status, the header
-// the client received, and up to max body bytes.
+// the client received, and up to max body bytes. With a blob store
+// (toBlob), a longer body goes on to a blob as it is written, the first
+// max bytes included, and the copy in memory is dropped: memory stays
+// bounded whatever the body's size.
+//
+// The response belongs to the key, not to the connection: once writing to
+// the client fails (it disconnected, timed out, reset the stream), capture
+// stops writing to it and goes on keeping what the handler writes, and
+// reports every write as a success. So the handler (or ReverseProxy, which
+// aborts on a write error) runs to its end and its response is stored for
+// the client's retry.
 type capture struct {
 	w   http.ResponseWriter
 	max int
@@ -22,7 +33,12 @@ type capture struct {
 	body     []byte
 	sent     bool // the header went to the client, its Content-Type settled
 	overflow bool // the body outgrew max: store it omitted
-	hijacked bool // the handler took the connection: nothing to store
+	// toBlob starts the blob a body that outgrows max goes to; nil, or a
+	// nil answer (a status not to be stored), makes it overflow instead.
+	toBlob   func() *spill
+	spill    *spill // the blob the body goes to, once it outgrew max
+	hijacked bool   // the handler took the connection: nothing to store
+	gone     error  // the first failed write to the client: it left
 }
 
 func newCapture(w http.ResponseWriter, max int) *capture {
@@ -52,26 +68,70 @@ func (c *capture) Write(p []byte) (int, error) {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
-	n, err := c.w.Write(p) // keep only what net/http took (none for 204, 304, HEAD)
-	if !c.overflow && n > 0 {
-		if len(c.body)+n > c.max {
-			c.settle(c.body) // net/http has sent the header by now
-			c.overflow, c.body = true, nil
-		} else {
-			c.body = append(c.body, p[:n]...)
+	n := len(p)
+	if c.gone == nil {
+		var err error
+		n, err = c.w.Write(p)
+		if err != nil {
+			if handlerError(err) {
+				return n, err // the handler's own mistake: nothing more was taken
+			}
+			c.gone, n = err, len(p)
+			if !bodyAllowed(c.status) {
+				n = 0
+			}
 		}
 	}
-	return n, err
+	// Keep what net/http took (none for 204, 304, HEAD), or, once the
+	// client is gone, what it would have taken.
+	if !c.overflow && n > 0 {
+		switch {
+		case c.spill != nil:
+			c.spill.write(p[:n])
+		case len(c.body)+n <= c.max:
+			c.body = append(c.body, p[:n]...)
+		default:
+			c.settle(c.body) // net/http has sent the header by now
+			if c.toBlob != nil {
+				c.spill = c.toBlob()
+			}
+			if c.spill == nil {
+				c.overflow, c.body = true, nil
+				break
+			}
+			c.spill.write(c.body)
+			c.spill.write(p[:n])
+			c.body = nil
+		}
+	}
+	return n, nil
+}
+
+// handlerError reports whether err, from a write to the client, is about
+// what the handler wrote (a body where none is allowed, more than its
+// Content-Length, a hijacked connection) rather than about the client.
+func handlerError(err error) bool {
+	return errors.Is(err, http.ErrBodyNotAllowed) || errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrHijacked)
 }
 
 // FlushError sends what was written so far to the client (used by
-// http.ResponseController and Flush). The captured copy is unaffected.
+// http.ResponseController and Flush). The captured copy is unaffected. A
+// client that is gone is not an error here either (see capture).
 func (c *capture) FlushError() error {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
 	c.settle(c.body)
-	return http.NewResponseController(c.w).Flush()
+	if c.gone != nil {
+		return nil
+	}
+	if err := http.NewResponseController(c.w).Flush(); err != nil {
+		if errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		c.gone = err
+	}
+	return nil
 }
 
 // Flush implements http.Flusher.

@@ -25,6 +25,8 @@
 //	handler panics, or ShouldStore   the key is released: a retry runs the handler
 //	says no (default: 5xx, 408,      again (a panic is passed on)
 //	409, 425, 429)
+//	client leaves after the acquire  the handler runs to its end and its response is
+//	                                 stored; the retry gets 409 (or waits), then the replay
 //
 // Error answers are RFC 9457 application/problem+json with a stable type
 // (the Problem* constants); Config.ErrorHandler can write them otherwise.
@@ -46,6 +48,34 @@
 // key and the fencing token, to pass on to the system of record. If the
 // lease is lost while the handler runs, that context is cancelled with
 // cause idem.ErrLeaseLost and the response is not stored.
+//
+// # When the client gives up
+//
+// The work belongs to the key, not to the connection. A client that
+// disconnects, times out or resets its stream:
+//
+//   - before the key is acquired (while its body is read, while it waits
+//     with Config.Wait, during the acquire): nothing runs, and a key
+//     acquired in that instant is released at once;
+//   - while the handler runs: the handler's context keeps the request's
+//     values but not its cancellation (context.WithoutCancel), so the
+//     handler and the calls it makes with r.Context() run to their end,
+//     and the response is stored. A retry gets 409 (or waits, with
+//     Config.Wait) until then, and the byte-identical replay after;
+//   - while the response streams: the middleware stops writing to the
+//     client and keeps capturing; the handler sees no write error (so
+//     httputil.ReverseProxy does not abort), and the whole response is
+//     stored for the retry;
+//   - after completion: nothing changes.
+//
+// The handler's context is cancelled only when the lease is lost (cause
+// idem.ErrLeaseLost), after Config.MaxExecution (cause ErrMaxExecution), or
+// when Config.StopContext is done (cause ErrStopped): cancel it once
+// http.Server.Shutdown has waited its grace period. Config.CancelOnDisconnect
+// restores the old behaviour, in which the client's disconnect cancels the
+// handler's context; it is unsafe for effects outside a transaction that
+// the cancellation rolls back, since the failed handler's key is released
+// and the client's retry runs the work again.
 //
 // # What is stored and replayed
 //
@@ -74,11 +104,41 @@
 //
 // The response goes to the client as the handler writes it; Flush works.
 // The middleware keeps a copy of up to MaxResponseSize bytes (default 1
-// MiB). A longer response is still completed, so the handler never runs
-// again for that key, but its body is not stored: a replay carries the
-// status and headers, an empty body and Idempotent-Replay-Body-Omitted:
-// true. A handler that hijacks the connection is not stored; the key is
-// released.
+// MiB), the inline limit. A longer response is still completed, so the
+// handler never runs again for that key. Without a blob store its body is
+// not stored: a replay carries the status and headers, an empty body and
+// Idempotent-Replay-Body-Omitted: true. A handler that hijacks the
+// connection is not stored; the key is released.
+//
+// With Config.Blobs (package blobstore: S3, a directory, memory), a body
+// that outgrows the inline limit streams on to a blob as the handler
+// writes it, the bytes held so far first, and memory stays bounded
+// whatever its size. Before the key completes, the blob is committed whole
+// under a name built from the record key's digest and the fencing token
+// (idem.NewBlobName), and the record keeps its name, size and SHA-256
+// (idem.BlobRef, about 100 bytes). A replay opens the blob first: missing,
+// of the wrong size, or in a store that does not answer, it gets 503
+// (ProblemStoredBodyUnavailable) and the handler does not run again. It
+// then streams the stored status and headers with the blob's
+// Content-Length, checking the digest as it reads and sending each 64 KiB
+// only once the next has been read: a blob found corrupt after the header
+// went out aborts the response (the connection, on HTTP/1.1; the stream,
+// on HTTP/2), so the client sees a broken response, never a short 200.
+// OnBlobError and OutcomeReplayFailed count these. A client that leaves
+// mid-body changes nothing: the rest is still written to the blob.
+//
+// Before a new request runs, the blob store is probed (at most once a
+// second): when it does not answer, the request gets 503
+// (ProblemBlobStoreUnavailable) and the key is released, as for a failing
+// store; with FailOpen the handler runs, and a body over the inline limit
+// is not stored (Idempotent-Replay-Body-Omitted on replay). A write that
+// fails, or makes no progress for BlobTimeout (30s), midway through a
+// body also completes the key without its body: the client got the whole
+// response, and the work is never run again. A status that ShouldStore
+// releases, a panic or a lost lease discard the blob. Blobs whose attempt
+// crashed between the blob write and Complete are orphans: no record
+// refers to them; blobstore.Sweep (idem gc) removes them, and the blobs
+// of expired records.
 //
 // net/http buffers small responses until the handler returns, and the
 // middleware stores the response before returning, so a client normally
@@ -94,5 +154,7 @@
 // Transport is an http.RoundTripper that adds an Idempotency-Key to covered
 // methods and retries network errors and 409, 429, 502, 503 and 504 with
 // exponential backoff and full jitter, honouring Retry-After, always with
-// the same key and the same body.
+// the same key and the same body. Transport.AttemptTimeout bounds each
+// attempt until its response headers arrive; a slow attempt is retried with
+// the same key and ends with the first attempt's stored response.
 package idemhttp

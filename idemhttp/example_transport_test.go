@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -53,4 +54,16 @@ func ExampleTransport() {
 	// attempts: 2
 	// same key: true
 	// key sent: true
+}
+
+// A client whose attempts give up after 2s each and are retried with the
+// same key. (Compiled, not run.)
+func ExampleTransport_attemptTimeout() {
+	client := &http.Client{Transport: &idemhttp.Transport{AttemptTimeout: 2 * time.Second}} // other fields: defaults
+	resp, err := client.Post("https://api.example.com/charges", "application/json", strings.NewReader(`{"amount":1000}`))
+	if err != nil {
+		log.Fatal(err) // every attempt failed: the network, or a timeout each time
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), idemhttp.KeyFromResponse(resp))
 }

@@ -14,7 +14,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/telemetry"
+	"github.com/idemkit/idem/internal/waiters"
 )
 
 // Defaults for Config's zero fields.
@@ -22,10 +27,6 @@ const (
 	DefaultMaxBodySize     = 1 << 20
 	DefaultMaxResponseSize = idem.DefaultMaxResponseSize
 )
-
-// maxWaitPoll caps the pause between two store checks while waiting for a
-// holder in another process.
-const maxWaitPoll = 250 * time.Millisecond
 
 // HeaderBodyOmitted is set to "true" on a replay whose body was larger than
 // Config.MaxResponseSize when it was first produced and was not stored.
@@ -64,11 +65,30 @@ type Config struct {
 	// Lease and Retention: see idem.Config (defaults 30s and 24h).
 	Lease, Retention time.Duration
 
-	// MaxResponseSize is the largest response body stored. A larger body
-	// still goes to the client; the key is completed without it, and a
+	// MaxResponseSize is the largest response body stored in the record
+	// (the inline limit). A larger body still goes to the client; with
+	// Blobs set it streams to the blob store as the handler writes it and
+	// is replayed from there, else the key is completed without it and a
 	// replay carries the status and headers, an empty body and
 	// Idempotent-Replay-Body-Omitted: true. Default 1 MiB.
 	MaxResponseSize int
+
+	// Blobs, when set, keeps the bodies larger than MaxResponseSize (see
+	// "Large responses" in the package documentation). Default nil: such
+	// bodies are not stored.
+	Blobs idem.BlobStore
+
+	// BlobTimeout bounds how long a blob operation (a write, the commit,
+	// opening or reading for a replay) may go without progress before it
+	// is given up: a write then stores the response without its body, a
+	// replay answers 503 or is aborted. Default DefaultBlobTimeout (30s).
+	BlobTimeout time.Duration
+
+	// OnBlobError, when set, is called for every failed blob operation:
+	// op is BlobOpWrite, BlobOpRead or BlobOpCheck, and err wraps
+	// idem.ErrBlobNotFound or idem.ErrBlobCorrupt when the blob is missing
+	// or corrupt (for metrics). It must not block.
+	OnBlobError func(r *http.Request, op string, err error)
 
 	// ShouldStore decides from the final status whether a response is
 	// stored (and replayed from then on) or the key is released so the
@@ -80,6 +100,32 @@ type Config struct {
 	// as soon as this process finishes the key; for a holder in another
 	// process it asks the store again after growing pauses (at most 250ms).
 	Wait time.Duration
+
+	// MaxExecution, when positive, bounds how long the handler may run
+	// under its lease: past it, the handler's context is cancelled with
+	// cause ErrMaxExecution. What the handler then answers is stored or
+	// released as usual (by default a 5xx releases the key, and a retry
+	// runs the handler again). Default 0: no limit but the lease's loss.
+	// Use one middleware per route for per-route limits.
+	MaxExecution time.Duration
+
+	// StopContext, when set, is the server's hard stop: once it is done,
+	// the context of every handler still running under a lease is
+	// cancelled with cause ErrStopped. Cancel it when http.Server.Shutdown
+	// has waited its grace period and returned. Default nil: a handler's
+	// context is cancelled only by the lease's loss and MaxExecution.
+	StopContext context.Context
+
+	// CancelOnDisconnect restores the earlier behaviour: the handler's
+	// context is the request's, cancelled when the client
+	// disconnects or its deadline passes. UNSAFE for effects outside a
+	// transaction: a client that times out cancels work that may already
+	// have acted (a payment captured, a message sent); the handler then
+	// usually fails, the key is released, and the client's retry runs the
+	// work a second time. Use it only for handlers whose every effect is
+	// rolled back with their context. Default false: the work belongs to
+	// the key and runs to its end whatever the client does.
+	CancelOnDisconnect bool
 
 	// FailOpen runs the handler without idempotency when the store fails.
 	// Default false: the request gets 503 and the handler does not run.
@@ -105,6 +151,16 @@ type Config struct {
 
 	// OnRenew: see idem.Config.
 	OnRenew func(key idem.Key, err error)
+
+	// TracerProvider and MeterProvider, when set, report through
+	// OpenTelemetry what idem.Config says of them, plus every request's
+	// outcome in the counter idem.outcomes (layer "http") and as the
+	// attribute idem.outcome of the request's span, and the events
+	// idem.replay, idem.wait and idem.client_gone on that span (the span of
+	// an outer tracing middleware such as otelhttp). Default nil: none of
+	// it, at no cost.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Outcome is what the middleware did with a request of a covered method.
@@ -118,7 +174,18 @@ const (
 	OutcomeMismatch      Outcome = "mismatch"       // 422
 	OutcomeRejected      Outcome = "rejected"       // 400 or 413: key missing or invalid, body too large or unreadable
 	OutcomeStoreError    Outcome = "store_error"    // the store failed: 503, or the handler ran unprotected (FailOpen)
-	OutcomeGone          Outcome = "gone"           // the client left before an answer
+	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
+	// OutcomeReplayFailed: the key is completed but its stored body could
+	// not be read from the blob store: 503 (or an aborted response, when
+	// the blob broke off after the header was sent); nothing ran.
+	OutcomeReplayFailed Outcome = "replay_failed"
+)
+
+// Causes of a handler's context cancellation besides idem.ErrLeaseLost
+// (read them with context.Cause).
+var (
+	ErrMaxExecution = errors.New("idemhttp: the handler ran past Config.MaxExecution")
+	ErrStopped      = errors.New("idemhttp: the server stopped (Config.StopContext)")
 )
 
 // DefaultTenant scopes keys by the caller's credentials: a hash of the
@@ -176,20 +243,34 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.Wait < 0 {
 		return nil, fmt.Errorf("idemhttp: Config.Wait %v is negative", cfg.Wait)
 	}
+	if cfg.MaxExecution < 0 {
+		return nil, fmt.Errorf("idemhttp: Config.MaxExecution %v is negative", cfg.MaxExecution)
+	}
+	if cfg.BlobTimeout < 0 {
+		return nil, fmt.Errorf("idemhttp: Config.BlobTimeout %v is negative", cfg.BlobTimeout)
+	}
+	if cfg.BlobTimeout == 0 {
+		cfg.BlobTimeout = DefaultBlobTimeout
+	}
 	if cfg.MaxBodySize == 0 {
 		cfg.MaxBodySize = DefaultMaxBodySize
 	}
 	if cfg.MaxResponseSize == 0 {
 		cfg.MaxResponseSize = DefaultMaxResponseSize
 	}
-	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew})
+	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew,
+		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+	if err != nil {
+		return nil, err
+	}
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	m := &middleware{cfg: cfg, g: g, methods: map[string]bool{}, deny: map[string]bool{}}
+	m := &middleware{cfg: cfg, g: g, tel: tel, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
 	for _, meth := range cfg.Methods {
 		if meth == "" || strings.ToUpper(meth) != meth {
 			return nil, fmt.Errorf("idemhttp: Config.Methods: %q is not an upper-case method", meth)
@@ -214,7 +295,15 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if m.cfg.Logger == nil {
 		m.cfg.Logger = slog.Default()
 	}
-	if m.cfg.OnOutcome == nil {
+	switch onOutcome := m.cfg.OnOutcome; {
+	case tel != nil && onOutcome != nil:
+		m.cfg.OnOutcome = func(r *http.Request, o Outcome) {
+			tel.Outcome(r.Context(), "http", string(o))
+			onOutcome(r, o)
+		}
+	case tel != nil:
+		m.cfg.OnOutcome = func(r *http.Request, o Outcome) { tel.Outcome(r.Context(), "http", string(o)) }
+	case onOutcome == nil:
 		m.cfg.OnOutcome = func(*http.Request, Outcome) {}
 	}
 	return m.wrap, nil
@@ -223,9 +312,11 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 type middleware struct {
 	cfg     Config
 	g       *idem.Guard
+	tel     *telemetry.T // nil without providers
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
-	waiters waiters
+	gate    *blobGate       // whether Config.Blobs answers (unused without it)
+	waiters waiters.Set
 }
 
 func (m *middleware) wrap(next http.Handler) http.Handler {
@@ -323,9 +414,17 @@ func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 // 503; with Config.Wait, an in-flight key is waited for first.
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint, body []byte) {
 	deadline := time.Now().Add(m.cfg.Wait)
-	pause := 5 * time.Millisecond
+	pause := waiters.FirstPause
+	// The work's context keeps the request's values, not its cancellation:
+	// once acquired, the key's work runs to its end whatever the client
+	// does (unless CancelOnDisconnect). The acquire itself is bounded by
+	// the store's timeouts; a client that leaves meanwhile is caught below.
+	parent := r.Context()
+	if !m.cfg.CancelOnDisconnect {
+		parent = context.WithoutCancel(parent)
+	}
 	for {
-		att, acq, err := m.g.Begin(r.Context(), key, fp)
+		att, acq, err := m.g.Begin(parent, key, fp)
 		if err != nil && r.Context().Err() != nil {
 			m.cfg.OnOutcome(r, OutcomeGone)
 			return // the client is gone (or an outer deadline passed): nobody to answer, nothing to run
@@ -343,10 +442,41 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		switch acq.Outcome {
 		case idem.Acquired:
+			if r.Context().Err() != nil {
+				// The client left before the key was acquired: nothing
+				// has run, so nothing runs.
+				m.release(context.WithoutCancel(r.Context()), att)
+				m.cfg.OnOutcome(r, OutcomeGone)
+				return
+			}
+			toBlob := m.cfg.Blobs != nil
+			if toBlob {
+				if err := m.gate.check(r.Context()); err != nil {
+					// The blob store does not answer: a large response
+					// could not be stored. Fail closed, as for the store,
+					// unless FailOpen: then the handler runs, and a body
+					// too large for the record is not stored.
+					m.blobError(r, BlobOpCheck, err)
+					m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: blob store unavailable before the handler ran",
+						slog.String("key", key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
+					if !m.cfg.FailOpen {
+						m.release(context.WithoutCancel(r.Context()), att)
+						m.cfg.OnOutcome(r, OutcomeStoreError)
+						m.problem(w, r, problemBlobStore)
+						return
+					}
+					toBlob = false
+				}
+			}
 			m.cfg.OnOutcome(r, OutcomeExecuted)
-			m.execute(w, withBody(r, att.Context(), body), next, att)
+			m.execute(w, r, body, next, att, toBlob)
 		case idem.Replay:
+			if acq.Response.Blob != nil {
+				m.replayBlob(w, r, acq.Response)
+				return
+			}
 			m.cfg.OnOutcome(r, OutcomeReplayed)
+			telemetry.Event(r.Context(), telemetry.EventReplay)
 			m.replay(w, acq.Response)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
@@ -358,11 +488,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				m.problem(w, r, problemInFlight)
 				return
 			}
-			if !m.waiters.wait(r.Context(), key, min(pause, left, acq.RetryAfter+time.Millisecond)) {
+			if pause == waiters.FirstPause {
+				telemetry.Event(r.Context(), telemetry.EventWait)
+			}
+			if !m.waiters.Wait(r.Context(), key, min(pause, left, acq.RetryAfter+time.Millisecond)) {
 				m.cfg.OnOutcome(r, OutcomeGone)
 				return // the client is gone
 			}
-			pause = min(2*pause, maxWaitPoll)
+			pause = min(2*pause, waiters.MaxPause)
 			continue
 		default: // a store answering something else is a broken store
 			m.cfg.OnOutcome(r, OutcomeStoreError)
@@ -374,6 +507,28 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 }
 
+// workContext adds MaxExecution and StopContext to the attempt's context.
+// stop releases its resources once the work has returned.
+func (m *middleware) workContext(parent context.Context) (ctx context.Context, stop func()) {
+	if m.cfg.MaxExecution <= 0 && m.cfg.StopContext == nil {
+		return parent, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	unhook := func() bool { return false }
+	if m.cfg.StopContext != nil {
+		unhook = context.AfterFunc(m.cfg.StopContext, func() { cancel(ErrStopped) })
+	}
+	cancelTimer := context.CancelFunc(func() {})
+	if m.cfg.MaxExecution > 0 {
+		ctx, cancelTimer = context.WithTimeoutCause(ctx, m.cfg.MaxExecution, ErrMaxExecution)
+	}
+	return ctx, func() {
+		unhook()
+		cancelTimer()
+		cancel(nil)
+	}
+}
+
 // withBody returns a copy of r with ctx and the body that was read for
 // the fingerprint.
 func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
@@ -382,16 +537,28 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 	return r
 }
 
-// execute runs the handler under the lease, then stores its response or
-// releases the key according to ShouldStore. A panic releases the key and
-// goes on. r carries the attempt's context.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, att *idem.Attempt) {
+// execute runs the handler under the lease, with the attempt's context and
+// the body read for the fingerprint, then stores its response or releases
+// the key according to ShouldStore. A panic releases the key and goes on.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, toBlob bool) {
 	key := att.Lease().Key
-	finish := context.WithoutCancel(r.Context())
+	ctx, stop := m.workContext(att.Context())
+	defer stop()
+	r = withBody(r, ctx, body)
+	finish := context.WithoutCancel(ctx)
 	c := newCapture(w, m.cfg.MaxResponseSize)
-	defer m.waiters.wake(key)
+	if toBlob {
+		c.toBlob = func() *spill {
+			if !m.cfg.ShouldStore(r, c.status) {
+				return nil // released anyway: no blob to write
+			}
+			return m.newSpill(att.Context(), r, att.Lease())
+		}
+	}
+	defer m.waiters.Wake(key)
 	defer func() {
 		if p := recover(); p != nil {
+			c.spill.abort()
 			m.release(finish, att)
 			panic(p)
 		}
@@ -399,10 +566,23 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	next.ServeHTTP(c, r)
 	header := c.finish()
 	if c.hijacked || !m.cfg.ShouldStore(r, c.status) {
+		c.spill.abort()
 		m.release(finish, att)
 		return
 	}
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
+	if c.spill != nil {
+		// The blob is written whole before Complete: a completed record
+		// never points to a blob that is not there.
+		if ref, err := c.spill.commit(); err != nil {
+			resp.BodyOmitted = true
+			m.cfg.Logger.LogAttrs(finish, slog.LevelError, "idem: the response body could not be written to the blob store; the key completes without it",
+				slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
+		} else {
+			resp.Blob = ref
+			resp.Header.Del("Content-Length") // a replay sends the blob's size
+		}
+	}
 	switch err := att.Complete(finish, resp); {
 	case err == nil:
 	case errors.Is(err, idem.ErrNotReplicated):
@@ -411,6 +591,16 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	default:
 		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
+		if resp.Blob != nil && errors.Is(err, idem.ErrLeaseLost) {
+			// Not stored for sure (other errors may hide a completion whose
+			// reply was lost: the sweep decides those by the record).
+			m.deleteBlob(finish, resp.Blob.Name)
+		}
+	}
+	if c.gone != nil {
+		telemetry.Event(finish, telemetry.EventClientGone)
+		m.cfg.Logger.LogAttrs(finish, slog.LevelDebug, "idem: the client left while the handler ran; its response was kept for the retry",
+			slog.String("key", key.String()), slog.Any("error", c.gone))
 	}
 }
 
@@ -442,6 +632,13 @@ func (m *middleware) storable(h http.Header) http.Header {
 }
 
 func (m *middleware) replay(w http.ResponseWriter, resp *idem.Response) {
+	m.replayHeader(w, resp)
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
+
+// replayHeader sets the stored header of resp on w, and idem's own.
+func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
 		h[name] = vs
@@ -453,8 +650,6 @@ func (m *middleware) replay(w http.ResponseWriter, resp *idem.Response) {
 	if resp.BodyOmitted {
 		h.Set(HeaderBodyOmitted, "true")
 	}
-	w.WriteHeader(resp.Status)
-	w.Write(resp.Body)
 }
 
 func (m *middleware) problem(w http.ResponseWriter, r *http.Request, p Problem) {

@@ -604,6 +604,10 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := idemhttp.NewMiddleware(nil, idemhttp.Config{}); err == nil {
 		t.Error("nil store: got nil error, want one")
 	}
+	var typedNil *redisstore.Store // as left by a failed redisstore.Open
+	if _, err := idemhttp.NewMiddleware(typedNil, idemhttp.Config{}); err == nil {
+		t.Error("typed nil store: got nil error, want one")
+	}
 }
 
 func TestProblemBody(t *testing.T) {

@@ -15,6 +15,12 @@ const (
 	ProblemInFlight         = "urn:idem:problem:in-flight"         // 409: the same key is being processed
 	ProblemMismatch         = "urn:idem:problem:mismatch"          // 422: the key was used with a different request
 	ProblemStoreUnavailable = "urn:idem:problem:store-unavailable" // 503: the idempotency store failed; nothing ran
+	// 503: the blob store (Config.Blobs) does not answer; the request did not run
+	ProblemBlobStoreUnavailable = "urn:idem:problem:blob-store-unavailable"
+	// 503: the request completed before, but its stored body cannot be read
+	// from the blob store (missing, corrupt, or the store does not answer);
+	// it is not run again
+	ProblemStoredBodyUnavailable = "urn:idem:problem:stored-body-unavailable"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -51,4 +57,8 @@ var (
 		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body)."}
 	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The request was not processed. Retry later with the same key."}
+	problemBlobStore = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
+		Detail: "The store for large responses does not answer. The request was not processed. Retry later with the same key."}
+	problemStoredBody = Problem{Type: ProblemStoredBodyUnavailable, Title: "Stored response unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
+		Detail: "This request was processed before, but its stored response body cannot be read now. It was not processed again."}
 )

@@ -109,6 +109,16 @@ type Transport struct {
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
 
+	// AttemptTimeout, when positive, bounds each attempt until its
+	// response headers arrive, as urllib3's read timeout does: a slower
+	// attempt is abandoned and, by DefaultCheckRetry, retried with the
+	// same key. Against an idemhttp server the abandoned attempt's work
+	// runs on to its end; the retry gets 409 (or waits, with Config.Wait)
+	// while it runs and then its stored response. Reading the body is not
+	// bounded by it; use the request's context for that. Default 0: no
+	// bound but the request's context and Base's own timeouts.
+	AttemptTimeout time.Duration
+
 	// MaxBodyBuffer is how many bytes of a body without GetBody are kept
 	// in memory so it can be resent. A larger body is sent once without
 	// retries; a negative value never buffers. Default: 1 MiB.
@@ -191,7 +201,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, fmt.Errorf("idemhttp: rewinding request body: %w", err)
 			}
 		}
-		resp, err := base.RoundTrip(areq)
+		resp, err := t.send(base, areq)
 		if err != nil && resp != nil {
 			// Not allowed by the RoundTripper contract; keep the error.
 			resp.Body.Close()
@@ -226,6 +236,51 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case <-timer.C:
 		}
 	}
+}
+
+// errAttemptTimeout is the cause of an attempt's cancellation after
+// AttemptTimeout.
+var errAttemptTimeout = errors.New("idemhttp: attempt timed out")
+
+// send makes one attempt through base, bounded by AttemptTimeout until the
+// response headers arrive.
+func (t *Transport) send(base http.RoundTripper, req *http.Request) (*http.Response, error) {
+	if t.AttemptTimeout <= 0 {
+		return base.RoundTrip(req)
+	}
+	ctx, cancel := context.WithCancelCause(req.Context())
+	timer := time.AfterFunc(t.AttemptTimeout, func() { cancel(errAttemptTimeout) })
+	resp, err := base.RoundTrip(req.WithContext(ctx))
+	if !timer.Stop() { // it fired: whatever came back is cut off
+		if resp != nil {
+			resp.Body.Close()
+			resp = nil
+		}
+		if err == nil {
+			err = context.Cause(ctx)
+		}
+	}
+	if err != nil {
+		if errors.Is(context.Cause(ctx), errAttemptTimeout) {
+			err = fmt.Errorf("%w after %v: %w", errAttemptTimeout, t.AttemptTimeout, err)
+		}
+		cancel(nil)
+		return resp, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose ends an attempt's context once its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // positiveOr returns v, or def when v is not positive.

@@ -1,0 +1,596 @@
+package idemgrpc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/telemetry"
+	"github.com/idemkit/idem/internal/waiters"
+)
+
+// DefaultMaxResponseSize is Config.MaxResponseSize's default: grpc-go's
+// default limit on a message a client receives, so that every response a
+// default client can receive is stored.
+const DefaultMaxResponseSize = 4 << 20
+
+const (
+	// maxInFlightDelay caps the RetryInfo delay of an in-flight answer:
+	// the holder usually finishes long before its lease ends.
+	maxInFlightDelay = time.Second
+	// storeRetryDelay is the RetryInfo delay of a store failure.
+	storeRetryDelay = time.Second
+)
+
+// Config tunes the server interceptor. The zero value means the defaults.
+type Config struct {
+	// Methods are the full method names ("/package.Service/Method") the
+	// interceptor covers; other methods pass through untouched, key or
+	// not. MethodFunc, when set, decides instead. Default: every unary
+	// method. A covered call without a key passes through untouched too,
+	// unless a key is required.
+	Methods    []string
+	MethodFunc func(fullMethod string) bool
+
+	// RequireKey makes a key mandatory on covered methods: a call without
+	// one gets InvalidArgument. RequireKeyFunc, when set, decides per call
+	// instead (for example per method). Default false.
+	RequireKey     bool
+	RequireKeyFunc func(ctx context.Context, fullMethod string) bool
+
+	// Key, when set, takes the key from the request message: it returns
+	// the key and true, or false when the request carries none (an empty
+	// AIP-155 request_id, say). A key it returns takes precedence over the
+	// idempotency-key metadata, which is read only when it returns false.
+	// The key must be 1 to 255 visible ASCII characters, as in metadata,
+	// or the call gets InvalidArgument. Default nil: metadata only.
+	Key func(ctx context.Context, fullMethod string, req any) (string, bool)
+
+	// Tenant says whose call this is; keys of different tenants never
+	// share a record. Default AuthorizationTenant: a hash of the
+	// authorization metadata, "" for calls without one (which then share
+	// one scope: a caller who sends a key another such caller used gets
+	// that caller's stored response). Set it from the authenticated
+	// identity where credentials rotate or are not in the metadata (mTLS),
+	// e.g. the account id your authentication interceptor (which must run
+	// before this one) put in the context.
+	Tenant func(ctx context.Context) string
+
+	// Fingerprint summarises the request; a repeat with the same key and
+	// another fingerprint gets FailedPrecondition. An error makes the call
+	// fail with Internal, the handler not run. Default DefaultFingerprint
+	// (the method and the deterministic proto encoding of the request).
+	Fingerprint func(fullMethod string, req any) (idem.Fingerprint, error)
+
+	// Lease and Retention: see idem.Config (defaults 30s and 24h).
+	Lease, Retention time.Duration
+
+	// MaxResponseSize is the largest response stored, in bytes of its
+	// encoding (the message, or the status with its details). A larger
+	// one still goes to the client; the key is completed without it, and
+	// a replay gets DataLoss (reason ReasonResponseOmitted) with the
+	// header and trailer metadata. Default DefaultMaxResponseSize (4 MiB);
+	// at most idem.MaxEncodedBody.
+	MaxResponseSize int
+
+	// ShouldStore decides from the handler's final code whether its
+	// outcome is stored (and replayed from then on) or the key is
+	// released so the call can be run again. ctx is the handler's context
+	// (grpc.Method(ctx) names the method). Default DefaultShouldStore.
+	ShouldStore func(ctx context.Context, code codes.Code) bool
+
+	// Wait, when positive, makes a call whose key is in flight wait up to
+	// this long for the result instead of getting Aborted at once. It
+	// wakes as soon as this process finishes the key; for a holder in
+	// another process it asks the store again after growing pauses (at
+	// most 250ms). Default 0: Aborted at once.
+	Wait time.Duration
+
+	// MaxExecution, when positive, bounds how long the handler may run
+	// under its lease: past it, the handler's context is cancelled with
+	// cause ErrMaxExecution. What the handler then returns is stored or
+	// released as usual (a DeadlineExceeded or Canceled status releases
+	// the key by default, and a retry runs the handler again). Default 0:
+	// no limit but the lease's loss.
+	MaxExecution time.Duration
+
+	// StopContext, when set, is the server's hard stop: once it is done,
+	// the context of every handler still running under a lease is
+	// cancelled with cause ErrStopped. Cancel it when GracefulStop has
+	// waited long enough. Default nil: a handler's context is cancelled
+	// only by the lease's loss and MaxExecution.
+	StopContext context.Context
+
+	// FailOpen runs the handler without idempotency when the store fails.
+	// Default false: the call gets Unavailable and the handler does not
+	// run.
+	FailOpen bool
+
+	// ReplayMetadataDenylist names header and trailer metadata keys never
+	// stored nor replayed (compared lower-case), besides
+	// idempotent-replayed and idempotent-replay-body-omitted, which are
+	// always dropped.
+	ReplayMetadataDenylist []string
+
+	// Types resolves the stored response's message type on replay, by its
+	// full name. Default protoregistry.GlobalTypes, where generated code
+	// registers every message. A response whose type it cannot resolve is
+	// not stored (the key is released and the error logged).
+	Types protoregistry.MessageTypeResolver
+
+	// Logger receives store failures, lost leases and responses that
+	// could not be stored. Keys are logged as their digest, never raw.
+	// Default slog.Default().
+	Logger *slog.Logger
+
+	// OnOutcome, when set, is called once for every call of a covered
+	// method with what the interceptor did with it (for metrics). It must
+	// not block.
+	OnOutcome func(ctx context.Context, fullMethod string, o Outcome)
+
+	// OnRenew: see idem.Config.
+	OnRenew func(key idem.Key, err error)
+
+	// TracerProvider and MeterProvider, when set, report through
+	// OpenTelemetry what idem.Config says of them, plus every call's
+	// outcome in the counter idem.outcomes (layer "grpc") and as the
+	// attribute idem.outcome of the call's span (the span of an outer
+	// tracing interceptor, such as otelgrpc's stats handler), and the
+	// events idem.replay and idem.wait on that span. Default nil: none of
+	// it, at no cost.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+}
+
+// Outcome is what the interceptor did with a call of a covered method.
+type Outcome string
+
+const (
+	OutcomePassedThrough Outcome = "passed_through" // no key, none required: handler ran unprotected
+	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease
+	OutcomeReplayed      Outcome = "replayed"       // the stored outcome was replayed
+	OutcomeConflict      Outcome = "conflict"       // Aborted: in flight (after the wait, if any)
+	OutcomeMismatch      Outcome = "mismatch"       // FailedPrecondition
+	OutcomeRejected      Outcome = "rejected"       // InvalidArgument (key missing or invalid), or Internal (no fingerprint)
+	OutcomeStoreError    Outcome = "store_error"    // the store failed: Unavailable, or the handler ran unprotected (FailOpen); or a stored outcome could not be decoded
+	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
+)
+
+// DefaultShouldStore stores the outcomes that a retry of the same request
+// would get again, and releases those that say "try again":
+//
+//	stored:   OK, InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
+//	          FailedPrecondition, OutOfRange
+//	released: Canceled, Unknown, DeadlineExceeded, ResourceExhausted,
+//	          Aborted, Unimplemented, Internal, Unavailable, DataLoss,
+//	          Unauthenticated
+//
+// Unauthenticated is released because the client's remedy is to refresh
+// its credentials and send the same call again; Unimplemented because it
+// says the server, not the request, is lacking. Errors that are not gRPC
+// statuses count as Unknown (as grpc-go sends them), and context errors as
+// Canceled and DeadlineExceeded.
+func DefaultShouldStore(_ context.Context, code codes.Code) bool {
+	switch code {
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
+		codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// DefaultFingerprint hashes the full method name and the deterministic
+// proto encoding of req (proto.MarshalOptions{Deterministic: true}, so map
+// fields in any order give one fingerprint). req must be a proto message.
+func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
+	m := messageV2Of(req)
+	if m == nil {
+		return idem.Fingerprint{}, fmt.Errorf("idemgrpc: request of type %T is not a proto message; set Config.Fingerprint", req)
+	}
+	b, err := deterministic.Marshal(m)
+	if err != nil {
+		return idem.Fingerprint{}, fmt.Errorf("idemgrpc: encoding the %T request: %w", req, err)
+	}
+	return idem.SumFingerprint(b, fullMethod), nil
+}
+
+// AuthorizationTenant scopes keys by the caller's credentials, as
+// idemhttp.DefaultTenant does: a hash of the single authorization metadata
+// value, or "" when there is none (or more than one). A client that
+// refreshes its token between two retries becomes a new tenant and runs the
+// call again; prefer a stable account id where tokens rotate.
+func AuthorizationTenant(ctx context.Context) string {
+	vs := metadata.ValueFromIncomingContext(ctx, "authorization")
+	if len(vs) != 1 {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(vs[0]))
+	return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// messageV2Of returns v as a proto message, or nil.
+func messageV2Of(v any) proto.Message {
+	switch m := v.(type) {
+	case proto.Message:
+		return m
+	case protoadapt.MessageV1:
+		return protoadapt.MessageV2Of(m)
+	}
+	return nil
+}
+
+// Metadata never stored: the interceptor's own markers.
+var alwaysDenied = []string{MetadataReplayed, MetadataBodyOmitted}
+
+// UnaryServerInterceptor returns a grpc.UnaryServerInterceptor that makes
+// covered unary calls idempotent with store. It panics if cfg is invalid
+// or store is nil; NewUnaryServerInterceptor returns the error instead.
+// Install it after the interceptors that authenticate (Config.Tenant needs
+// their identity) and those whose metadata must not be stored (request
+// ids, tracing).
+func UnaryServerInterceptor(store idem.Store, cfg Config) grpc.UnaryServerInterceptor {
+	i, err := NewUnaryServerInterceptor(store, cfg)
+	if err != nil {
+		panic(err)
+	}
+	return i
+}
+
+// NewUnaryServerInterceptor is UnaryServerInterceptor with the
+// configuration error returned.
+func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerInterceptor, error) {
+	switch {
+	case cfg.Wait < 0:
+		return nil, fmt.Errorf("idemgrpc: Config.Wait %v is negative", cfg.Wait)
+	case cfg.MaxExecution < 0:
+		return nil, fmt.Errorf("idemgrpc: Config.MaxExecution %v is negative", cfg.MaxExecution)
+	case cfg.MaxResponseSize < 0:
+		return nil, fmt.Errorf("idemgrpc: Config.MaxResponseSize %d is negative", cfg.MaxResponseSize)
+	}
+	if cfg.MaxResponseSize == 0 {
+		cfg.MaxResponseSize = DefaultMaxResponseSize
+	}
+	// idem.New refuses a nil store, and an interface holding a nil pointer.
+	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew,
+		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+	if err != nil {
+		return nil, fmt.Errorf("idemgrpc: %w", err)
+	}
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("idemgrpc: %w", err)
+	}
+	s := &server{cfg: cfg, g: g, deny: map[string]bool{}}
+	if len(cfg.Methods) > 0 {
+		s.methods = map[string]bool{}
+		for _, m := range cfg.Methods {
+			if !validMethod(m) {
+				return nil, fmt.Errorf("idemgrpc: Config.Methods: %q is not a full method name (\"/package.Service/Method\")", m)
+			}
+			s.methods[m] = true
+		}
+	}
+	for _, k := range alwaysDenied {
+		s.deny[k] = true
+	}
+	for _, k := range cfg.ReplayMetadataDenylist {
+		s.deny[strings.ToLower(k)] = true
+	}
+	if s.cfg.Tenant == nil {
+		s.cfg.Tenant = AuthorizationTenant
+	}
+	if s.cfg.Fingerprint == nil {
+		s.cfg.Fingerprint = DefaultFingerprint
+	}
+	if s.cfg.ShouldStore == nil {
+		s.cfg.ShouldStore = DefaultShouldStore
+	}
+	if s.cfg.Types == nil {
+		s.cfg.Types = protoregistry.GlobalTypes
+	}
+	if s.cfg.Logger == nil {
+		s.cfg.Logger = slog.Default()
+	}
+	switch onOutcome := s.cfg.OnOutcome; {
+	case tel != nil && onOutcome != nil:
+		s.cfg.OnOutcome = func(ctx context.Context, m string, o Outcome) {
+			tel.Outcome(ctx, "grpc", string(o))
+			onOutcome(ctx, m, o)
+		}
+	case tel != nil:
+		s.cfg.OnOutcome = func(ctx context.Context, _ string, o Outcome) { tel.Outcome(ctx, "grpc", string(o)) }
+	case onOutcome == nil:
+		s.cfg.OnOutcome = func(context.Context, string, Outcome) {}
+	}
+	return s.intercept, nil
+}
+
+// validMethod reports whether m looks like "/package.Service/Method".
+func validMethod(m string) bool {
+	svc, meth, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+	return strings.HasPrefix(m, "/") && ok && svc != "" && meth != "" && !strings.Contains(meth, "/")
+}
+
+type server struct {
+	cfg     Config
+	g       *idem.Guard
+	methods map[string]bool // nil: every method
+	deny    map[string]bool // lower-case metadata keys
+	waiters waiters.Set
+}
+
+func (s *server) covers(method string) bool {
+	switch {
+	case s.cfg.MethodFunc != nil:
+		return s.cfg.MethodFunc(method)
+	case s.methods != nil:
+		return s.methods[method]
+	}
+	return true
+}
+
+func (s *server) required(ctx context.Context, method string) bool {
+	if s.cfg.RequireKeyFunc != nil {
+		return s.cfg.RequireKeyFunc(ctx, method)
+	}
+	return s.cfg.RequireKey
+}
+
+func (s *server) clientKey(ctx context.Context, method string, req any) (string, error) {
+	if s.cfg.Key != nil {
+		if k, ok := s.cfg.Key(ctx, method, req); ok {
+			return k, ValidateKey(k)
+		}
+	}
+	return ParseKey(ctx)
+}
+
+func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	method := info.FullMethod
+	if !s.covers(method) {
+		return handler(ctx, req)
+	}
+	clientKey, err := s.clientKey(ctx, method, req)
+	switch {
+	case errors.Is(err, errKeyMissing):
+		if s.required(ctx, method) {
+			s.cfg.OnOutcome(ctx, method, OutcomeRejected)
+			return nil, errorStatus(codes.InvalidArgument, ReasonKeyMissing,
+				"idemgrpc: "+method+" requires an idempotency key: send one in the "+MetadataKey+" metadata", 0)
+		}
+		s.cfg.OnOutcome(ctx, method, OutcomePassedThrough)
+		return handler(ctx, req)
+	case err != nil:
+		s.cfg.OnOutcome(ctx, method, OutcomeRejected)
+		return nil, errorStatus(codes.InvalidArgument, ReasonKeyInvalid, err.Error(), 0)
+	}
+	fp, err := s.cfg.Fingerprint(method, req)
+	if err != nil {
+		s.cfg.OnOutcome(ctx, method, OutcomeRejected)
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: request not fingerprinted; the call was not run",
+			slog.String("method", method), slog.Any("error", err))
+		return nil, errorStatus(codes.Internal, ReasonNotFingerprinted, err.Error(), 0)
+	}
+	// clientKey passed ValidateKey, which is stricter than Scope.Key's.
+	key, _ := idem.Scope{Tenant: s.cfg.Tenant(ctx), Method: method}.Key(clientKey)
+	return s.serve(ctx, req, method, handler, key, fp)
+}
+
+// serve acquires the key and answers: run the handler, replay, Aborted,
+// FailedPrecondition or Unavailable; with Config.Wait, an in-flight key is
+// waited for first.
+func (s *server) serve(ctx context.Context, req any, method string, handler grpc.UnaryHandler, key idem.Key, fp idem.Fingerprint) (any, error) {
+	deadline := time.Now().Add(s.cfg.Wait)
+	pause := waiters.FirstPause
+	// The work's context keeps the call's values, not its cancellation
+	// nor its deadline: once acquired, the key's work runs to its end
+	// whatever the client does. The acquire itself is bounded by the
+	// store's timeouts; a client that leaves meanwhile is caught below.
+	parent := context.WithoutCancel(ctx)
+	for {
+		att, acq, err := s.g.Begin(parent, key, fp)
+		if err != nil && ctx.Err() != nil {
+			s.cfg.OnOutcome(ctx, method, OutcomeGone)
+			return nil, status.FromContextError(ctx.Err()).Err() // nobody to answer, nothing to run
+		}
+		if err != nil {
+			s.cfg.OnOutcome(ctx, method, OutcomeStoreError)
+			s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: store failed before the handler ran",
+				slog.String("method", method), slog.String("key", key.String()), slog.Bool("fail_open", s.cfg.FailOpen), slog.Any("error", err))
+			if s.cfg.FailOpen {
+				return handler(ctx, req)
+			}
+			return nil, errorStatus(codes.Unavailable, ReasonStoreUnavailable,
+				"idemgrpc: the idempotency store is unavailable; the call was not run. Retry with the same key.", storeRetryDelay)
+		}
+		switch acq.Outcome {
+		case idem.Acquired:
+			if ctx.Err() != nil {
+				// The client left before the key was acquired: nothing
+				// has run, so nothing runs.
+				s.release(parent, att)
+				s.cfg.OnOutcome(ctx, method, OutcomeGone)
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			s.cfg.OnOutcome(ctx, method, OutcomeExecuted)
+			return s.execute(ctx, req, handler, att)
+		case idem.Replay:
+			telemetry.Event(ctx, telemetry.EventReplay)
+			return s.replay(ctx, method, key, acq.Response)
+		case idem.Mismatch:
+			s.cfg.OnOutcome(ctx, method, OutcomeMismatch)
+			return nil, errorStatus(codes.FailedPrecondition, ReasonMismatch,
+				"idemgrpc: this idempotency key was already used with a different request to "+method+"; send a new request with a new key", 0)
+		case idem.InFlight:
+			left := time.Until(deadline)
+			if left <= 0 {
+				s.cfg.OnOutcome(ctx, method, OutcomeConflict)
+				return nil, errorStatus(codes.Aborted, ReasonInFlight,
+					"idemgrpc: a call with this idempotency key is in progress; retry with the same key to get its result",
+					max(min(acq.RetryAfter, maxInFlightDelay), time.Millisecond))
+			}
+			if pause == waiters.FirstPause {
+				telemetry.Event(ctx, telemetry.EventWait)
+			}
+			if !s.waiters.Wait(ctx, key, min(pause, left, acq.RetryAfter+time.Millisecond)) {
+				s.cfg.OnOutcome(ctx, method, OutcomeGone)
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			pause = min(2*pause, waiters.MaxPause)
+			continue
+		default: // a store answering something else is a broken store
+			s.cfg.OnOutcome(ctx, method, OutcomeStoreError)
+			s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store gave an unknown outcome",
+				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
+			return nil, errorStatus(codes.Unavailable, ReasonStoreUnavailable,
+				"idemgrpc: the idempotency store gave an unknown answer; the call was not run", storeRetryDelay)
+		}
+	}
+}
+
+// workContext adds MaxExecution and StopContext to the attempt's context.
+// stop releases its resources once the work has returned.
+func (s *server) workContext(parent context.Context) (ctx context.Context, stop func()) {
+	if s.cfg.MaxExecution <= 0 && s.cfg.StopContext == nil {
+		return parent, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	unhook := func() bool { return false }
+	if s.cfg.StopContext != nil {
+		unhook = context.AfterFunc(s.cfg.StopContext, func() { cancel(ErrStopped) })
+	}
+	cancelTimer := context.CancelFunc(func() {})
+	if s.cfg.MaxExecution > 0 {
+		ctx, cancelTimer = context.WithTimeoutCause(ctx, s.cfg.MaxExecution, ErrMaxExecution)
+	}
+	return ctx, func() {
+		unhook()
+		cancelTimer()
+		cancel(nil)
+	}
+}
+
+// execute runs the handler under the lease, with the attempt's context and
+// a stream that captures the metadata it sets, then stores its outcome or
+// releases the key according to ShouldStore. A panic releases the key and
+// goes on.
+func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt) (resp any, err error) {
+	key := att.Lease().Key
+	cs := &captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}
+	work, stop := s.workContext(att.Context())
+	defer stop()
+	work = grpc.NewContextWithServerTransportStream(work, cs)
+	finish := context.WithoutCancel(work)
+	defer s.waiters.Wake(key) // after the release below
+	returned := false
+	defer func() {
+		if !returned { // the handler panicked: free the key, let the panic go on
+			s.release(finish, att)
+		}
+	}()
+	resp, err = handler(work, req)
+	returned = true
+
+	c := &captured{resp: resp}
+	code := codes.OK
+	if err != nil {
+		st, ok := status.FromError(err)
+		if !ok { // as grpc-go converts it
+			st = status.FromContextError(err)
+		}
+		c.st, code = st, st.Code()
+	}
+	if !s.cfg.ShouldStore(work, code) {
+		s.release(finish, att)
+		return resp, err
+	}
+	c.header, c.trailer = cs.metadata()
+	stored, encErr := encode(c, s.deny, s.cfg.Types)
+	if encErr != nil {
+		s.cfg.Logger.LogAttrs(finish, slog.LevelError, "idem: handler ran but its outcome cannot be stored; a retry will run it again",
+			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", encErr))
+		s.release(finish, att)
+		return resp, err
+	}
+	switch cerr := att.Complete(finish, stored); {
+	case cerr == nil:
+	case errors.Is(cerr, idem.ErrNotReplicated):
+		s.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
+			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", cerr))
+	default:
+		s.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again",
+			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", cerr))
+	}
+	if ctx.Err() != nil {
+		s.cfg.Logger.LogAttrs(finish, slog.LevelDebug, "idem: the client left while the handler ran; its outcome was kept for the retry",
+			slog.String("key", key.String()), slog.Any("error", context.Cause(ctx)))
+	}
+	return resp, err
+}
+
+func (s *server) release(ctx context.Context, att *idem.Attempt) {
+	switch err := att.Release(ctx); {
+	case err == nil:
+	case errors.Is(err, idem.ErrLeaseLost):
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost before the release; another call may hold the key",
+			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
+	default:
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: release failed; the key stays blocked until its lease ends",
+			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
+	}
+}
+
+// trueValue is the value of the replay markers; grpc-go copies metadata
+// values it is given (metadata.Join), so one slice serves every replay.
+var trueValue = []string{"true"}
+
+// replay answers with a stored outcome: its header metadata plus
+// idempotent-replayed: true, its trailer metadata, and its message or
+// status.
+func (s *server) replay(ctx context.Context, method string, key idem.Key, r *idem.Response) (any, error) {
+	c, err := decode(r, s.cfg.Types)
+	if err != nil {
+		s.cfg.OnOutcome(ctx, method, OutcomeStoreError)
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored outcome cannot be replayed; the call was not run",
+			slog.String("method", method), slog.String("key", key.String()), slog.Any("error", err))
+		return nil, errorStatus(codes.Internal, ReasonUnreplayable,
+			"idemgrpc: the stored outcome for this idempotency key cannot be decoded; the call was not run again", 0)
+	}
+	s.cfg.OnOutcome(ctx, method, OutcomeReplayed)
+	header := c.header
+	if header == nil {
+		header = make(metadata.MD, 2)
+	}
+	header[MetadataReplayed] = trueValue
+	if r.BodyOmitted {
+		header[MetadataBodyOmitted] = trueValue
+	}
+	if err := grpc.SetHeader(ctx, header); err != nil {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: replayed header metadata not set", slog.Any("error", err))
+	}
+	if len(c.trailer) > 0 {
+		if err := grpc.SetTrailer(ctx, c.trailer); err != nil {
+			s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: replayed trailer metadata not set", slog.Any("error", err))
+		}
+	}
+	if c.st != nil {
+		return nil, c.st.Err()
+	}
+	return c.resp, nil
+}
