@@ -8,7 +8,11 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // DefaultMaxFailures is Config.MaxFailures's default.
@@ -60,6 +64,14 @@ type Config struct {
 	// OnRenew, when set, is called after each background lease renewal
 	// (see idem.Config.OnRenew). It must not block.
 	OnRenew func(key idem.Key, err error)
+
+	// TracerProvider and MeterProvider, when set, report through
+	// OpenTelemetry what idem.Config says of them, plus each delivery's
+	// outcome in the counter idem.outcomes (layer "msg") and as the
+	// attributes idem.outcome and idem.attempt of the caller's span, and
+	// the counter idem.dead_letters. Default nil: none of it, at no cost.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Delivery is one delivery of a message, as the broker gave it.
@@ -132,6 +144,7 @@ type Result struct {
 // is safe for concurrent use.
 type Deduplicator struct {
 	guard *idem.Guard
+	tel   *telemetry.T // nil without providers
 	scope idem.Scope
 	cfg   Config
 }
@@ -139,22 +152,24 @@ type Deduplicator struct {
 // New returns a Deduplicator over store. It validates cfg and fills in
 // defaults.
 func New(store idem.Store, cfg Config) (*Deduplicator, error) {
-	if store == nil {
-		return nil, errors.New("idemmsg: New: nil Store")
-	}
 	switch {
 	case cfg.MaxFailures == 0:
 		cfg.MaxFailures = DefaultMaxFailures
 	case cfg.MaxFailures < 0:
 		return nil, fmt.Errorf("idemmsg: Config.MaxFailures %d is negative", cfg.MaxFailures)
 	}
-	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, OnRenew: cfg.OnRenew})
+	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, OnRenew: cfg.OnRenew,
+		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+	if err != nil {
+		return nil, err
+	}
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
 	gc := g.Config()
 	cfg.Lease, cfg.Retention = gc.Lease, gc.Retention
-	return &Deduplicator{guard: g, scope: idem.Scope{Method: "msg", Route: cfg.Namespace}, cfg: cfg}, nil
+	return &Deduplicator{guard: g, tel: tel, scope: idem.Scope{Method: "msg", Route: cfg.Namespace}, cfg: cfg}, nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -177,6 +192,32 @@ func (d *Deduplicator) Key(msgKey string) (idem.Key, error) { return d.scope.Key
 // fn ran but its result could not be recorded, Handle returns the Result
 // (Processed, Failed) together with the store's error.
 func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx context.Context) error) (Result, error) {
+	res, err := d.handle(ctx, dl, fn)
+	if d.tel != nil {
+		d.observe(ctx, dl, res, err)
+	}
+	return res, err
+}
+
+// observe reports Handle's decision to the telemetry.
+func (d *Deduplicator) observe(ctx context.Context, dl Delivery, res Result, err error) {
+	outcome := res.Outcome.String()
+	switch {
+	case res.Outcome != 0:
+	case errors.Is(err, idem.ErrMismatch):
+		outcome = "mismatch"
+	case errors.Is(err, idem.ErrInvalidKey):
+		outcome = "invalid_key"
+	default:
+		outcome = "store_error"
+	}
+	d.tel.Outcome(ctx, "msg", outcome, telemetry.AttrAttempt.Int(max(dl.Attempt, 1)))
+	if res.Outcome == DeadLettered && !errors.As(res.Err, new(*DeadLetterError)) { // recorded now, not earlier
+		d.tel.DeadLetter(ctx)
+	}
+}
+
+func (d *Deduplicator) handle(ctx context.Context, dl Delivery, fn func(ctx context.Context) error) (Result, error) {
 	key, err := d.scope.Key(dl.Key)
 	if err != nil {
 		return Result{}, err

@@ -346,6 +346,10 @@ func TestNewValidates(t *testing.T) {
 	if _, err := idemmsg.New(nil, idemmsg.Config{}); err == nil {
 		t.Error("nil store: got nil error")
 	}
+	var typedNil *memstore.Store
+	if _, err := idemmsg.New(typedNil, idemmsg.Config{}); err == nil {
+		t.Error("typed nil store: got nil error")
+	}
 	s := memstore.New(memstore.Options{})
 	if _, err := idemmsg.New(s, idemmsg.Config{MaxFailures: -1}); err == nil {
 		t.Error("negative MaxFailures: got nil error")

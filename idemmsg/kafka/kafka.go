@@ -87,6 +87,9 @@ const DefaultKeyHeader = "Idempotency-Key"
 // DefaultMaxPollRecords is Consumer.MaxPollRecords's default.
 const DefaultMaxPollRecords = 500
 
+// DefaultBatchSize is Consumer.BatchSize's default.
+const DefaultBatchSize = 64
+
 // Headers added to a dead-lettered record.
 const (
 	HeaderTopic     = "idem-topic"
@@ -138,6 +141,28 @@ type Consumer struct {
 	// DeadLetterTopic, when set, receives dead-lettered records (see the
 	// package documentation). Default: they are only committed past.
 	DeadLetterTopic string
+
+	// Batch decides each partition's records of a poll in batches of up
+	// to BatchSize with one Deduplicator.HandleBatch call each (InOrder)
+	// instead of one Handle call per record: with a store that
+	// implements idem.BatchStore (redisstore, memstore, pgstore), a
+	// batch's keys are acquired in one step and the records whose
+	// handlers finished are recorded in one step per group (see
+	// FlushInterval); the partition's offset is committed once per batch,
+	// after its completions, past the records done. Handlers still run
+	// one at a time in offset order, and a record InFlight or Failed
+	// stops its batch: the records after it wait, and it is retried in
+	// place after a backoff, as without Batch. The leases of a whole
+	// batch are taken at once, so a consumer that crashes holds up to
+	// BatchSize keys per partition until their lease ends.
+	Batch bool
+	// BatchSize, with Batch, is the most records of one partition decided
+	// in one HandleBatch call. Default DefaultBatchSize.
+	BatchSize int
+	// FlushInterval, with Batch, bounds how long a decided record waits
+	// for the others of its batch before it is recorded. Default
+	// idemmsg.DefaultFlushInterval.
+	FlushInterval time.Duration
 
 	// OnResult, when set, is called after each delivery of a record is
 	// decided, with Handle's result and error (so a retried record is
@@ -206,6 +231,7 @@ type runner struct {
 	*Consumer
 	keyHeader string
 	maxPoll   int
+	batchSize int
 	commitMu  sync.Mutex  // one commit at a time, so a partition's commits stay in order
 	crashed   atomic.Bool // in tests: a simulated crash, nothing more is committed
 }
@@ -218,8 +244,8 @@ func (c *Consumer) runner() (*runner, error) {
 		return nil, errors.New("kafka: Consumer.Dedup is nil")
 	case c.Handler == nil:
 		return nil, errors.New("kafka: Consumer.Handler is nil")
-	case c.MaxPollRecords < 0:
-		return nil, errors.New("kafka: negative Consumer.MaxPollRecords")
+	case c.MaxPollRecords < 0 || c.BatchSize < 0 || c.FlushInterval < 0:
+		return nil, errors.New("kafka: negative Consumer.MaxPollRecords, BatchSize or FlushInterval")
 	}
 	r := &runner{Consumer: c, keyHeader: c.KeyHeader, maxPoll: c.MaxPollRecords}
 	if r.keyHeader == "" {
@@ -227,6 +253,9 @@ func (c *Consumer) runner() (*runner, error) {
 	}
 	if r.maxPoll == 0 {
 		r.maxPoll = DefaultMaxPollRecords
+	}
+	if r.batchSize = c.BatchSize; r.batchSize == 0 {
+		r.batchSize = DefaultBatchSize
 	}
 	return r, nil
 }
@@ -253,7 +282,11 @@ func (r *runner) batch(ctx context.Context, fetches kgo.Fetches) error {
 					mu.Unlock()
 				}
 			}()
-			if err := r.partition(ctx, p.Records); err != nil {
+			partition := r.partition
+			if r.Batch {
+				partition = r.partitionBatches
+			}
+			if err := partition(ctx, p.Records); err != nil {
 				mu.Lock()
 				crash = err
 				mu.Unlock()
@@ -319,6 +352,12 @@ func (r *runner) partition(ctx context.Context, recs []*kgo.Record) error {
 func (r *runner) process(ctx context.Context, rec *kgo.Record, attempt int) (idemmsg.Outcome, time.Duration, bool) {
 	res, err := r.Dedup.Handle(ctx, idemmsg.Delivery{Key: r.key(rec), Attempt: attempt, Body: rec.Value},
 		func(ctx context.Context) error { return r.Handler(ctx, rec) })
+	return r.decide(ctx, rec, res, err)
+}
+
+// decide reports a decided record and produces its dead letter. It
+// returns what process returns.
+func (r *runner) decide(ctx context.Context, rec *kgo.Record, res idemmsg.Result, err error) (idemmsg.Outcome, time.Duration, bool) {
 	if r.OnResult != nil {
 		r.OnResult(rec, res, err)
 	}

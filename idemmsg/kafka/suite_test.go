@@ -28,6 +28,7 @@ func TestAdapterSuite(t *testing.T) {
 			return &suiteTopic{env: e}
 		},
 		IsCrash: func(err error) bool { return errors.Is(err, errCrashed) },
+		Batch:   true,
 	})
 }
 
@@ -42,6 +43,7 @@ func recordKey(rec *kgo.Record) string { return headerValue(rec, DefaultKeyHeade
 func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	c := s.consumer(ac.Name)
 	c.DeadLetterTopic = s.dead
+	c.Batch = ac.Batch
 	c.Handler = func(ctx context.Context, rec *kgo.Record) error {
 		if err := ac.Handler(ctx, recordKey(rec)); err != nil {
 			return err

@@ -3,6 +3,8 @@ package natsjs
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
@@ -49,6 +52,8 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //	idem  loops Consumer.Run loops (Concurrency conc) on the durable with
 //	      a Deduplicator over redisstore.Open (the production store) on a
 //	      private redis-server started by the benchmark
+//	idem-batch  idem with Consumer.Batch: one HandleBatch per batch taken
+//	      from the iterator
 //
 // Both run the trivial handler (count the message) over benchMsgs
 // messages published, each with a unique Nats-Msg-Id, to a fresh
@@ -56,7 +61,9 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // benchMsgs messages; run with -benchtime 1x. The clock stops when the
 // handler has run for every message; that the consumer then has nothing
 // pending or unacknowledged is checked outside the timing. idem reports
-// idem/raw, the ratio of its rate to raw's from the same process.
+// idem/raw, the ratio of its rate to raw's from the same process, and the
+// store's redis-server CPU time per message (INFO cpu, user + sys, over
+// the timed part).
 func BenchmarkConsume(b *testing.B) {
 	rs, err := redistest.StartServer()
 	if err != nil {
@@ -72,6 +79,8 @@ func BenchmarkConsume(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rc.Close()
 
 	for _, shape := range benchShapes {
 		b.Run(shape.String(), func(b *testing.B) {
@@ -81,25 +90,52 @@ func BenchmarkConsume(b *testing.B) {
 					return consumeRaw(b), func() {}
 				})
 			})
-			b.Run("idem", func(b *testing.B) {
-				rate := benchConsume(b, js, shape, "idem", func(b *testing.B, t *benchTarget) (func(context.Context, *benchTarget), func()) {
-					store, err := redisstore.Open("redis://"+rs.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
-					if err != nil {
-						b.Fatal(err)
-					}
-					d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + durable})
-					if err != nil {
-						store.Close()
-						b.Fatal(err)
-					}
-					return consumeIdem(b, d), func() { store.Close() }
-				})
-				if rawRate > 0 {
-					b.ReportMetric(rate/rawRate, "idem/raw")
+			for _, batch := range []bool{false, true} {
+				mode := "idem"
+				if batch {
+					mode = "idem-batch"
 				}
-			})
+				b.Run(mode, func(b *testing.B) {
+					rate := benchConsume(b, js, shape, mode, func(b *testing.B, t *benchTarget) (func(context.Context, *benchTarget), func()) {
+						store, err := redisstore.Open("redis://"+rs.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
+						if err != nil {
+							b.Fatal(err)
+						}
+						d, err := idemmsg.New(store, idemmsg.Config{Namespace: t.stream + "/" + durable})
+						if err != nil {
+							store.Close()
+							b.Fatal(err)
+						}
+						t.redis = rc
+						return consumeIdem(b, d, batch), func() { store.Close() }
+					})
+					if rawRate > 0 {
+						b.ReportMetric(rate/rawRate, "idem/raw")
+					}
+				})
+			}
 		})
 	}
+}
+
+// redisCPU returns the redis-server's CPU time so far, user and system.
+func redisCPU(b *testing.B, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // benchTarget is one iteration's stream and durable, already filled.
@@ -107,6 +143,7 @@ type benchTarget struct {
 	shape   benchShape
 	stream  string
 	cons    jetstream.Consumer
+	redis   *redis.Client // the store's server, for its CPU time (idem only)
 	handled atomic.Int64
 	done    chan struct{} // closed when handled reaches benchMsgs
 }
@@ -123,7 +160,7 @@ func (t *benchTarget) handle() {
 type prepareFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context, t *benchTarget), release func())
 
 func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode string, prepare prepareFunc) (rate float64) {
-	var elapsed time.Duration
+	var elapsed, cpu time.Duration
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
@@ -133,6 +170,10 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan struct{})
+		var cpu0 time.Duration
+		if t.redis != nil {
+			cpu0 = redisCPU(b, t.redis)
+		}
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx, t) }()
@@ -144,6 +185,9 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		}
 		b.StopTimer()
 		elapsed += time.Since(start)
+		if t.redis != nil {
+			cpu += redisCPU(b, t.redis) - cpu0
+		}
 
 		msgtest.WaitFor(b, "every message acknowledged", benchStop, func() bool {
 			ictx, icancel := context.WithTimeout(context.Background(), time.Second)
@@ -169,6 +213,9 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 	}
 	rate = float64(b.N*benchMsgs) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
+	if cpu > 0 {
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMsgs), "redis-cpu-µs/msg")
+	}
 	return rate
 }
 
@@ -255,12 +302,12 @@ func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
 }
 
 // consumeIdem runs t.shape.loops Consumer.Run loops over d.
-func consumeIdem(b *testing.B, d *idemmsg.Deduplicator) func(context.Context, *benchTarget) {
+func consumeIdem(b *testing.B, d *idemmsg.Deduplicator, batch bool) func(context.Context, *benchTarget) {
 	return func(ctx context.Context, t *benchTarget) {
 		var wg sync.WaitGroup
 		for n := range t.shape.loops {
 			c := &Consumer{
-				Consumer: t.cons, Dedup: d, Concurrency: t.shape.conc, MaxMessages: t.shape.pull(),
+				Consumer: t.cons, Dedup: d, Concurrency: t.shape.conc, MaxMessages: t.shape.pull(), Batch: batch,
 				Handler: func(context.Context, jetstream.Msg) error { t.handle(); return nil },
 				OnError: func(err error) {
 					if ctx.Err() == nil {

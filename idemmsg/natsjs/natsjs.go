@@ -151,6 +151,26 @@ type Consumer struct {
 	// Default: they are only Termed.
 	DeadLetterSubject string
 
+	// Batch decides the messages the iterator has buffered (up to
+	// MaxMessages, taken as they are there, without waiting for more) with
+	// one Deduplicator.HandleBatch call instead of one Handle call per
+	// message: with a store that implements idem.BatchStore (redisstore,
+	// memstore, pgstore), their keys are acquired in one step, and the
+	// messages whose handlers finished are recorded in one step per group
+	// and then settled together (see FlushInterval). Handlers still run
+	// Concurrency at a time. The leases of a whole batch are taken at
+	// once, so a Run loop that crashes holds up to MaxMessages keys until
+	// their lease ends. Two messages of one batch with the same key: the
+	// second is decided once the first is recorded (Duplicate, usually),
+	// instead of InFlight. A batch's handlers start while the batch before
+	// records and settles its last group, unless the two share a key
+	// (then it waits for that batch).
+	Batch bool
+	// FlushInterval, with Batch, bounds how long a decided message waits
+	// for the others of its batch before it is recorded and settled.
+	// Default idemmsg.DefaultFlushInterval.
+	FlushInterval time.Duration
+
 	// OnResult, when set, is called after each message is decided, with
 	// Handle's result and error. For metrics and logs; it must not block.
 	OnResult func(msg jetstream.Msg, res idemmsg.Result, err error)
@@ -201,8 +221,8 @@ func (c *Consumer) validate() error {
 		return errors.New("natsjs: Consumer.Handler is nil")
 	case c.DeadLetterSubject != "" && c.JetStream == nil:
 		return errors.New("natsjs: Consumer.JetStream is required with DeadLetterSubject")
-	case c.MaxMessages < 0 || c.Concurrency < 0:
-		return errors.New("natsjs: negative MaxMessages or Concurrency")
+	case c.MaxMessages < 0 || c.Concurrency < 0 || c.FlushInterval < 0:
+		return errors.New("natsjs: negative MaxMessages, Concurrency or FlushInterval")
 	}
 	if info := c.Consumer.CachedInfo(); info != nil {
 		cfg := info.Config
@@ -229,6 +249,9 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return fmt.Errorf("natsjs: pull: %w", err)
 	}
 	defer it.Stop()
+	if c.Batch {
+		return c.consumeBatches(ctx, it, n)
+	}
 	// pull ends when ctx does, and when a handler panics or crashes (in
 	// a test), so that the loop does not wait in Next for another message
 	// before passing that on.
@@ -280,12 +303,11 @@ func (c *Consumer) consume(ctx context.Context) error {
 // process decides one message and settles it with JetStream. It returns
 // only errCrashed; other errors go to OnError.
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) error {
-	attempt := 1
-	meta, err := msg.Metadata()
-	if err == nil {
-		attempt = int(min(max(meta.NumDelivered, 1), 1<<31-1))
-	}
-	var res idemmsg.Result
+	attempt, meta := attemptOf(msg)
+	var (
+		res idemmsg.Result
+		err error
+	)
 	key := c.key(msg)
 	if key == "" && c.Key == nil {
 		err = ErrNoMsgID
@@ -293,6 +315,22 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) error {
 		res, err = c.Dedup.Handle(ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()},
 			func(ctx context.Context) error { return c.Handler(ctx, msg) })
 	}
+	return c.settle(ctx, msg, meta, key, attempt, res, err)
+}
+
+// attemptOf returns msg's delivery count and its metadata (nil if it has
+// none).
+func attemptOf(msg jetstream.Msg) (int, *jetstream.MsgMetadata) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return 1, nil
+	}
+	return int(min(max(meta.NumDelivered, 1), 1<<31-1)), meta
+}
+
+// settle reports a decided message and settles it with JetStream. It
+// returns only errCrashed; other errors go to OnError.
+func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, key string, attempt int, res idemmsg.Result, err error) error {
 	if c.OnResult != nil {
 		c.OnResult(msg, res, err)
 	}

@@ -26,6 +26,7 @@ func TestAdapterSuite(t *testing.T) {
 		},
 		IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
 		Concurrency: true,
+		Batch:       true,
 	})
 }
 
@@ -40,6 +41,7 @@ func (s *suiteTopic) Publish(t testing.TB, keys ...string) { s.publish(false, ke
 func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	c := s.consumer(ac.Name, payloadKey)
 	c.Concurrency = ac.Concurrency
+	c.Batch = ac.Batch
 	c.MaxMessages = max(DefaultMaxMessages, ac.Concurrency)
 	c.DeadLetterSubject = s.deadSubject()
 	c.Handler = func(ctx context.Context, msg jetstream.Msg) error { return ac.Handler(ctx, payloadKey(msg)) }

@@ -157,6 +157,28 @@ type Consumer struct {
 	// min(attempt·1s, 30s); at most MaxRetryDelay.
 	RetryDelay func(attempt int) time.Duration
 
+	// Batch decides the deliveries received (up to the prefetch, taken as
+	// they are there, without waiting for more) with one
+	// Deduplicator.HandleBatch call instead of one Handle call per
+	// delivery: with a store that implements idem.BatchStore (redisstore,
+	// memstore, pgstore), their keys are acquired in one step, and the
+	// deliveries whose handlers finished are recorded in one step per
+	// group and acknowledged together: with one multiple-ack when every
+	// delivery up to the group's last is being acknowledged, else one by
+	// one (see FlushInterval). Handlers still run Concurrency at a time.
+	// The leases of a whole batch are taken at once, so a Run loop that
+	// crashes holds up to Prefetch keys until their lease ends. Two
+	// deliveries of one batch with the same key: the second is decided
+	// once the first is recorded (Duplicate, usually), instead of
+	// InFlight. The channel must be this Run's alone, with nothing
+	// unacknowledged from before: a multiple-ack covers every
+	// unacknowledged delivery of the channel up to its tag.
+	Batch bool
+	// FlushInterval, with Batch, bounds how long a decided delivery waits
+	// for the others of its batch before it is recorded and settled.
+	// Default idemmsg.DefaultFlushInterval.
+	FlushInterval time.Duration
+
 	// OnResult, when set, is called after each delivery is decided, with
 	// Handle's result and error. For metrics and logs; it must not block.
 	// With Concurrency above 1 it is called from several goroutines at
@@ -166,6 +188,9 @@ type Consumer struct {
 	// Handle. Default: logged with slog.Default at warning level. It may
 	// be called from several goroutines, one at a time per delivery.
 	OnError func(err error)
+
+	// onTracker, in tests, receives the ackTracker of a Batch run.
+	onTracker func(*ackTracker)
 
 	// beforeAck, in tests, is called before a delivery is settled;
 	// returning false simulates a crash: Run returns errCrashed at once,
@@ -205,6 +230,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	r := &run{c: c, ctx: ctx, crashed: make(chan struct{}), halt: make(chan struct{}), counts: map[string]int{}}
 	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash)
+	if c.Batch {
+		r.acks = new(ackTracker)
+		if c.onTracker != nil {
+			c.onTracker(r.acks)
+		}
+		return r.runBatches(tag, deliveries, prefetch)
+	}
 	pool := workpool.New(c.Concurrency)
 	var crashed atomic.Bool
 	for {
@@ -278,8 +310,8 @@ func (c *Consumer) validate() error {
 		return errors.New("rabbitmq: Consumer.Dedup is nil")
 	case c.Handler == nil:
 		return errors.New("rabbitmq: Consumer.Handler is nil")
-	case c.Prefetch < 0 || c.Concurrency < 0:
-		return errors.New("rabbitmq: negative Prefetch or Concurrency")
+	case c.Prefetch < 0 || c.Concurrency < 0 || c.FlushInterval < 0:
+		return errors.New("rabbitmq: negative Prefetch, Concurrency or FlushInterval")
 	case c.Prefetch > 0 && c.Prefetch < c.Concurrency:
 		return fmt.Errorf("rabbitmq: Prefetch %d is below Concurrency %d", c.Prefetch, c.Concurrency)
 	}
@@ -300,6 +332,8 @@ type run struct {
 	// without x-delivery-count.
 	countsMu sync.Mutex
 	counts   map[string]int
+	// acks, with Consumer.Batch, settles every delivery taken.
+	acks *ackTracker
 }
 
 func (r *run) stopLoop() { r.haltOnce.Do(func() { close(r.halt) }) }
@@ -413,7 +447,11 @@ func (r *run) requeueAfter(d amqp.Delivery, key string, delay time.Duration) {
 		select {
 		case <-r.crashed:
 		default:
-			r.c.nack(d, key, true)
+			if r.acks != nil {
+				r.acks.nack(r.c, d, key, true)
+			} else {
+				r.c.nack(d, key, true)
+			}
 		}
 	}()
 }

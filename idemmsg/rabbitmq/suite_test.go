@@ -24,6 +24,7 @@ func TestAdapterSuite(t *testing.T) {
 		},
 		IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
 		Concurrency: true,
+		Batch:       true,
 	})
 }
 
@@ -70,6 +71,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 		decided.Store(d.DeliveryTag, res)
 	})
 	c.Concurrency = ac.Concurrency
+	c.Batch = ac.Batch
 	c.Handler = func(ctx context.Context, d amqp.Delivery) error { return ac.Handler(ctx, d.MessageId) }
 	c.beforeAck = func(d amqp.Delivery) bool {
 		v, _ := decided.LoadAndDelete(d.DeliveryTag)

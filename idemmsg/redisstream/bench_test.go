@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,45 +48,67 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //	idem  loops Consumer.Run loops (Concurrency conc) with a Deduplicator
 //	      over redisstore.Open (the production store) on the same
 //	      redis-server
-//	raw-rueidis, idem-rueidis (16x16 only): raw and idem with the
-//	      consumers on rueidis (Consumer.Rueidis): one rueidis client set
-//	      up as Open sets up its own, shared by the store
-//	      (redisstore.NewRueidis) and the consumers
+//	idem-batch  idem with Consumer.Batch: one HandleBatch per read
+//	raw-rueidis, idem-rueidis, idem-rueidis-batch: raw, idem and
+//	      idem-batch with the consumers on rueidis (Consumer.Rueidis):
+//	      one rueidis client set up as Open sets up its own, shared by the
+//	      store (redisstore.NewRueidis) and the consumers
 //
 // Both run the trivial handler (count the message) over benchMsgs entries
 // published, before the timer starts, to a fresh stream per iteration.
 // b.N counts iterations of benchMsgs messages; run with -benchtime 1x.
 // The clock stops when the handler has run for every entry; that every
-// entry was then acknowledged is checked outside the timing. idem reports
-// idem/raw, the ratio of its rate to raw's from the same process;
-// idem-rueidis reports it against raw-rueidis.
+// entry was then acknowledged is checked outside the timing. The idem
+// modes report idem/raw, the ratio of their rate to raw's (the rueidis
+// ones to raw-rueidis's) from the same process; every mode reports the
+// redis-server's CPU time per message (INFO cpu, user + sys, over the
+// timed part).
 func BenchmarkConsume(b *testing.B) {
 	for _, shape := range benchShapes {
 		b.Run(shape.String(), func(b *testing.B) {
 			var rawRate float64
-			b.Run("raw", func(b *testing.B) {
-				rawRate = benchConsume(b, shape, "raw", consumeRaw)
-			})
-			b.Run("idem", func(b *testing.B) {
-				rate := benchConsume(b, shape, "idem", consumeIdem)
-				if rawRate > 0 {
-					b.ReportMetric(rate/rawRate, "idem/raw")
-				}
-			})
-			if shape != (benchShape{16, 16}) {
-				return
+			for _, m := range []struct {
+				name    string
+				consume consumeFunc
+			}{
+				{"raw", consumeRaw},
+				{"idem", consumeIdem(false)},
+				{"idem-batch", consumeIdem(true)},
+				{"raw-rueidis", consumeRawRueidis},
+				{"idem-rueidis", consumeIdemRueidis(false)},
+				{"idem-rueidis-batch", consumeIdemRueidis(true)},
+			} {
+				b.Run(m.name, func(b *testing.B) {
+					rate := benchConsume(b, shape, m.name, m.consume)
+					if strings.HasPrefix(m.name, "raw") {
+						rawRate = rate
+					} else if rawRate > 0 {
+						b.ReportMetric(rate/rawRate, "idem/raw")
+					}
+				})
 			}
-			b.Run("raw-rueidis", func(b *testing.B) {
-				rawRate = benchConsume(b, shape, "raw-rueidis", consumeRawRueidis)
-			})
-			b.Run("idem-rueidis", func(b *testing.B) {
-				rate := benchConsume(b, shape, "idem-rueidis", consumeIdemRueidis)
-				if rawRate > 0 {
-					b.ReportMetric(rate/rawRate, "idem/raw")
-				}
-			})
 		})
 	}
+}
+
+// redisCPU returns the redis-server's CPU time so far, user and system.
+func redisCPU(b *testing.B, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // benchTarget is one iteration's stream and group, already filled.
@@ -110,7 +134,7 @@ type consumeFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Contex
 func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFunc) (rate float64) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: shape.loops * (1 + shape.conc)})
 	defer c.Close()
-	var elapsed time.Duration
+	var elapsed, cpu time.Duration
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
@@ -123,6 +147,7 @@ func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFu
 
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan struct{})
+		cpu0 := redisCPU(b, c)
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx) }()
@@ -134,6 +159,7 @@ func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFu
 		}
 		b.StopTimer()
 		elapsed += time.Since(start)
+		cpu += redisCPU(b, c) - cpu0
 
 		msgtest.WaitFor(b, "every entry acknowledged", benchStop, func() bool {
 			p, err := c.XPending(context.Background(), t.stream, t.group).Result()
@@ -153,6 +179,7 @@ func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFu
 	}
 	rate = float64(b.N*benchMsgs) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMsgs), "redis-cpu-µs/msg")
 	return rate
 }
 
@@ -223,8 +250,14 @@ func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
 }
 
 // consumeIdem runs t.shape.loops Consumer.Run loops over one
-// Deduplicator on redisstore.Open.
-func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+// Deduplicator on redisstore.Open, with Consumer.Batch set to batch.
+func consumeIdem(batch bool) consumeFunc {
+	return func(b *testing.B, t *benchTarget) (func(context.Context), func()) {
+		return consumeIdemGoredis(b, t, batch)
+	}
+}
+
+func consumeIdemGoredis(b *testing.B, t *benchTarget, batch bool) (run func(context.Context), release func()) {
 	store, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
 	if err != nil {
 		b.Fatal(err)
@@ -234,7 +267,7 @@ func consumeIdem(b *testing.B, t *benchTarget) (run func(context.Context), relea
 		store.Close()
 		b.Fatal(err)
 	}
-	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, nil) }, func() { store.Close() }
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, nil, batch) }, func() { store.Close() }
 }
 
 // newBenchRueidis returns a rueidis client configured as redisstore.Open
@@ -294,7 +327,13 @@ func consumeRawRueidis(b *testing.B, t *benchTarget) (run func(context.Context),
 
 // consumeIdemRueidis is consumeIdem with the consumers on the store's
 // rueidis client (no timeout per store call, as Open).
-func consumeIdemRueidis(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
+func consumeIdemRueidis(batch bool) consumeFunc {
+	return func(b *testing.B, t *benchTarget) (func(context.Context), func()) {
+		return consumeIdemOnRueidis(b, t, batch)
+	}
+}
+
+func consumeIdemOnRueidis(b *testing.B, t *benchTarget, batch bool) (run func(context.Context), release func()) {
 	ru := newBenchRueidis(b)
 	store, err := redisstore.NewRueidis(ru, redisstore.Options{Prefix: "idem:" + t.stream + ":", Timeout: -1})
 	if err != nil {
@@ -306,16 +345,16 @@ func consumeIdemRueidis(b *testing.B, t *benchTarget) (run func(context.Context)
 		ru.Close()
 		b.Fatal(err)
 	}
-	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, ru) }, ru.Close
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, ru, batch) }, ru.Close
 }
 
 // consumeIdemRun runs the consumers on ru when set, else on t.client.
-func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemmsg.Deduplicator, ru rueidis.Client) {
+func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemmsg.Deduplicator, ru rueidis.Client, batch bool) {
 	var wg sync.WaitGroup
 	for n := range t.shape.loops {
 		c := &Consumer{
 			Stream: t.stream, Group: t.group, Consumer: fmt.Sprintf("idem-%d", n),
-			Dedup: d, KeyField: "k", Block: benchBlock, Concurrency: t.shape.conc,
+			Dedup: d, KeyField: "k", Block: benchBlock, Concurrency: t.shape.conc, Batch: batch,
 			Handler: func(context.Context, redis.XMessage) error { t.handle(); return nil },
 			OnError: func(err error) {
 				if ctx.Err() == nil {

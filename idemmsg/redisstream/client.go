@@ -18,7 +18,8 @@ type streamClient interface {
 	// createGroup runs XGROUP CREATE stream group start MKSTREAM.
 	createGroup(ctx context.Context, stream, group, start string) error
 	// readGroup runs XREADGROUP GROUP group consumer COUNT count BLOCK
-	// block STREAMS stream ">"; no entries within block is nil, nil.
+	// block STREAMS stream ">"; no entries within block is nil, nil. A
+	// negative block sends no BLOCK: the read answers at once.
 	readGroup(ctx context.Context, stream, group, consumer string, count int64, block time.Duration) ([]redis.XMessage, error)
 	// autoClaim runs XAUTOCLAIM stream group consumer minIdle start COUNT
 	// count and returns the claimed entries and the next start.
@@ -28,8 +29,8 @@ type streamClient interface {
 	deliveryCounts(ctx context.Context, stream, group string, ids []string) (map[string]int64, error)
 	// add runs XADD stream * with fieldValues (field, value, ...).
 	add(ctx context.Context, stream string, fieldValues []string) error
-	// ack runs XACK stream group id.
-	ack(ctx context.Context, stream, group, id string) error
+	// ack runs XACK stream group id [id ...].
+	ack(ctx context.Context, stream, group string, ids ...string) error
 }
 
 // ms is d in whole milliseconds, at least 1 when d is positive (as
@@ -64,7 +65,7 @@ func (g goredisClient) createGroup(ctx context.Context, stream, group, start str
 func (g goredisClient) readGroup(ctx context.Context, stream, group, consumer string, count int64, block time.Duration) ([]redis.XMessage, error) {
 	res, err := g.c.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: group, Consumer: consumer, Streams: []string{stream, ">"},
-		Count: count, Block: block,
+		Count: count, Block: max(block, -1), // go-redis sends no BLOCK for a negative Block
 	}).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
@@ -112,8 +113,8 @@ func (g goredisClient) add(ctx context.Context, stream string, fieldValues []str
 	return g.c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: fieldValues}).Err()
 }
 
-func (g goredisClient) ack(ctx context.Context, stream, group, id string) error {
-	return g.c.XAck(ctx, stream, group, id).Err()
+func (g goredisClient) ack(ctx context.Context, stream, group string, ids ...string) error {
+	return g.c.XAck(ctx, stream, group, ids...).Err()
 }
 
 // rueidisClient runs the operations on rueidis. XREADGROUP carries BLOCK,
@@ -127,8 +128,13 @@ func (r rueidisClient) createGroup(ctx context.Context, stream, group, start str
 }
 
 func (r rueidisClient) readGroup(ctx context.Context, stream, group, consumer string, count int64, block time.Duration) ([]redis.XMessage, error) {
-	cmd := r.c.B().Xreadgroup().Group(group, consumer).Count(count).Block(ms(block)).
-		Streams().Key(stream).Id(">").Build()
+	var cmd rueidis.Completed
+	if block < 0 {
+		cmd = r.c.B().Xreadgroup().Group(group, consumer).Count(count).Streams().Key(stream).Id(">").Build()
+	} else {
+		cmd = r.c.B().Xreadgroup().Group(group, consumer).Count(count).Block(ms(block)).
+			Streams().Key(stream).Id(">").Build()
+	}
 	res, err := r.c.Do(ctx, cmd).AsXRead()
 	if rueidis.IsRedisNil(err) {
 		return nil, nil
@@ -207,8 +213,8 @@ func (r rueidisClient) add(ctx context.Context, stream string, fieldValues []str
 	return r.c.Do(ctx, b.Build()).Error()
 }
 
-func (r rueidisClient) ack(ctx context.Context, stream, group, id string) error {
-	return r.c.Do(ctx, r.c.B().Xack().Key(stream).Group(group).Id(id).Build()).Error()
+func (r rueidisClient) ack(ctx context.Context, stream, group string, ids ...string) error {
+	return r.c.Do(ctx, r.c.B().Xack().Key(stream).Group(group).Id(ids...).Build()).Error()
 }
 
 // appendEntries appends entries as go-redis messages, values as strings.

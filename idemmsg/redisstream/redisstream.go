@@ -155,6 +155,26 @@ type Consumer struct {
 	// package documentation). Default: they are only acknowledged.
 	DeadLetterStream string
 
+	// Batch decides each batch read or claimed with one
+	// Deduplicator.HandleBatch call instead of one Handle call per entry:
+	// with a store that implements idem.BatchStore (redisstore,
+	// memstore, pgstore), the batch's keys are acquired in one step, and
+	// the entries whose handlers finished are recorded in one step and
+	// acknowledged with one XACK per group (see FlushInterval). Handlers
+	// still run Concurrency at a time. The leases of a whole batch are
+	// taken at once, so a consumer that crashes holds up to Count keys
+	// until their lease ends, not only those it was handling. Two entries
+	// of one batch with the same key: the second is decided once the
+	// first is recorded (Duplicate, usually), instead of InFlight. The
+	// next batch is read while a full batch is handled, and its handlers
+	// start while the batch before records and settles its last group,
+	// unless the two share a key (then it waits for that batch).
+	Batch bool
+	// FlushInterval, with Batch, bounds how long a decided entry waits
+	// for the others of its batch before it is recorded and acknowledged.
+	// Default idemmsg.DefaultFlushInterval.
+	FlushInterval time.Duration
+
 	// OnResult, when set, is called after each entry is decided, with
 	// Handle's result and error. For metrics and logs; it must not block.
 	OnResult func(msg redis.XMessage, res idemmsg.Result, err error)
@@ -177,7 +197,7 @@ var errCrashed = errors.New("redisstream: simulated crash")
 // claim. Redis errors are reported to OnError and retried with backoff;
 // Run returns an error only for an invalid configuration or a group it
 // cannot create.
-func (c *Consumer) Run(ctx context.Context) error {
+func (c *Consumer) Run(ctx context.Context) (rerr error) {
 	r, err := c.runner()
 	if err != nil {
 		return err
@@ -190,6 +210,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	var lastClaim time.Time // zero: claim at once, picking up what a crash left
 	failures := 0
+	defer func() {
+		if err := r.pipe.Wait(); errors.Is(err, errCrashed) && rerr == nil {
+			rerr = err
+		}
+	}()
 	for ctx.Err() == nil {
 		var err error
 		if time.Since(lastClaim) >= r.claimEvery {
@@ -227,6 +252,16 @@ type runner struct {
 	rc                         streamClient
 	block, minIdle, claimEvery time.Duration
 	count                      int64
+	// ahead, with Batch, is the read of the next batch, sent while the
+	// current one is handled (see readBatch); nil when none is.
+	ahead chan readResult
+	// pipe, with Batch, overlaps the batches read (see readBatch).
+	pipe loop.Pipeline
+}
+
+type readResult struct {
+	msgs []redis.XMessage
+	err  error
 }
 
 func (c *Consumer) runner() (*runner, error) {
@@ -241,8 +276,8 @@ func (c *Consumer) runner() (*runner, error) {
 		return nil, errors.New("redisstream: Consumer.Dedup is nil")
 	case c.Handler == nil:
 		return nil, errors.New("redisstream: Consumer.Handler is nil")
-	case c.Block < 0 || c.Count < 0 || c.MinIdle < 0 || c.ClaimInterval < 0 || c.Concurrency < 0:
-		return nil, errors.New("redisstream: negative Block, Count, MinIdle, ClaimInterval or Concurrency")
+	case c.Block < 0 || c.Count < 0 || c.MinIdle < 0 || c.ClaimInterval < 0 || c.Concurrency < 0 || c.FlushInterval < 0:
+		return nil, errors.New("redisstream: negative Block, Count, MinIdle, ClaimInterval, Concurrency or FlushInterval")
 	}
 	r := &runner{Consumer: c, block: c.Block, minIdle: c.MinIdle, claimEvery: c.ClaimInterval, count: c.Count}
 	if c.Client != nil {
@@ -279,6 +314,9 @@ func (r *runner) createGroup(ctx context.Context) error {
 
 // read handles one batch of new entries.
 func (r *runner) read(ctx context.Context, block time.Duration) error {
+	if r.Batch {
+		return r.readBatch(ctx, block)
+	}
 	msgs, err := r.rc.readGroup(ctx, r.Stream, r.Group, r.Consumer.Consumer, r.count, block)
 	if err != nil {
 		return fmt.Errorf("redisstream: XREADGROUP %s: %w", r.Stream, err)
@@ -291,6 +329,12 @@ func (r *runner) read(ctx context.Context, block time.Duration) error {
 // It returns errCrashed if a simulated crash happened, and passes a
 // handler's panic on.
 func (r *runner) processAll(ctx context.Context, msgs []redis.XMessage, attempt func(redis.XMessage) (int, bool)) error {
+	if r.Batch {
+		if err := r.pipe.Wait(); err != nil { // the reads' batches first
+			return err
+		}
+		return r.processBatch(ctx, msgs, attempt, nil)
+	}
 	pool := workpool.New(r.Concurrency)
 	var crashed atomic.Bool
 	for _, msg := range msgs {

@@ -23,6 +23,7 @@ func TestAdapterSuite(t *testing.T) {
 			},
 			IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
 			Concurrency: true,
+			Batch:       true,
 		})
 	})
 }
@@ -34,6 +35,7 @@ func (s *suiteTopic) Publish(t testing.TB, keys ...string) { s.publish(keys...) 
 func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	c := s.consumer(ac.Name)
 	c.Concurrency = ac.Concurrency
+	c.Batch = ac.Batch
 	c.DeadLetterStream = s.stream + ":dead"
 	key := func(msg redis.XMessage) string { k, _ := msg.Values["k"].(string); return k }
 	c.Handler = func(ctx context.Context, msg redis.XMessage) error { return ac.Handler(ctx, key(msg)) }

@@ -1,4 +1,5 @@
-// Package loop holds what the adapters' Run loops share: their pauses.
+// Package loop holds what the adapters' Run loops share: their pauses,
+// and the Pipeline that overlaps their batches.
 package loop
 
 import (
