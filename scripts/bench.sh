@@ -5,8 +5,9 @@
 #   2. full acquire+complete pairs/s from 64 goroutines with rueidis and
 #      go-redis (go test -bench, against the test package's private server);
 #   3. the in-memory store and the Guard.
-#   4. the consumers and idem bench (see below).
-# Bounded: about six minutes. Loopback only.
+#   4. the consumers, idem bench with its peers, and the consumers beside
+#      watermill (see below).
+# Bounded: about ten minutes. Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benchtime=${BENCHTIME:-5s}
@@ -63,11 +64,28 @@ echo "$thr" | awk '
 # loops x Concurrency); each idem row reports idem/raw.
 go test -run '^$' -bench Consume -benchtime 1x -count 1 ./idemmsg/redisstream/ ./idemmsg/natsjs/ | grep Benchmark
 
-# idem bench: the source articles' comparison (BENCHMARKS.md, idem bench section).
-# The same net/http handler behind naive GET-then-SET, WATCH/MULTI/EXEC,
-# plain Lua and idem (both clients) on a private redis-server that idem bench
-# starts, in four scenarios; idem's scenario b is set against the physical
-# limit measured above. About two minutes; IDEM_QUICK=true for the reduced
-# size (every flag of idem bench can come from IDEM_<FLAG>).
+# idem bench: the source articles' comparison, with the peers (BENCHMARKS.md,
+# idem bench section). The same net/http handler behind naive GET-then-SET,
+# WATCH/MULTI/EXEC, plain Lua and idem (both clients, and with Config.Wait),
+# and behind the Go ecosystem's idempotency libraries (gofiber/fiber v3's
+# idempotency middleware on its Redis storage; fiber without a layer; idem
+# mounted in fiber), on a private redis-server that the bench starts, in four
+# scenarios; idem's scenario b is set against the physical limit measured
+# above. This is idem bench (internal/bench) run from internal/benchpeers, a
+# module of its own so that the library's users never download the peers:
+# the same flags, more implementations. About three minutes; IDEM_QUICK=true
+# for the reduced size (every flag can come from IDEM_<FLAG>).
 mkdir -p docs
-go run ./cmd/idem bench --physical-limit "$limit" --json "$dir/idem-bench.json" --svg docs/bench.svg
+go run -C internal/benchpeers . bench --targets --physical-limit "$limit" --json "$dir/idem-bench.json" --svg "$PWD/docs/bench.svg"
+
+# The same with two server instances per implementation behind the load
+# generator, round-robin: a library whose lock lives in one process (fiber's)
+# shows its cross-instance duplicates. About two minutes.
+go run -C internal/benchpeers . bench --instances 2 --impls lua,idem-rueidis,idem-wait,fiber --targets \
+	--json "$dir/idem-bench-2.json"
+
+# Consumers: watermill's Deduplicator middleware beside idem's Redis Streams
+# consumer on one private redis-server, 16 consumers; a speed run, and a
+# correctness run (two processes, re-published copies, transient failures)
+# that counts duplicate effects and lost messages. About a minute.
+go run -C internal/benchpeers . consume

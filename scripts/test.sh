@@ -2,11 +2,13 @@
 # Runs every test of the module under the race detector.
 #
 # The tests start their own private redis-server processes (a single node
-# and a 3-primary cluster with replicas) and nats-server processes on free
-# loopback ports; they never use a server that happens to be running. This
-# script installs redis-server, redis-tools and nats-server with apt-get
-# when they are missing, and starts (or installs) PostgreSQL and RabbitMQ,
-# so it works on a fresh Debian machine.
+# and a 3-primary cluster with replicas), nats-server and nginx processes on
+# free loopback ports; they never use a server that happens to be running.
+# This script installs redis-server, redis-tools, nats-server, nginx,
+# python3-requests, nodejs and curl with apt-get when they are missing,
+# builds versitygw (an S3-compatible server) with go install when it is
+# missing, and starts (or installs) PostgreSQL and RabbitMQ, so it works on
+# a fresh Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,12 +16,30 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+# The real-client suite (reliability/clients): Debian's Python with
+# requests, Node.js, curl, and nginx as a retrying load balancer (the suite
+# runs a private nginx on a free loopback port; the package's own service
+# is not needed).
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import requests' >/dev/null 2>&1 || missing+=(python3-requests)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 if ((${#missing[@]})); then
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"
 	echo "test.sh: installing ${missing[*]}" >&2
 	$sudo apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The S3 tests (blobstore, cmd/idem) run a private versitygw, an
+# S3-compatible server with a posix backend, on a free loopback port
+# (internal/s3test). Build it from the Go module proxy when it is missing
+# (about a minute), into $(go env GOPATH)/bin, where the tests look.
+gobin="$(go env GOPATH | cut -d: -f1)/bin"
+if ! command -v versitygw >/dev/null 2>&1 && [ ! -x "$gobin/versitygw" ] && [ ! -x "$(go env GOBIN)/versitygw" ]; then
+	echo "test.sh: installing versitygw v1.8.0 (go install, about a minute)" >&2
+	GOBIN="$gobin" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 fi
 
 go vet ./...

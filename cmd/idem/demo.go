@@ -44,7 +44,7 @@ const (
 	demoRetention = 10 * time.Minute
 )
 
-const demoUsage = `usage: idem demo [--store STORE] [--payments N] [--copies N] [--json]
+const demoUsage = `usage: idem demo [--store STORE] [--blob URL] [--payments N] [--copies N] [--json]
 
 Starts a payments API on 127.0.0.1, sends every charge request to it
 --copies times at once (what client retries, a resending proxy or an
@@ -61,6 +61,12 @@ or not at all.
 The default store is the embedded in-memory one: nothing to install.
 With --store redis://… or postgres://… the records (keys unique to each
 run) expire after 10 minutes.
+
+With --blob URL (mem:// for this process's memory, file:///DIR, or
+s3://…), it then asks for reports of 8 MiB, too large for the record,
+each --copies times at once: first through idem without a blob store
+(each replay comes without its body), then with the blob store (every
+copy gets the whole report, byte for byte, and each is generated once).
 
 flags:
 `
@@ -85,6 +91,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	payments := fs.Int("payments", 200, "distinct payments, each with its own idempotency key")
 	copies := fs.Int("copies", 5, "copies of each payment request sent at once")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
+	blobSpec := fs.String("blob", "", "blob store for the large-response part: mem://, file:///DIR or s3://… (off when empty)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), demoUsage)
 		fs.PrintDefaults()
@@ -126,16 +133,42 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	unprotected, protected := results[0], results[1]
 	ok := protected.Duplicates == 0 && protected.Uncharged == 0
 
+	var large []demoLargeResult
+	if *blobSpec != "" {
+		blobs, err := openBlobs(ctx, *blobSpec)
+		if err != nil {
+			return err
+		}
+		defer blobs.Close()
+		if err := blobs.Check(ctx); err != nil {
+			return fmt.Errorf("--blob: %w", err)
+		}
+		for _, bs := range []idem.BlobStore{nil, blobs} {
+			mode := "idem, no blob store"
+			if bs != nil {
+				mode = "idem, blob store " + blobs.String()
+			}
+			r, err := demoLarge(ctx, store, bs, mode, keyPrefix+strconv.Itoa(len(large))+"-", *copies)
+			if err != nil {
+				return err
+			}
+			large = append(large, r)
+		}
+		withBlobs := large[1]
+		ok = ok && withBlobs.Generated == demoReports && withBlobs.Whole == withBlobs.Requests
+	}
+
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		err := enc.Encode(struct {
-			Store    string       `json:"store"`
-			Payments int          `json:"payments"`
-			Copies   int          `json:"copies"`
-			Runs     []demoResult `json:"runs"`
-			OK       bool         `json:"ok"`
-		}{demoStoreName(*storeSpec), *payments, *copies, results, ok})
+			Store    string            `json:"store"`
+			Payments int               `json:"payments"`
+			Copies   int               `json:"copies"`
+			Runs     []demoResult      `json:"runs"`
+			Large    []demoLargeResult `json:"large_responses,omitempty"`
+			OK       bool              `json:"ok"`
+		}{demoStoreName(*storeSpec), *payments, *copies, results, large, ok})
 		if err != nil {
 			return err
 		}
@@ -155,10 +188,20 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err := w.Flush(); err != nil {
 			return err
 		}
+		fmt.Fprintln(stdout, "(conflicts: 409 answers, key in flight, each retried; one request may get several)")
 		fmt.Fprintln(stdout)
 		fmt.Fprintln(stdout, demoVerdict(unprotected, protected, *payments))
+		if large != nil {
+			if err := printDemoLarge(stdout, large, *copies); err != nil {
+				return err
+			}
+		}
 	}
 	if !ok {
+		if large != nil && (large[1].Generated != demoReports || large[1].Whole != large[1].Requests) {
+			return fmt.Errorf("self-check failed: with the blob store, %d reports generated (want %d) and %d whole bodies (want %d)",
+				large[1].Generated, demoReports, large[1].Whole, large[1].Requests)
+		}
 		return fmt.Errorf("self-check failed: through idem, %d duplicate charges and %d payments not charged (want 0 and 0)",
 			protected.Duplicates, protected.Uncharged)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
 )
 
 func init() {
@@ -33,22 +35,24 @@ func init() {
 // inspectBodyShown is how much of a stored body inspect prints.
 const inspectBodyShown = 256
 
-const inspectUsage = `usage: idem inspect --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--json]
+const inspectUsage = `usage: idem inspect --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--blob URL] [--json]
 
 Shows the record of one key: its state, fencing token, the lease (in
 flight) or retention (completed) left, its stored size and fingerprint,
 and for a completed record the stored status, headers and the start of
-the body. A missing (or expired) record prints "no record" and exits
-with status 1.
+the body, or where the body lives when it is in a blob store (with
+--blob, also whether that blob is there with the size recorded). A
+missing (or expired) record prints "no record" and exits with status 1.
 `
 
-const purgeUsage = `usage: idem purge --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) --yes [--json]
+const purgeUsage = `usage: idem purge --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--blob URL] --yes [--json]
 
 Deletes the record of one key, whatever its state: a completed key runs
 its operation again on its next request, an in-flight one can be taken
 by another caller at once, and the key's fencing-token history is lost.
-Without --yes it does nothing. A missing record prints "no record" and
-exits with status 1.
+A body kept in a blob store is deleted too, after the record, when
+--blob names the store (else idem gc removes it later). Without --yes it
+does nothing. A missing record prints "no record" and exits with status 1.
 `
 
 const inspectSelectUsage = `
@@ -86,7 +90,7 @@ func (s *inspectString) Set(v string) error {
 
 // inspectFlags are the flags inspect and purge share.
 type inspectFlags struct {
-	store, prefix                         string
+	store, prefix, blob                   string
 	tenant, method, route, key, storedKey inspectString
 	json                                  bool
 	yes                                   bool // purge only
@@ -103,6 +107,8 @@ func newInspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *insp
 	fs.Var(&f.key, "key", "the client's idempotency `key` (the Idempotency-Key header's value)")
 	fs.Var(&f.storedKey, "stored-key", "the stored key, `S`: 22 base64url characters, as in logs and Redis key names")
 	fs.BoolVar(&f.json, "json", false, "print JSON")
+	fs.StringVar(&f.blob, "blob", "", "the blob store of large bodies, as the proxy's --blob: "+
+		map[bool]string{true: "to delete the record's blob too", false: "to check that the record's blob is there"}[name == "purge"])
 	if name == "purge" {
 		fs.BoolVar(&f.yes, "yes", false, "really delete the record")
 	}
@@ -169,6 +175,12 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	var blob *blobState
+	if ok && rec.Response != nil && rec.Response.Blob != nil && f.blob != "" {
+		if blob, err = f.blobState(ctx, rec.Response.Blob); err != nil {
+			return err
+		}
+	}
 	if !ok {
 		if f.json {
 			if err := inspectJSON(stdout, struct {
@@ -183,9 +195,34 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("no record for stored key %s", key)
 	}
 	if f.json {
-		return inspectJSON(stdout, newInspectRecord(key, rec))
+		return inspectJSON(stdout, newInspectRecord(key, rec, blob))
 	}
-	return printRecord(stdout, key, rec)
+	return printRecord(stdout, key, rec, blob)
+}
+
+// blobState is what inspect --blob found of a record's blob.
+type blobState struct {
+	Present bool   `json:"present"`
+	Size    int64  `json:"size,omitempty"` // when present
+	Error   string `json:"error,omitempty"`
+}
+
+// blobState looks for ref's blob in the --blob store.
+func (f *inspectFlags) blobState(ctx context.Context, ref *idem.BlobRef) (*blobState, error) {
+	blobs, err := openBlobs(ctx, f.blob)
+	if err != nil {
+		return nil, err
+	}
+	defer blobs.Close()
+	r, size, err := blobs.Open(ctx, ref.Name)
+	switch {
+	case errors.Is(err, idem.ErrBlobNotFound):
+		return &blobState{}, nil
+	case err != nil:
+		return &blobState{Error: err.Error()}, nil
+	}
+	r.Close()
+	return &blobState{Present: true, Size: size}, nil
 }
 
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -206,6 +243,13 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer closeStore()
+	var blobs *blobstore.Bucket
+	if f.blob != "" { // opened (and its URL checked) before anything is deleted
+		if blobs, err = openBlobs(ctx, f.blob); err != nil {
+			return err
+		}
+		defer blobs.Close()
+	}
 	rec, had, err := store.Get(ctx, key) // to say what is deleted
 	if err != nil {
 		return err
@@ -213,6 +257,21 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	deleted, err := store.Delete(ctx, key)
 	if err != nil {
 		return err
+	}
+	// The blob goes after the record: a record never points to a blob
+	// that is gone.
+	var blobName string
+	blobDeleted := false
+	if had && rec.Response != nil && rec.Response.Blob != nil {
+		blobName = rec.Response.Blob.Name
+		if blobs != nil {
+			switch err := blobs.Delete(ctx, blobName); {
+			case err == nil, errors.Is(err, idem.ErrBlobNotFound):
+				blobDeleted = true
+			default:
+				return fmt.Errorf("record %s deleted, but not its blob %s (idem gc will): %w", key, blobName, err)
+			}
+		}
 	}
 	if !deleted {
 		if f.json {
@@ -229,11 +288,13 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if f.json {
 		out := struct {
-			StoredKey string `json:"stored_key"`
-			Deleted   bool   `json:"deleted"`
-			State     string `json:"state,omitempty"`
-			Token     uint64 `json:"token,omitempty"`
-		}{StoredKey: key.String(), Deleted: true}
+			StoredKey   string `json:"stored_key"`
+			Deleted     bool   `json:"deleted"`
+			State       string `json:"state,omitempty"`
+			Token       uint64 `json:"token,omitempty"`
+			Blob        string `json:"blob,omitempty"`
+			BlobDeleted bool   `json:"blob_deleted,omitempty"`
+		}{StoredKey: key.String(), Deleted: true, Blob: blobName, BlobDeleted: blobDeleted}
 		if had {
 			out.State, out.Token = rec.State.String(), rec.Token
 		}
@@ -243,6 +304,12 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "purged %s (was %s, token %d)\n", key, rec.State, rec.Token)
 	} else {
 		fmt.Fprintf(stdout, "purged %s\n", key)
+	}
+	switch {
+	case blobDeleted:
+		fmt.Fprintf(stdout, "deleted its blob %s\n", blobName)
+	case blobName != "":
+		fmt.Fprintf(stdout, "its body stays in the blob store as %s until idem gc (or give --blob to delete it now)\n", blobName)
 	}
 	return nil
 }
@@ -261,14 +328,23 @@ type inspectRecord struct {
 }
 
 type inspectResponse struct {
-	Status      int         `json:"status"`
-	Header      http.Header `json:"header"`
-	BodySize    int         `json:"body_size"`
-	Body        []byte      `json:"body_base64"`
-	BodyOmitted bool        `json:"body_omitted,omitempty"` // larger than MaxResponseSize: not stored
+	Status      int          `json:"status"`
+	Header      http.Header  `json:"header"`
+	BodySize    int          `json:"body_size"`
+	Body        []byte       `json:"body_base64"`
+	BodyOmitted bool         `json:"body_omitted,omitempty"` // larger than MaxResponseSize: not stored
+	Blob        *inspectBlob `json:"blob,omitempty"`         // the body is in a blob store
 }
 
-func newInspectRecord(key idem.Key, rec idem.Record) inspectRecord {
+// inspectBlob is where a body in a blob store lives.
+type inspectBlob struct {
+	Name   string     `json:"name"`
+	Size   int64      `json:"size"`
+	SHA256 string     `json:"sha256"`
+	Found  *blobState `json:"found,omitempty"` // with --blob
+}
+
+func newInspectRecord(key idem.Key, rec idem.Record, blob *blobState) inspectRecord {
 	out := inspectRecord{StoredKey: key.String(), Found: true, State: rec.State.String(), Token: rec.Token,
 		TTLMS: rec.TTL.Milliseconds(), Size: rec.Size}
 	if rec.State != idem.StateReleased {
@@ -280,6 +356,10 @@ func newInspectRecord(key idem.Key, rec idem.Record) inspectRecord {
 	if resp := rec.Response; resp != nil {
 		out.Response = &inspectResponse{Status: resp.Status, Header: resp.Header, BodySize: len(resp.Body),
 			Body: resp.Body, BodyOmitted: resp.BodyOmitted}
+		if ref := resp.Blob; ref != nil {
+			out.Response.BodySize = int(ref.Size)
+			out.Response.Blob = &inspectBlob{Name: ref.Name, Size: ref.Size, SHA256: hex.EncodeToString(ref.SHA256[:]), Found: blob}
+		}
 		if out.Response.Header == nil {
 			out.Response.Header = http.Header{}
 		}
@@ -294,7 +374,7 @@ func inspectJSON(w io.Writer, v any) error {
 }
 
 // printRecord prints rec as "name: value" lines.
-func printRecord(w io.Writer, key idem.Key, rec idem.Record) error {
+func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	line := func(name, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t%s\n", name, fmt.Sprintf(format, args...))
@@ -330,6 +410,20 @@ func printRecord(w io.Writer, key idem.Key, rec idem.Record) error {
 			}
 		}
 		switch {
+		case resp.Blob != nil:
+			line("body", "in the blob store: %s (%d bytes)", resp.Blob.Name, resp.Blob.Size)
+			line("body sha256", "%s", hex.EncodeToString(resp.Blob.SHA256[:]))
+			switch {
+			case blob == nil:
+			case blob.Error != "":
+				line("blob", "could not be checked: %s", blob.Error)
+			case !blob.Present:
+				line("blob", "MISSING: a replay answers 503")
+			case blob.Size != resp.Blob.Size:
+				line("blob", "present, but %d bytes (CORRUPT: a replay answers 503)", blob.Size)
+			default:
+				line("blob", "present, %d bytes", blob.Size)
+			}
 		case resp.BodyOmitted:
 			line("body", "(not stored: it was larger than the maximum response size)")
 		case len(resp.Body) == 0:

@@ -1,13 +1,16 @@
 // Command idem gives any HTTP service idempotent POST and PATCH requests,
 // and shows and manages what it stores.
 //
-//	idem proxy   --listen ADDR --upstream URL [--store STORE] [flags]   sidecar reverse proxy
-//	idem demo    [--store STORE]                                        duplicate charges, with and without idem
-//	idem inspect --store STORE (--key K [--tenant T --method M --route R] | --stored-key S)
-//	idem purge   --store STORE (... the same ...) --yes
+//	idem proxy   --listen ADDR --upstream URL [--store STORE] [--blob URL] [flags]   sidecar reverse proxy
+//	idem demo    [--store STORE] [--blob URL]                                      duplicate charges, with and without idem
+//	idem inspect --store STORE (--key K [--tenant T --method M --route R] | --stored-key S) [--blob URL]
+//	idem purge   --store STORE (... the same ...) [--blob URL] --yes
+//	idem gc      --store STORE --blob URL [--min-age D] [--dry-run]              delete orphaned and expired blobs
 //
 // STORE is memory (the default), redis://…, rediss://…, the Redis Cluster
-// and Sentinel URL forms of redisstore.Open, or postgres://…. Every flag can
+// and Sentinel URL forms of redisstore.Open, or postgres://…. The blob store
+// of large response bodies (--blob) is s3://…, file:///DIR or mem:// (see
+// package blobstore). Every flag can
 // also be set in the environment as IDEM_<FLAG> (dashes as underscores:
 // --admin-listen is IDEM_ADMIN_LISTEN), except purge's --yes; a flag on the
 // command line wins.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
 )
 
@@ -23,6 +24,11 @@ const outcomeNotCovered = "not_covered"
 // counted the request) when the upstream failed in the middle of a body.
 const outcomeUpstreamAborted = "upstream_aborted"
 
+// outcomeClientGone is logged in place of "executed" when the client left
+// (disconnected, timed out) while its request ran: the upstream's response
+// was still read to its end and stored, for the client's retry to replay.
+const outcomeClientGone = "client_gone"
+
 // proxyMetrics are the proxy's Prometheus metrics, on a registry of their
 // own (never the global one).
 type proxyMetrics struct {
@@ -31,6 +37,14 @@ type proxyMetrics struct {
 	renewals *prometheus.CounterVec   // idem_lease_renewals_total{result}
 	store    *prometheus.HistogramVec // idem_store_duration_seconds{op}
 	upstream prometheus.Histogram     // idem_upstream_duration_seconds
+	// clientGone: idem_client_gone_total
+	clientGone prometheus.Counter
+	// blobErrors: idem_blob_errors_total{op,reason}
+	blobErrors *prometheus.CounterVec
+	// sweeps and sweepDeleted: idem_blob_sweeps_total{result},
+	// idem_blob_sweep_deleted_total
+	sweeps       *prometheus.CounterVec
+	sweepDeleted prometheus.Counter
 }
 
 func newProxyMetrics() *proxyMetrics {
@@ -38,7 +52,7 @@ func newProxyMetrics() *proxyMetrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed, replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (client left), not_covered (method not covered).",
+			Help: "Requests by what idem did with them: executed, replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (client left), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered).",
 		}, []string{"outcome"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",
@@ -49,19 +63,35 @@ func newProxyMetrics() *proxyMetrics {
 			Help:    "Latency of idempotency store calls by operation.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op"}),
+		clientGone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_client_gone_total",
+			Help: "Executed requests whose client left (disconnected, timed out) before the answer was written; the upstream's response was stored for the retry. Also counted as executed in idem_requests_total.",
+		}),
+		blobErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_blob_errors_total",
+			Help: "Failed blob store operations by op (write: storing a large body, read: replaying one, check: the probe before a new request) and reason (missing, corrupt, unavailable).",
+		}, []string{"op", "reason"}),
+		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_blob_sweeps_total",
+			Help: "Blob sweeps (--blob-sweep) by result: ok, error (the sweep stopped; also when some blobs could not be checked or deleted).",
+		}, []string{"result"}),
+		sweepDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_blob_sweep_deleted_total",
+			Help: "Blobs the sweeps deleted: orphans (no record refers to them) and temporary files of interrupted writes.",
+		}),
 		upstream: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idem_upstream_duration_seconds",
 			Help:    "Time the upstream took to answer a forwarded request, body included.",
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
 	}
-	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream,
+	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.blobErrors, m.sweeps, m.sweepDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.
 	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReplayed, idemhttp.OutcomeConflict,
 		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
-		idemhttp.OutcomeGone} {
+		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed} {
 		m.requests.WithLabelValues(string(o))
 	}
 	m.requests.WithLabelValues(outcomeNotCovered)
@@ -69,6 +99,46 @@ func newProxyMetrics() *proxyMetrics {
 		m.renewals.WithLabelValues(r)
 	}
 	return m
+}
+
+// blobReasons label idem_blob_errors_total.
+var blobReasons = []string{"missing", "corrupt", "unavailable"}
+
+// blobReason names what went wrong with a blob operation.
+func blobReason(err error) string {
+	switch {
+	case errors.Is(err, idem.ErrBlobNotFound):
+		return "missing"
+	case errors.Is(err, idem.ErrBlobCorrupt):
+		return "corrupt"
+	}
+	return "unavailable"
+}
+
+// initBlobSeries creates the blob series at zero, for a proxy with --blob.
+func (m *proxyMetrics) initBlobSeries() {
+	for _, op := range []string{idemhttp.BlobOpWrite, idemhttp.BlobOpRead, idemhttp.BlobOpCheck} {
+		for _, r := range blobReasons {
+			m.blobErrors.WithLabelValues(op, r)
+		}
+	}
+	m.sweeps.WithLabelValues("ok")
+	m.sweeps.WithLabelValues("error")
+}
+
+// onBlobError is idemhttp.Config.OnBlobError.
+func (m *proxyMetrics) onBlobError(_ *http.Request, op string, err error) {
+	m.blobErrors.WithLabelValues(op, blobReason(err)).Inc()
+}
+
+// sweep counts a blob sweep.
+func (m *proxyMetrics) sweep(res blobstore.SweepResult, err error) {
+	m.sweepDeleted.Add(float64(res.Orphans + res.Partial))
+	if err != nil || res.Errors > 0 {
+		m.sweeps.WithLabelValues("error").Inc()
+		return
+	}
+	m.sweeps.WithLabelValues("ok").Inc()
 }
 
 // onRenew is idem.Config.OnRenew.
@@ -138,9 +208,10 @@ const readyProbeTimeout = 2 * time.Second
 var readyProbeKey, _ = idem.Scope{Tenant: "idem-proxy", Method: "READYZ", Route: "idem proxy readiness probe"}.Key("probe")
 
 // adminHandler serves /metrics, /healthz and /readyz. /readyz answers 503
-// while draining is set (the proxy is shutting down) or when a read of a
-// fixed probe key fails within readyProbeTimeout.
-func adminHandler(m *proxyMetrics, store idem.Store, draining *atomic.Bool) http.Handler {
+// while draining is set (the proxy is shutting down), when a read of a
+// fixed probe key fails within readyProbeTimeout, or, with a blob store,
+// when that store does not answer (new keyed requests then get 503).
+func adminHandler(m *proxyMetrics, store idem.Store, blobs idem.BlobStore, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -156,6 +227,12 @@ func adminHandler(m *proxyMetrics, store idem.Store, draining *atomic.Bool) http
 		if _, _, err := store.Get(ctx, readyProbeKey); err != nil {
 			plain(w, http.StatusServiceUnavailable, "store unavailable") // the error names hosts and users: not for this port
 			return
+		}
+		if blobs != nil {
+			if err := blobs.Check(ctx); err != nil {
+				plain(w, http.StatusServiceUnavailable, "blob store unavailable")
+				return
+			}
 		}
 		plain(w, http.StatusOK, "ok")
 	})

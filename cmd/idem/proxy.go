@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
 )
 
@@ -45,6 +46,11 @@ const (
 // policy releases the key on 502: a retry forwards the request again.
 const ProblemBadGateway = "urn:idem:problem:bad-gateway"
 
+// ProblemUpstreamTimeout is the problem type of the proxy's 504 answer
+// when the upstream ran past the route's --max-execution. The default
+// storage policy releases the key on 504.
+const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
+
 // proxyOptions are the proxy's flags.
 type proxyOptions struct {
 	listen, upstream, store, prefix string
@@ -56,6 +62,9 @@ type proxyOptions struct {
 	readTimeout, idleTimeout        time.Duration
 	maxBody, maxResponse            byteSize
 	settings                        routeSettings // from the flags; maxBody, maxResponse and methods filled after parsing
+	blob                            string        // --blob URL; "" for none
+	blobTimeout                     time.Duration
+	blobSweep, blobSweepMinAge      time.Duration
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -84,9 +93,15 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.DurationVar(&o.settings.lease, "lease", idem.DefaultLease, "how long a crashed proxy blocks a key; renewed while the upstream works")
 	fs.DurationVar(&o.settings.retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
 	fs.DurationVar(&o.settings.wait, "wait", 0, "wait up to this long for an in-flight duplicate's result instead of answering 409 at once")
+	fs.DurationVar(&o.settings.maxExecution, "max-execution", 0, "cancel an upstream request still running after this long under its key (answered 504; the key is released); 0: no limit")
+	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
-	fs.Var(&o.maxResponse, "max-response", "largest response body stored, in bytes or with a unit; a larger one is completed without its body")
+	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body")
+	fs.StringVar(&o.blob, "blob", "", blobFlagHelp)
+	fs.DurationVar(&o.blobTimeout, "blob-timeout", idemhttp.DefaultBlobTimeout, "give up a blob write or read that makes no progress for this long (a write: the key completes without its body; a replay: 503 or an aborted response)")
+	fs.DurationVar(&o.blobSweep, "blob-sweep", 0, "with --blob: delete orphaned and expired blobs this often (as idem gc does); 0: never (use idem gc or an S3 lifecycle rule)")
+	fs.DurationVar(&o.blobSweepMinAge, "blob-sweep-min-age", blobstore.DefaultMinAge, "with --blob-sweep: leave blobs younger than this (0: none)")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -122,9 +137,29 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	metrics := newProxyMetrics()
 	store := newTimedStore(rawStore, metrics.store)
 
-	p, err := newProxy(target, store, o.settings, routes, metrics, logger)
+	var blobs *blobstore.Bucket
+	if o.blob != "" {
+		if blobs, err = openBlobs(ctx, o.blob); err != nil {
+			return err
+		}
+		defer blobs.Close()
+		metrics.initBlobSeries()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := blobs.Check(cctx); err != nil {
+			// Not fatal: the store may come up later. Meanwhile new
+			// keyed requests get 503 (or run, with --fail-open).
+			logger.Warn("the blob store does not answer", "blob", blobs.String(), "error", err)
+		}
+		cancel()
+	}
+	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout})
 	if err != nil {
 		return err
+	}
+	if blobs != nil && o.blobSweep > 0 {
+		sweepCtx, stopSweep := context.WithCancel(context.Background())
+		defer stopSweep()
+		go sweepLoop(sweepCtx, blobs, rawStore, o.blobSweep, o.blobSweepMinAge, metrics, logger)
 	}
 	srv := &http.Server{
 		Handler:           p,
@@ -151,7 +186,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 			return err
 		}
 		admin = &http.Server{
-			Handler:           adminHandler(metrics, rawStore, &draining),
+			Handler:           adminHandler(metrics, rawStore, blobStoreOrNil(blobs), &draining),
 			ReadHeaderTimeout: readHeaderTimeout,
 			ReadTimeout:       10 * time.Second,
 			WriteTimeout:      30 * time.Second,
@@ -162,8 +197,12 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 		adminAddr = aln.Addr().String()
 		go func() { serveErr <- admin.Serve(aln) }()
 	}
+	blobName := ""
+	if blobs != nil {
+		blobName = blobs.String()
+	}
 	logger.Info("idem proxy listening", "listen", ln.Addr().String(), "admin", adminAddr,
-		"upstream", target.Redacted(), "store", storeForLog(o.store), "routes", len(routes),
+		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "routes", len(routes),
 		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String())
 
 	select {
@@ -184,7 +223,9 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	defer cancel()
 	shutdownErr := srv.Shutdown(sctx)
 	if shutdownErr != nil {
-		logger.Warn("in-flight requests did not finish in time; closing their connections", "in_flight", p.inFlight.Load())
+		logger.Warn("in-flight requests did not finish in time; cancelling their upstream requests and closing their connections",
+			"in_flight", p.inFlight.Load())
+		p.stopWork()
 		srv.Close()
 	}
 	// Handlers outlive Shutdown when it times out, and hijacked
@@ -232,6 +273,12 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	}
 	if o.readTimeout < 0 || o.idleTimeout < 0 {
 		return nil, usageError{"--read-timeout and --idle-timeout must not be negative"}
+	}
+	if o.blobTimeout <= 0 || o.blobSweep < 0 || o.blobSweepMinAge < 0 {
+		return nil, usageError{"--blob-timeout must be positive, --blob-sweep and --blob-sweep-min-age not negative"}
+	}
+	if o.blob == "" && o.blobSweep > 0 {
+		return nil, usageError{"--blob-sweep needs --blob"}
 	}
 	switch o.logFormat {
 	case "json", "text":
@@ -281,6 +328,27 @@ type proxy struct {
 	metrics  *proxyMetrics
 	inFlight atomic.Int64
 	wg       sync.WaitGroup
+	// stop is every route's idemhttp Config.StopContext: stopWork cancels
+	// the upstream requests still running once --shutdown-timeout passed.
+	stop     context.Context
+	stopWork context.CancelFunc
+	blob     blobOptions
+}
+
+// blobStoreOrNil is b as an idem.BlobStore, nil (not a nil *Bucket in an
+// interface) when b is nil.
+func blobStoreOrNil(b *blobstore.Bucket) idem.BlobStore {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+// blobOptions is the blob store every route's middleware keeps large
+// bodies in (--blob), and its timeout; blobs is nil without --blob.
+type blobOptions struct {
+	blobs   *blobstore.Bucket
+	timeout time.Duration
 }
 
 // route is one middleware configuration in front of the upstream.
@@ -303,7 +371,7 @@ type reqInfo struct{ outcome string }
 type reqInfoKey struct{}
 
 func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
-	metrics *proxyMetrics, logger *slog.Logger) (*proxy, error) {
+	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions) (*proxy, error) {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 256
 	transport.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -312,14 +380,22 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 			pr.SetURL(target)
 			pr.SetXForwarded()
 		},
-		Transport: transport,
+		Transport: sendOnce{transport},
 		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			level := slog.LevelWarn
-			if r.Context().Err() != nil {
-				level = slog.LevelDebug // the client left, or the lease was lost
+			cause := context.Cause(r.Context())
+			if errors.Is(cause, idemhttp.ErrMaxExecution) {
+				logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request cut off by --max-execution", slog.String("method", r.Method), slog.Any("error", err))
+				idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
+					Status: http.StatusGatewayTimeout, Detail: "The upstream service did not answer within the route's maximum execution time."})
+				return
 			}
-			logger.LogAttrs(r.Context(), level, "upstream request failed", slog.String("method", r.Method), slog.Any("error", err))
+			level := slog.LevelWarn
+			if errors.Is(cause, context.Canceled) {
+				level = slog.LevelDebug // the client left, on a route with cancel-on-disconnect
+			}
+			logger.LogAttrs(r.Context(), level, "upstream request failed", slog.String("method", r.Method), slog.Any("error", err),
+				slog.Any("cause", cause))
 			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
 				Status: http.StatusBadGateway, Detail: "The upstream service could not be reached or did not answer."})
 		},
@@ -329,7 +405,8 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		rp.ServeHTTP(w, r)
 	})
-	p := &proxy{logger: logger, metrics: metrics}
+	p := &proxy{logger: logger, metrics: metrics, blob: blob}
+	p.stop, p.stopWork = context.WithCancel(context.Background())
 	var err error
 	if p.def, err = newRoute("", defaults, upstream, store, p); err != nil {
 		return nil, err
@@ -371,14 +448,23 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		MaxResponseSize: int(s.maxResponse),
 		Wait:            s.wait,
 		FailOpen:        s.failOpen,
-		Logger:          p.logger,
+		MaxExecution:    s.maxExecution,
+		StopContext:     p.stop,
+		// Unsafe, off by default: see --cancel-on-disconnect.
+		CancelOnDisconnect: s.cancelOnDisconnect,
+		Logger:             p.logger,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)
 			}
 			p.metrics.requests.WithLabelValues(string(o)).Inc()
 		},
-		OnRenew: p.metrics.onRenew,
+		OnRenew:     p.metrics.onRenew,
+		BlobTimeout: p.blob.timeout,
+	}
+	if p.blob.blobs != nil {
+		cfg.Blobs = p.blob.blobs
+		cfg.OnBlobError = p.metrics.onBlobError
 	}
 	if s.storeStatuses != nil {
 		statuses := map[int]bool{}
@@ -471,12 +557,20 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// fails in the middle of a body: log that request too, then let
 		// the panic abort the connection.
 		if v := recover(); v != nil {
-			info.outcome = outcomeUpstreamAborted
+			if info.outcome != string(idemhttp.OutcomeReplayFailed) { // a replay that broke off keeps its outcome
+				info.outcome = outcomeUpstreamAborted
+			}
 			p.logRequest(r, rt, info, sw, start)
 			panic(v)
 		}
 	}()
 	rt.handler.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info)))
+	if info.outcome == string(idemhttp.OutcomeExecuted) && (sw.failed || r.Context().Err() != nil) {
+		// The client left while the upstream worked: the response was
+		// read to its end and stored for the client's retry.
+		info.outcome = outcomeClientGone
+		p.metrics.clientGone.Inc()
+	}
 	p.logRequest(r, rt, info, sw, start)
 }
 
@@ -522,13 +616,15 @@ func (p *proxy) wait(d time.Duration) bool {
 	}
 }
 
-// statusWriter records the status and size of a response for the log.
-// Unwrap gives http.ResponseController (and so ReverseProxy's flushes and
-// upgrades) the connection's writer.
+// statusWriter records the status and size of a response for the log,
+// and whether writing to the client failed. Unwrap gives
+// http.ResponseController (and so ReverseProxy's flushes and upgrades) the
+// connection's writer.
 type statusWriter struct {
 	http.ResponseWriter
 	status  int
 	written int64
+	failed  bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -544,7 +640,37 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.written += int64(n)
+	w.failed = w.failed || err != nil
 	return n, err
 }
+
+// sendOnce is the upstream transport of the proxy. It sends a request
+// that runs under a lease exactly once: net/http's Transport resends a
+// request on its own when a reused connection breaks after the request was
+// written, if the request looks safe to resend, and a request that carries
+// an Idempotency-Key header, or has no body, looks so to it. The upstream
+// may have acted on the first copy. sendOnce hides GetBody and wraps the
+// body so that the request never looks replayable; a keyed request without
+// a body then reaches the upstream with an empty chunked body. Other
+// requests are sent as they are.
+type sendOnce struct{ base http.RoundTripper }
+
+func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	if _, leased := idem.LeaseFromContext(r.Context()); !leased {
+		return t.base.RoundTrip(r)
+	}
+	out := *r
+	out.GetBody = nil
+	if out.Body == nil || out.Body == http.NoBody {
+		out.Body = onceBody{http.NoBody}
+	} else {
+		out.Body = onceBody{out.Body}
+	}
+	return t.base.RoundTrip(&out)
+}
+
+// onceBody hides the type of a request body from net/http, which would
+// otherwise treat http.NoBody as safe to resend.
+type onceBody struct{ io.ReadCloser }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

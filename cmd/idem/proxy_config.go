@@ -32,7 +32,11 @@ type routeSettings struct {
 	failOpen      bool
 	maxBody       int64
 	maxResponse   int64
-	storeStatuses []int // nil: idemhttp.DefaultShouldStore
+	storeStatuses []int         // nil: idemhttp.DefaultShouldStore
+	maxExecution  time.Duration // 0: none
+	// cancelOnDisconnect: the client's disconnect cancels the upstream
+	// request (unsafe; idemhttp Config.CancelOnDisconnect).
+	cancelOnDisconnect bool
 }
 
 // validate reports the first bad setting; name turns a setting's name into
@@ -45,6 +49,8 @@ func (s routeSettings) validate(name func(string) string) error {
 		return fmt.Errorf("%s %v: want at least 1s", name("retention"), s.retention)
 	case s.wait < 0:
 		return fmt.Errorf("%s %v: must not be negative", name("wait"), s.wait)
+	case s.maxExecution < 0:
+		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("max-execution"), s.maxExecution)
 	case s.maxBody < 1:
 		return fmt.Errorf("%s %d: want at least 1 byte", name("max-body"), s.maxBody)
 	case s.maxResponse < 1 || s.maxResponse > idem.MaxEncodedBody:
@@ -118,10 +124,13 @@ type routeOverride struct {
 	MaxBody       *byteSize     `yaml:"max_body"`
 	MaxResponse   *byteSize     `yaml:"max_response"`
 	StoreStatuses *[]int        `yaml:"store_statuses"`
+	MaxExecution  *fileDuration `yaml:"max_execution"`
+	// CancelOnDisconnect is unsafe: see idemhttp Config.CancelOnDisconnect.
+	CancelOnDisconnect *bool `yaml:"cancel_on_disconnect"`
 }
 
 // routeFields lists routeOverride's fields for error messages.
-const routeFields = "match, methods, require_key, tenant_header, lease, retention, wait, fail_open, max_body, max_response, store_statuses"
+const routeFields = "match, methods, require_key, tenant_header, lease, retention, wait, fail_open, max_body, max_response, store_statuses, max_execution, cancel_on_disconnect"
 
 // routeConfig is a validated route of the file.
 type routeConfig struct {
@@ -227,6 +236,12 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 	}
 	if o.MaxResponse != nil {
 		s.maxResponse = int64(*o.MaxResponse)
+	}
+	if o.MaxExecution != nil {
+		s.maxExecution = time.Duration(*o.MaxExecution)
+	}
+	if o.CancelOnDisconnect != nil {
+		s.cancelOnDisconnect = *o.CancelOnDisconnect
 	}
 	if o.StoreStatuses != nil {
 		s.storeStatuses = slices.Clone(*o.StoreStatuses)

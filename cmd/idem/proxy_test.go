@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,11 +20,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/redistest"
 )
 
@@ -42,6 +45,7 @@ func TestMain(m *testing.M) {
 	if proxyBinDir != "" {
 		os.RemoveAll(proxyBinDir)
 	}
+	proctest.RemoveIdem() // the binary of the blob tests (proxy_blob_test.go)
 	os.Exit(code)
 }
 
@@ -770,6 +774,30 @@ func TestProxyUsageErrors(t *testing.T) {
 	for name, text := range files {
 		writeFile(t, filepath.Join(dir, name), text)
 	}
+	// A bad store URL is refused before any connection is tried: the port
+	// the URLs name must see none.
+	watch, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dialled atomic.Int64
+	go func() {
+		for {
+			c, err := watch.Accept()
+			if err != nil {
+				return
+			}
+			dialled.Add(1)
+			c.Close()
+		}
+	}()
+	defer func() {
+		watch.Close()
+		if n := dialled.Load(); n != 0 {
+			t.Errorf("bad store URLs: got %d connections to the port they name, want 0", n)
+		}
+	}()
+	_, watchPort, _ := net.SplitHostPort(watch.Addr().String())
 	for _, c := range []struct {
 		env  []string
 		args []string
@@ -783,6 +811,13 @@ func TestProxyUsageErrors(t *testing.T) {
 		{nil, []string{"proxy", "--upstream", "http://u", "--methods", "GET,P OST"}, []string{"--methods"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--max-body", "lots"}, []string{"-max-body", "size"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--store", "mongodb://x"}, []string{"--store"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--store", "redis:127.0.0.1:" + watchPort}, []string{"--store", "no host", "redis://host:port"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--store", "127.0.0.1:" + watchPort}, []string{"redis://127.0.0.1:" + watchPort}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--store", "localhost:" + watchPort}, []string{"redis://localhost:" + watchPort}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--store", "redis://127.0.0.1:" + watchPort + "?dbb=1"}, []string{"--store", `unknown query parameter "dbb"`}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--store", "redis://127.0.0.1:" + watchPort + "/0/1"}, []string{"--store", "path"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--store", "postgres:127.0.0.1:" + watchPort}, []string{"--store", "no host"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--max-execution", "-1s"}, []string{"--max-execution"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--config", filepath.Join(dir, "missing.yaml")}, []string{"missing.yaml"}},
 		{[]string{"IDEM_LEASE=forever"}, []string{"proxy", "--upstream", "http://u"}, []string{"IDEM_LEASE"}},
 		{[]string{"IDEM_UPSTREAM=http://u", "IDEM_WAIT=-1s"}, []string{"proxy"}, []string{"--wait"}},

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -11,12 +14,15 @@ import (
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 // storeFlagHelp documents the --store flag.
 const storeFlagHelp = `where records live: memory, redis://[user:pass@]host:port[/db], rediss://… (TLS), ` +
 	`redis://host:port?addr=host2:port2 (Cluster), redis://host:port?master_set=NAME&addr=… (Sentinel: the addresses are sentinels), ` +
-	`postgres://… (PostgreSQL; the table is created if missing)`
+	`postgres://… (PostgreSQL; the table is created if missing), ` +
+	`or a Redis URL and a PostgreSQL URL separated by a space (the tiered store: leases and replays on Redis, ` +
+	`completions in PostgreSQL, relayed to Redis; its table is created if missing)`
 
 // openStore opens the store a --store value names, with its key prefix
 // (Redis) or namespace (PostgreSQL). close releases its connections.
@@ -24,19 +30,30 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 	if spec == "" || spec == "memory" {
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
-	// Errors never repeat spec: it may hold a password.
+	if fields := strings.Fields(spec); len(fields) > 1 {
+		return openTiered(ctx, fields, prefix)
+	}
+	if hostPort.MatchString(spec) { // localhost:6379: no scheme
+		return nil, nil, usageError{fmt.Sprintf("--store %s: want a URL; for Redis: redis://%s", spec, spec)}
+	}
+	// Errors never repeat spec otherwise: it may hold a password.
 	u, err := url.Parse(spec)
 	if err != nil {
-		return nil, nil, usageError{"--store: not a URL (the value is not shown: it may hold a password)"}
+		return nil, nil, usageError{"--store: not a URL (the value is not shown: it may hold a password); " + storeForms}
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "valkey", "valkeys":
 		s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix})
-		if err != nil {
+		if errors.Is(err, redisstore.ErrBadURL) {
+			return nil, nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
+		} else if err != nil {
 			return nil, nil, err
 		}
 		return s, func() { s.Close() }, nil
 	case "postgres", "postgresql":
+		if u.Opaque != "" {
+			return nil, nil, usageError{"--store: no host: write postgres://[user:pass@]host:port/db (is the // after postgres: missing?)"}
+		}
 		pool, err := pgxpool.New(ctx, spec)
 		if err != nil {
 			return nil, nil, err
@@ -48,5 +65,64 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 		}
 		return s, pool.Close, nil
 	}
-	return nil, nil, usageError{fmt.Sprintf("--store: unknown scheme %q: want memory, redis://…, rediss://…, valkey(s)://… or postgres://…", u.Scheme)}
+	return nil, nil, usageError{fmt.Sprintf("--store: unknown scheme %q; %s", u.Scheme, storeForms)}
 }
+
+// storeForms names what --store takes, for its usage errors.
+const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, " +
+	"or for the tiered store 'redis://host:port postgres://host/db' (two URLs, one space between them)"
+
+// openTiered opens the tiered store that two --store URLs name, one for
+// Redis and one for PostgreSQL, in either order. The Redis prefix and the
+// PostgreSQL namespace are both prefix. Acquire checks PostgreSQL after
+// Redis grants a lease (tieredstore.Options.VerifyAcquire): the proxy's
+// upstream effects are outside PostgreSQL, so a key whose Redis record was
+// lost is replayed from PostgreSQL rather than sent upstream again.
+func openTiered(ctx context.Context, fields []string, prefix string) (idem.Store, func(), error) {
+	const form = "--store with two URLs is the tiered store: 'redis://host:port[/db] postgres://[user@]host[:port]/db' (one Redis URL, one PostgreSQL URL, one space between them)"
+	if len(fields) != 2 {
+		return nil, nil, usageError{fmt.Sprintf("%s; got %d words (the value is not shown: it may hold a password)", form, len(fields))}
+	}
+	var redisURL, pgURL string
+	for _, f := range fields {
+		u, err := url.Parse(f)
+		if err != nil {
+			return nil, nil, usageError{form + "; one of the two does not parse as a URL (not shown: it may hold a password)"}
+		}
+		switch u.Scheme {
+		case "redis", "rediss", "valkey", "valkeys":
+			if redisURL != "" {
+				return nil, nil, usageError{form + "; got two Redis URLs"}
+			}
+			redisURL = f
+		case "postgres", "postgresql":
+			if pgURL != "" {
+				return nil, nil, usageError{form + "; got two PostgreSQL URLs"}
+			}
+			if u.Opaque != "" {
+				return nil, nil, usageError{"--store: the PostgreSQL URL has no host: write postgres://[user:pass@]host:port/db (is the // after postgres: missing?)"}
+			}
+			pgURL = f
+		default:
+			return nil, nil, usageError{fmt.Sprintf("%s; unknown scheme %q", form, u.Scheme)}
+		}
+	}
+	if redisURL == "" || pgURL == "" {
+		return nil, nil, usageError{form + "; got no " + map[bool]string{true: "Redis", false: "PostgreSQL"}[redisURL == ""] + " URL"}
+	}
+	if _, err := pgxpool.ParseConfig(pgURL); err != nil {
+		// pgconn's parse errors show the URL with its password masked.
+		return nil, nil, usageError{"--store: the PostgreSQL URL: " + err.Error()}
+	}
+	s, err := tieredstore.Open(ctx, redisURL, pgURL, redisstore.Options{Prefix: prefix},
+		tieredstore.Options{Namespace: prefix, Migrate: true, VerifyAcquire: true})
+	if errors.Is(err, redisstore.ErrBadURL) {
+		return nil, nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
+	} else if err != nil {
+		return nil, nil, err
+	}
+	return s, func() { s.Close() }, nil
+}
+
+// hostPort matches a bare host:port, which users write for Redis.
+var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$`)

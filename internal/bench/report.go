@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"encoding/json"
@@ -11,12 +11,12 @@ import (
 	"strings"
 )
 
-var idemImpls = []string{"idem-rueidis", "idem-goredis", "idem-wait"}
+var idemImpls = []string{"idem-rueidis", "idem-goredis", "idem-wait", "idem-fiber"}
 
-func findResult(rs []benchResult, impl, scenario string) (benchResult, bool) {
-	i := slices.IndexFunc(rs, func(r benchResult) bool { return r.Impl == impl && r.Scenario == scenario })
+func findResult(rs []Result, impl, scenario string) (Result, bool) {
+	i := slices.IndexFunc(rs, func(r Result) bool { return r.Impl == impl && r.Scenario == scenario })
 	if i < 0 {
-		return benchResult{}, false
+		return Result{}, false
 	}
 	return rs[i], true
 }
@@ -70,7 +70,7 @@ func statusList(m map[string]int) string {
 	return strings.Join(parts, " ")
 }
 
-func writeMarkdown(w io.Writer, rs []benchResult, meta benchMeta, o benchOptions) {
+func WriteMarkdown(w io.Writer, rs []Result, meta Meta, o Options) {
 	mode := "closed loop"
 	if meta.Rate > 0 {
 		mode = fmt.Sprintf("open loop at %s req/s (latency from the scheduled send)", thousands(int64(meta.Rate)))
@@ -81,8 +81,11 @@ func writeMarkdown(w io.Writer, rs []benchResult, meta benchMeta, o benchOptions
 	}
 	fmt.Fprintf(w, "## idem bench, %s\n\n", meta.Date)
 	fmt.Fprintf(w, "%s, GOMAXPROCS %d, %s, %s, a 409 retried after %v (±25%%).\n\n", meta.Redis, meta.Procs, mode, size, meta.RetryPause)
+	if meta.Instances > 1 {
+		fmt.Fprintf(w, "%d server instances per implementation, each with its own clients and in-process state, on the same Redis; every HTTP attempt goes to the next instance, round-robin.\n\n", meta.Instances)
+	}
 	for _, sc := range meta.Scenarios {
-		fmt.Fprintf(w, "- (%s) %s\n", sc.name, sc.title)
+		fmt.Fprintf(w, "- (%s) %s\n", sc.Name, sc.Title)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| scenario | implementation | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | executions | duplicates | 409 retries | errors | Redis cmds/req | Redis CPU µs/req |")
@@ -97,14 +100,14 @@ func writeMarkdown(w io.Writer, rs []benchResult, meta benchMeta, o benchOptions
 	fmt.Fprintln(w, "\nRequests are logical requests: a 409 retried until the final answer counts once, and its latency runs")
 	fmt.Fprintln(w, "from the first send to the final answer. Redis cmds/req is from INFO commandstats, which also counts")
 	fmt.Fprintln(w, "the commands a script runs inside Redis: commands executed, not round trips.")
-	if lines := ratioLines(rs, o.limit); len(lines) > 0 {
+	if lines := ratioLines(rs, o.Limit, extraBases(meta.Impls)); len(lines) > 0 {
 		fmt.Fprintln(w, "\n### Ratios")
 		fmt.Fprintln(w)
 		for _, l := range lines {
 			fmt.Fprintln(w, "- "+l)
 		}
 	}
-	if lines := targetLines(rs, o.limit); len(lines) > 0 {
+	if lines := targetLines(rs, o.Limit, peerNames(meta.Impls)); o.Targets && len(lines) > 0 {
 		fmt.Fprintln(w, "\n### Targets")
 		fmt.Fprintln(w)
 		for _, l := range lines {
@@ -127,8 +130,31 @@ func times(a, b float64) string {
 	return fmt.Sprintf("%.2f×", a/b)
 }
 
+// extraBases are the implementations, beyond lua, watch and none, that
+// idem is compared with: the peers and their own no-layer baselines.
+func extraBases(impls []Impl) []string {
+	var out []string
+	for _, im := range impls {
+		if (im.Peer || im.OnlyB) && im.Name != "none" {
+			out = append(out, im.Name)
+		}
+	}
+	return out
+}
+
+// peerNames are the peers' names.
+func peerNames(impls []Impl) []string {
+	var out []string
+	for _, im := range impls {
+		if im.Peer {
+			out = append(out, im.Name)
+		}
+	}
+	return out
+}
+
 // ratioLines compares each idem client with the baselines.
-func ratioLines(rs []benchResult, limit float64) []string {
+func ratioLines(rs []Result, limit float64, extra []string) []string {
 	var out []string
 	for _, impl := range idemImpls {
 		for _, sc := range []string{"a", "b", "c", "d"} {
@@ -137,7 +163,7 @@ func ratioLines(rs []benchResult, limit float64) []string {
 				continue
 			}
 			var parts []string
-			for _, base := range []string{"lua", "watch", "none"} {
+			for _, base := range append([]string{"lua", "watch", "none"}, extra...) {
 				b, ok := findResult(rs, base, sc)
 				if !ok {
 					continue
@@ -163,8 +189,9 @@ func verdict(ok bool) string {
 	return "**not met**"
 }
 
-// targetLines checks the targets on what was measured.
-func targetLines(rs []benchResult, limit float64) []string {
+// targetLines checks the project's own targets (BENCHMARKS.md) on what
+// was measured; printed with --targets.
+func targetLines(rs []Result, limit float64, peers []string) []string {
 	var out []string
 	for _, sc := range []string{"a", "c"} {
 		if r, ok := findResult(rs, "naive", sc); ok {
@@ -207,10 +234,55 @@ func targetLines(rs []benchResult, limit float64) []string {
 			out = append(out, fmt.Sprintf("%s, (b): ≥ 25%% of the physical limit for pairs: %s: %s", impl, pct(me.RPS, limit/2), verdict(me.RPS >= limit/2/4)))
 		}
 	}
+	// Against the peers: idem on rueidis (what redisstore.Open creates;
+	// also with Config.Wait, and on fiber when run) at least as fast as
+	// the fastest peer and at most the lowest peer p99, with 0
+	// duplicates; every peer's duplicates as measured.
+	for _, idemImpl := range []string{"idem-rueidis", "idem-wait", "idem-fiber"} {
+		for _, sc := range []string{"a", "b", "c", "d"} {
+			me, ok := findResult(rs, idemImpl, sc)
+			if !ok {
+				continue
+			}
+			var best, low Result
+			var n int
+			for _, p := range peers {
+				r, ok := findResult(rs, p, sc)
+				if !ok {
+					continue
+				}
+				if n == 0 || r.RPS > best.RPS {
+					best = r
+				}
+				if n == 0 || r.P99ms < low.P99ms {
+					low = r
+				}
+				n++
+			}
+			if n == 0 {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s, (%s): throughput ≥ every peer's (%s vs %s req/s, %s): %s; p99 ≤ every peer's (%s vs %s ms, %s): %s; 0 duplicates (%s): %s",
+				idemImpl, sc, thousands(int64(math.Round(me.RPS))), thousands(int64(math.Round(best.RPS))), best.Impl, verdict(me.RPS >= best.RPS),
+				fmtMs(me.P99ms), fmtMs(low.P99ms), low.Impl, verdict(me.P99ms <= low.P99ms),
+				thousands(int64(me.Duplicates)), verdict(me.Duplicates == 0)))
+		}
+	}
+	for _, p := range peers {
+		var parts []string
+		for _, sc := range []string{"a", "b", "c", "d"} {
+			if r, ok := findResult(rs, p, sc); ok {
+				parts = append(parts, fmt.Sprintf("(%s) %s", sc, thousands(int64(r.Duplicates))))
+			}
+		}
+		if len(parts) > 0 {
+			out = append(out, fmt.Sprintf("%s duplicates as measured: %s", p, strings.Join(parts, ", ")))
+		}
+	}
 	return out
 }
 
-func writeJSONFile(path string, rs []benchResult) error {
+func WriteJSONFile(path string, rs []Result) error {
 	b, err := json.MarshalIndent(rs, "", "  ")
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -30,12 +30,13 @@ const (
 
 // loadSpec says how to send a plan of requests.
 type loadSpec struct {
-	url        string
-	keys       []string      // the logical requests, in send order: one key each
-	clients    int           // closed loop: this many concurrent clients
-	rate       float64       // > 0: open loop at this many requests/s instead
-	deadline   time.Time     // no request starts after this
-	retryPause time.Duration // pause before retrying a 409 (±25% jitter)
+	urls       []string       // the instances; every attempt goes to the next one, round-robin
+	next       *atomic.Uint64 // the round-robin counter
+	keys       []string       // the logical requests, in send order: one key each
+	clients    int            // closed loop: this many concurrent clients
+	rate       float64        // > 0: open loop at this many requests/s instead
+	deadline   time.Time      // no request starts after this
+	retryPause time.Duration  // pause before retrying a 409 (±25% jitter)
 }
 
 // sample is one logical request's outcome.
@@ -52,7 +53,7 @@ type loadResult struct {
 	elapsed time.Duration
 }
 
-func newBenchClient(conns int) *http.Client {
+func newClient(conns int) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		MaxIdleConns:        conns,
 		MaxIdleConnsPerHost: conns,
@@ -116,12 +117,20 @@ func runLoad(ctx context.Context, client *http.Client, spec loadSpec) loadResult
 	return res
 }
 
+// url returns the instance for the next attempt.
+func (s loadSpec) url() string {
+	if len(s.urls) == 1 {
+		return s.urls[0]
+	}
+	return s.urls[(s.next.Add(1)-1)%uint64(len(s.urls))]
+}
+
 // sendOne sends one logical request, retrying while the answer is 409.
 func sendOne(ctx context.Context, client *http.Client, spec loadSpec, key string) sample {
 	s := sample{done: true}
 	for {
 		s.tries++
-		s.status = post(ctx, client, spec.url, key)
+		s.status = post(ctx, client, spec.url(), key)
 		if s.status != http.StatusConflict || s.tries >= maxTries || time.Now().After(spec.deadline.Add(requestTimeout)) {
 			return s
 		}

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,20 +20,67 @@ import (
 	"github.com/idemkit/idem/redisstore"
 )
 
-// The implementations idem bench compares, in report order. "none" runs
-// only in scenario b, as its baseline.
-var benchImpls = []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait"}
+// Impl is one implementation idem bench can put in front of the handler.
+type Impl struct {
+	Name string
+	// Color is its color in the SVG charts ("#rrggbb"); empty: gray.
+	Color string
+	// OnlyB: a baseline without an idempotency layer, run in scenario b
+	// only.
+	OnlyB bool
+	// Peer: another library's idempotency layer (internal/benchpeers),
+	// which idem's targets are checked against.
+	Peer bool
+	// Build starts one instance: its own clients and in-process state,
+	// against Redis at env.RedisURL, in front of env.App. With
+	// --instances N it is called N times per run.
+	Build func(ctx context.Context, env Env) (Server, error)
+}
+
+// Env is what an implementation is built with.
+type Env struct {
+	RedisURL string
+	App      *App
+	Logger   *slog.Logger
+}
+
+// Server is one instance of an implementation: Serve answers HTTP on ln
+// until Close, which also closes the instance's clients.
+type Server interface {
+	Serve(ln net.Listener) error
+	Close() error
+}
+
+// ImplNames returns the names of impls, in order.
+func ImplNames(impls []Impl) []string {
+	names := make([]string, len(impls))
+	for i, im := range impls {
+		names[i] = im.Name
+	}
+	return names
+}
+
+// Builtin returns the implementations of the idem command, in report
+// order. "none" runs only in scenario b, as its baseline.
+func Builtin() []Impl {
+	var out []Impl
+	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait"} {
+		out = append(out, Impl{Name: name, Color: implColors[name], OnlyB: name == "none",
+			Build: func(ctx context.Context, env Env) (Server, error) { return buildBuiltin(ctx, name, env) }})
+	}
+	return out
+}
 
 const (
-	// benchPoolSize is the connection pool of every go-redis client in the
+	// PoolSize is the connection pool of every go-redis client in the
 	// bench (the three baselines and idem-goredis), as in BENCHMARKS.md.
-	benchPoolSize = 64
-	// benchPendingTTL and benchRetention are the baselines' TTLs for
-	// PENDING and COMPLETED records; idem gets the same retention (its
-	// lease is its default 30s). Short, so that a run against a given
-	// Redis (--redis) leaves nothing behind for long.
+	PoolSize = 64
+	// benchPendingTTL and Retention are the baselines' TTLs for PENDING
+	// and COMPLETED records; idem gets the same retention (its lease is
+	// its default 30s). Short, so that a run against a given Redis
+	// (--redis) leaves nothing behind for long.
 	benchPendingTTL = 5 * time.Minute
-	benchRetention  = 10 * time.Minute
+	Retention       = 10 * time.Minute
 	// benchWait is idem-wait's idemhttp Config.Wait: a request whose key
 	// is in flight waits for the result (woken as soon as it completes in
 	// this process) instead of answering 409 at once.
@@ -40,26 +89,47 @@ const (
 	watchAttempts = 5
 )
 
-// benchApp is the one handler every implementation protects: a "payment"
-// that counts its executions per Idempotency-Key, sleeps, and answers 201
-// with a small JSON body.
-type benchApp struct {
+// App is the one handler every implementation protects: a "payment" that
+// counts its executions per Idempotency-Key, sleeps, and answers 201 with
+// a small JSON body. Implementations on another HTTP stack than net/http
+// serve the same through Exec, Sleep and Body.
+type App struct {
 	sleep time.Duration
 	mu    sync.Mutex
 	execs map[string]int
 }
 
-func newBenchApp(sleep time.Duration) *benchApp {
-	return &benchApp{sleep: sleep, execs: map[string]int{}}
+// NewApp returns the handler, sleeping for sleep per execution.
+func NewApp(sleep time.Duration) *App {
+	return &App{sleep: sleep, execs: map[string]int{}}
 }
 
-func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// Exec counts one execution for key and returns its number. The key is
+// copied: on fasthttp (fiber, its net/http adaptor) header strings point
+// into buffers reused after the request.
+func (a *App) Exec(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.execs[key] + 1
+	if n == 1 {
+		key = strings.Clone(key)
+	}
+	a.execs[key] = n
+	return n
+}
+
+// Sleep is the handler's work.
+func (a *App) Sleep() time.Duration { return a.sleep }
+
+// Body is the 201 answer's JSON body for execution n of key.
+func Body(key string, n int) string {
+	return fmt.Sprintf(`{"payment":%q,"execution":%d,"status":"captured"}`, key, n)
+}
+
+func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	key := r.Header.Get(idemhttp.HeaderKey)
-	a.mu.Lock()
-	a.execs[key]++
-	n := a.execs[key]
-	a.mu.Unlock()
+	n := a.Exec(key)
 	if a.sleep > 0 {
 		t := time.NewTimer(a.sleep)
 		select {
@@ -70,11 +140,11 @@ func (a *benchApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"payment":%q,"execution":%d,"status":"captured"}`, key, n)
+	io.WriteString(w, Body(key, n))
 }
 
-// counts returns a copy of the executions per key.
-func (a *benchApp) counts() map[string]int {
+// Counts returns a copy of the executions per key.
+func (a *App) Counts() map[string]int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	m := make(map[string]int, len(a.execs))
@@ -84,35 +154,52 @@ func (a *benchApp) counts() map[string]int {
 	return m
 }
 
-// benchLayer is one implementation built for one run: the handler to
-// serve and what to close afterwards.
-type benchLayer struct {
-	handler http.Handler
-	close   func()
+// httpServer serves a net/http handler.
+type httpServer struct {
+	srv     *http.Server
+	closeFn func()
 }
 
-// buildLayer wraps app in the named implementation against Redis at url.
-func buildLayer(ctx context.Context, impl, url string, app http.Handler, logger *slog.Logger) (*benchLayer, error) {
+// NetHTTP returns a Server that serves h with net/http; Close also calls
+// closeFn (nil: nothing), for the instance's clients.
+func NetHTTP(h http.Handler, logger *slog.Logger, closeFn func()) Server {
+	return &httpServer{srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}, closeFn: closeFn}
+}
+
+func (s *httpServer) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+func (s *httpServer) Close() error {
+	err := s.srv.Close()
+	if s.closeFn != nil {
+		s.closeFn()
+	}
+	return err
+}
+
+// buildBuiltin wraps env.App in the named built-in implementation.
+func buildBuiltin(ctx context.Context, impl string, env Env) (Server, error) {
+	app, logger := env.App, env.Logger
 	switch impl {
 	case "none":
-		return &benchLayer{handler: app, close: func() {}}, nil
+		return NetHTTP(app, logger, nil), nil
 	case "idem-rueidis", "idem-wait":
-		st, err := redisstore.Open(url, redisstore.Options{})
+		st, err := redisstore.Open(env.RedisURL, redisstore.Options{})
 		if err != nil {
 			return nil, err
 		}
-		cfg := idemhttp.Config{Retention: benchRetention, Logger: logger}
+		cfg := idemhttp.Config{Retention: Retention, Logger: logger}
 		if impl == "idem-wait" {
 			cfg.Wait = benchWait
 		}
 		mw := idemhttp.Middleware(st, cfg)
-		return &benchLayer{handler: mw(app), close: func() { st.Close() }}, nil
+		return NetHTTP(mw(app), logger, func() { st.Close() }), nil
 	}
-	rdb, err := newGoredis(url)
+	rdb, err := NewGoredis(env.RedisURL)
 	if err != nil {
 		return nil, err
 	}
-	l := &benchLayer{close: func() { rdb.Close() }}
+	var h http.Handler
 	switch impl {
 	case "idem-goredis":
 		st, err := redisstore.New(rdb, redisstore.Options{})
@@ -120,34 +207,36 @@ func buildLayer(ctx context.Context, impl, url string, app http.Handler, logger 
 			rdb.Close()
 			return nil, err
 		}
-		l.handler = idemhttp.Middleware(st, idemhttp.Config{Retention: benchRetention, Logger: logger})(app)
+		h = idemhttp.Middleware(st, idemhttp.Config{Retention: Retention, Logger: logger})(app)
 	case "naive":
-		l.handler = &naiveLayer{rdb: rdb, next: app, logger: logger}
+		h = &naiveLayer{rdb: rdb, next: app, logger: logger}
 	case "watch":
-		l.handler = &watchLayer{rdb: rdb, next: app, logger: logger}
+		h = &watchLayer{rdb: rdb, next: app, logger: logger}
 	case "lua":
 		if err := luaAcquire.Load(ctx, rdb).Err(); err != nil {
 			rdb.Close()
 			return nil, fmt.Errorf("lua: SCRIPT LOAD: %w", err)
 		}
-		l.handler = &luaLayer{rdb: rdb, next: app, logger: logger}
+		h = &luaLayer{rdb: rdb, next: app, logger: logger}
 	default:
 		rdb.Close()
-		return nil, usageError{fmt.Sprintf("unknown implementation %q", impl)}
+		return nil, fmt.Errorf("unknown implementation %q", impl)
 	}
-	return l, nil
+	return NetHTTP(h, logger, func() { rdb.Close() }), nil
 }
 
-func newGoredis(url string) (*redis.Client, error) {
+// NewGoredis returns a go-redis client for url with the bench's pool size.
+func NewGoredis(url string) (*redis.Client, error) {
 	o, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("--redis: %w", err)
 	}
-	o.PoolSize = benchPoolSize
+	o.PoolSize = PoolSize
 	return redis.NewClient(o), nil
 }
 
-// The baselines store one JSON record per key, as the seed article does.
+// The baselines store one JSON record per key, as the usual blog-post
+// designs do.
 const (
 	statusPending   = "PENDING"
 	statusCompleted = "COMPLETED"
@@ -221,7 +310,7 @@ func redisKey(prefix string, r *http.Request) (string, bool) {
 func finish(ctx context.Context, rdb *redis.Client, key string, t *teeWriter, logger *slog.Logger) {
 	var err error
 	if t.ok() {
-		err = rdb.Set(ctx, key, t.record(), benchRetention).Err()
+		err = rdb.Set(ctx, key, t.record(), Retention).Err()
 	} else {
 		err = rdb.Del(ctx, key).Err()
 	}
@@ -230,7 +319,7 @@ func finish(ctx context.Context, rdb *redis.Client, key string, t *teeWriter, lo
 	}
 }
 
-// naiveLayer is the seed's check-then-act: GET, and if absent run the
+// naiveLayer is the textbook check-then-act: GET, and if absent run the
 // handler and SET the response. Racy on purpose: two requests that GET
 // before either SETs both run the handler.
 type naiveLayer struct {
@@ -258,13 +347,13 @@ func (l *naiveLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := &teeWriter{ResponseWriter: w}
 	l.next.ServeHTTP(t, r)
 	if t.ok() {
-		if err := l.rdb.Set(context.WithoutCancel(ctx), key, t.record(), benchRetention).Err(); err != nil {
+		if err := l.rdb.Set(context.WithoutCancel(ctx), key, t.record(), Retention).Err(); err != nil {
 			l.logger.Warn("bench: naive SET failed", "key", key, "error", err)
 		}
 	}
 }
 
-// watchLayer is the seed's transaction version: WATCH the key, GET it, and
+// watchLayer is the textbook transaction version: WATCH the key, GET it, and
 // if absent SET it PENDING inside MULTI/EXEC; a conflict (EXEC aborted
 // because the key changed) retries the whole read-modify-write. COMPLETED
 // replays, PENDING gets 409; after the handler a 2xx is stored as
@@ -328,7 +417,7 @@ func (l *watchLayer) acquire(ctx context.Context, key string) (acquired bool, ex
 	return false, nil, errTxRetries
 }
 
-// luaAcquire is the seed's acquire script: return the record if there is
+// luaAcquire is the textbook acquire script: return the record if there is
 // one, else SET it PENDING with a TTL and return ACQUIRED. One EVALSHA.
 var luaAcquire = redis.NewScript(`
 local existing = redis.call('GET', KEYS[1])
@@ -339,7 +428,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 'ACQUIRED'
 `)
 
-// luaLayer is the seed's Lua version: the acquire script (EVALSHA), the
+// luaLayer is the textbook Lua version: the acquire script (EVALSHA), the
 // handler, then SET COMPLETED with the longer TTL or DEL on failure.
 type luaLayer struct {
 	rdb    *redis.Client

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"encoding/xml"
@@ -16,6 +16,19 @@ var implColors = map[string]string{
 	"idem-rueidis": "#2ca02c",
 	"idem-goredis": "#17becf",
 	"idem-wait":    "#9467bd",
+}
+
+// colorOf is impl's color: its Impl's, else the built-in one, else gray.
+func colorOf(meta Meta, impl string) string {
+	for _, im := range meta.Impls {
+		if im.Name == impl && im.Color != "" {
+			return im.Color
+		}
+	}
+	if c, ok := implColors[impl]; ok {
+		return c
+	}
+	return "#7f7f7f"
 }
 
 func esc(s string) string {
@@ -42,7 +55,7 @@ func niceMax(v float64) float64 {
 // percentiles (right: p99 light, p95 medium, p50 dark, one bar each per
 // implementation), each panel on its own scale, with the values written
 // beside the bars and duplicate executions flagged in red.
-func renderSVG(rs []benchResult, meta benchMeta) string {
+func RenderSVG(rs []Result, meta Meta) string {
 	const (
 		width    = 1000
 		margin   = 16
@@ -55,14 +68,14 @@ func renderSVG(rs []benchResult, meta benchMeta) string {
 		blockGap = 18
 	)
 	type block struct {
-		sc   benchScenario
-		rows []benchResult
+		sc   Scenario
+		rows []Result
 	}
 	var blocks []block
 	for _, sc := range meta.Scenarios {
 		b := block{sc: sc}
 		for _, r := range rs {
-			if r.Scenario == sc.name {
+			if r.Scenario == sc.Name {
 				b.rows = append(b.rows, r)
 			}
 		}
@@ -88,7 +101,14 @@ func renderSVG(rs []benchResult, meta benchMeta) string {
 	if meta.Quick {
 		size = ", --quick"
 	}
-	p(`<text x="%d" y="24" font-size="17" font-weight="bold">idem bench: the same handler behind naive, WATCH, Lua and idem on one Redis</text>`+"\n", margin)
+	title := "idem bench: the same handler behind naive, WATCH, Lua and idem on one Redis"
+	if len(peerNames(meta.Impls)) > 0 {
+		title = "idem bench: the same handler behind naive, WATCH, Lua, idem and its peers on one Redis"
+	}
+	if meta.Instances > 1 {
+		size += fmt.Sprintf(", %d instances each", meta.Instances)
+	}
+	p(`<text x="%d" y="24" font-size="17" font-weight="bold">%s</text>`+"\n", margin, esc(title))
 	p(`<text x="%d" y="42" fill="#555">%s · %s · GOMAXPROCS %d · %s%s · each panel has its own scale</text>`+"\n",
 		margin, esc(meta.Date), esc(meta.Redis), meta.Procs, esc(mode), esc(size))
 	// Legend for the latency panels.
@@ -103,7 +123,7 @@ func renderSVG(rs []benchResult, meta benchMeta) string {
 
 	y := 78
 	for _, b := range blocks {
-		p(`<text x="%d" y="%d" font-size="13.5" font-weight="bold">(%s) %s</text>`+"\n", margin, y+14, esc(b.sc.name), esc(b.sc.title))
+		p(`<text x="%d" y="%d" font-size="13.5" font-weight="bold">(%s) %s</text>`+"\n", margin, y+14, esc(b.sc.Name), esc(b.sc.Title))
 		var maxRPS, maxLat float64
 		for _, r := range b.rows {
 			maxRPS = max(maxRPS, r.RPS)
@@ -129,7 +149,7 @@ func renderSVG(rs []benchResult, meta benchMeta) string {
 		}
 		for i, r := range b.rows {
 			ry := top + i*rowH
-			color := implColors[r.Impl]
+			color := colorOf(meta, r.Impl)
 			// Throughput.
 			x0 := margin + labelW
 			p(`<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", x0-6, ry+12, esc(r.Impl))

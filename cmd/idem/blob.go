@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
+)
+
+func init() {
+	commands["gc"] = command{
+		summary: "delete the blobs of large responses that no record needs any more",
+		run:     runGC,
+	}
+}
+
+// blobFlagHelp documents the --blob flag.
+const blobFlagHelp = `blob store for response bodies larger than --max-response (off when empty): ` +
+	`s3://BUCKET?region=R (AWS; credentials from the environment as AWS tooling finds them), ` +
+	`s3://[ACCESS_KEY:SECRET@]BUCKET?endpoint=http://HOST:PORT&region=R&use_path_style=true (S3-compatible), ` +
+	`file:///DIR, or mem:// (this process's memory); any form takes prefix=P`
+
+// openBlobs opens the blob store a --blob value names. Errors never show
+// the URL's password.
+func openBlobs(ctx context.Context, spec string) (*blobstore.Bucket, error) {
+	u, err := url.Parse(spec)
+	if err != nil || u.Scheme == "" {
+		return nil, usageError{"--blob: want a URL such as s3://bucket?region=…, file:///var/lib/idem/blobs or mem:// (the value is not shown: it may hold a password)"}
+	}
+	switch u.Scheme {
+	case "s3", "file", "mem":
+	default:
+		return nil, usageError{fmt.Sprintf("--blob: unknown scheme %q; want s3://, file:// or mem://", u.Scheme)}
+	}
+	b, err := blobstore.Open(ctx, spec)
+	if err != nil {
+		return nil, usageError{"--blob: " + strings.TrimPrefix(err.Error(), "blobstore: ")}
+	}
+	return b, nil
+}
+
+const gcUsage = `usage: idem gc --store STORE --blob URL [--prefix P] [--min-age 15m] [--dry-run] [--json]
+
+Deletes the blobs (response bodies too large for their record) that no
+record of STORE will read again: those whose attempt crashed, was released
+or lost its lease before completing, and those whose record expired or was
+purged. A blob is kept while its record is completed and refers to it, or
+is in flight with the blob's fencing token. Blobs younger than --min-age
+are left alone, and so is a blob whose record cannot be read. Temporary
+files of interrupted writes (file://) and incomplete multipart uploads
+(s3://) older than --min-age go too. STORE must be the store whose
+proxies write to this blob store (and prefix): the blobs of any other
+store's records look like orphans here.
+
+On S3 a bucket lifecycle rule can do the same work (see the README); idem
+proxy --blob-sweep runs this sweep periodically.
+
+flags:
+`
+
+func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("idem gc", flag.ContinueOnError)
+	storeSpec := fs.String("store", "memory", storeFlagHelp)
+	prefix := fs.String("prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records")
+	blobSpec := fs.String("blob", "", blobFlagHelp+" (required)")
+	minAge := fs.Duration("min-age", blobstore.DefaultMinAge, "leave blobs younger than this (0: none)")
+	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
+	asJSON := fs.Bool("json", false, "print JSON")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), gcUsage)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if *blobSpec == "" {
+		return usageError{"--blob is required: the blob store to sweep"}
+	}
+	if *minAge < 0 {
+		return usageError{fmt.Sprintf("--min-age %v: must not be negative", *minAge)}
+	}
+	if *storeSpec == "" || *storeSpec == "memory" {
+		fmt.Fprintln(stderr, "idem gc: note: --store memory is a new, empty store in this process: every blob looks like an orphan; "+
+			"give the store the proxies use (--store redis://… or postgres://…)")
+	}
+	blobs, err := openBlobs(ctx, *blobSpec)
+	if err != nil {
+		return err
+	}
+	defer blobs.Close()
+	store, closeStore, err := openStoreChecked(ctx, *storeSpec, *prefix)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	if err := blobs.Check(ctx); err != nil {
+		return fmt.Errorf("--blob: %w", err)
+	}
+	age := *minAge
+	if age == 0 {
+		age = -1 // SweepOptions: 0 is the default, negative is none
+	}
+	res, err := blobstore.Sweep(ctx, blobs, store, blobstore.SweepOptions{MinAge: age, DryRun: *dryRun})
+	if *asJSON {
+		out := struct {
+			Blob   string `json:"blob"`
+			DryRun bool   `json:"dry_run"`
+			blobstore.SweepResult
+			Error string `json:"error,omitempty"`
+		}{Blob: blobs.String(), DryRun: *dryRun, SweepResult: res}
+		if err != nil {
+			out.Error = err.Error()
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if e := enc.Encode(out); e != nil {
+			return e
+		}
+		return err
+	}
+	verb := "deleted"
+	if *dryRun {
+		verb = "would delete"
+	}
+	fmt.Fprintf(stdout, "%s: %d blobs scanned, %d kept, %d too young; %s %d orphans, %d partial writes (%s); %d incomplete uploads aborted; %d foreign names left, %d errors\n",
+		blobs, res.Scanned, res.Kept, res.Young, verb, res.Orphans, res.Partial, sizeString(res.Reclaimed), res.Aborted, res.Foreign, res.Errors)
+	return err
+}
+
+// sizeString writes a byte count for people.
+func sizeString(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// sweepLoop runs blobstore.Sweep every interval until ctx ends, logging
+// each pass and counting in metrics.
+func sweepLoop(ctx context.Context, blobs idem.BlobStore, store idem.Store, interval, minAge time.Duration,
+	metrics *proxyMetrics, logger *slog.Logger) {
+	if minAge == 0 {
+		minAge = -1 // SweepOptions: 0 is the default, negative is none
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		res, err := blobstore.Sweep(ctx, blobs, store, blobstore.SweepOptions{MinAge: minAge})
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return
+		}
+		metrics.sweep(res, err)
+		level := slog.LevelInfo
+		if err != nil || res.Errors > 0 {
+			level = slog.LevelWarn
+		}
+		logger.LogAttrs(ctx, level, "blob sweep", slog.Int("scanned", res.Scanned), slog.Int("kept", res.Kept),
+			slog.Int("young", res.Young), slog.Int("orphans_deleted", res.Orphans), slog.Int("partial_deleted", res.Partial),
+			slog.Int("uploads_aborted", res.Aborted), slog.Int("errors", res.Errors), slog.Int64("bytes_reclaimed", res.Reclaimed),
+			slog.Duration("duration", time.Since(start)), slog.Any("error", err))
+	}
+}
