@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,12 +29,13 @@ import (
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 // Environment of a child server.
 const (
-	envChild    = "IDEM_CRASH_CHILD"     // "redis" or "pg": run a server of that kind
-	envStoreURL = "IDEM_CRASH_STORE_URL" // redis:// or postgres:// URL of the shared store
+	envChild    = "IDEM_CRASH_CHILD"     // "redis", "pg" or "tiered": run a server of that kind
+	envStoreURL = "IDEM_CRASH_STORE_URL" // redis:// or postgres:// URL of the shared store; for tiered, both, separated by a space
 	envLedger   = "IDEM_CRASH_LEDGER"    // base URL of the parent's ledger
 	envInc      = "IDEM_CRASH_INC"       // this incarnation's number
 	envLeaseMS  = "IDEM_CRASH_LEASE_MS"  // lease in milliseconds
@@ -105,10 +107,20 @@ func childMain(kind string) int {
 			return 2
 		}
 		h = mw(http.HandlerFunc(c.serveRedis))
-	case "pg":
+	case "pg", "tiered":
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		cfg, err := pgxpool.ParseConfig(os.Getenv(envStoreURL))
+		pgURL := os.Getenv(envStoreURL)
+		var redisURL string
+		if kind == "tiered" {
+			urls := strings.Fields(pgURL)
+			if len(urls) != 2 {
+				fmt.Fprintln(os.Stderr, "child: want a Redis URL and a PostgreSQL URL")
+				return 2
+			}
+			redisURL, pgURL = urls[0], urls[1]
+		}
+		cfg, err := pgxpool.ParseConfig(pgURL)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 2
@@ -119,7 +131,21 @@ func childMain(kind string) int {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 2
 		}
-		store, err := pgstore.New(ctx, pool, pgstore.Options{})
+		var store idem.Store
+		if kind == "pg" {
+			c.pgs, err = pgstore.New(ctx, pool, pgstore.Options{})
+			store = c.pgs
+		} else {
+			// The tiered store, its background relay quick: a completion whose
+			// process died between COMMIT and the relay is copied to Redis
+			// by the relay of another process.
+			var rs *redisstore.Store
+			if rs, err = redisstore.Open(redisURL, redisstore.Options{}); err == nil {
+				c.ts, err = tieredstore.New(ctx, rs, pool, tieredstore.Options{RelayInterval: 100 * time.Millisecond,
+					RelayDelay: 300 * time.Millisecond, Logger: log})
+				store = c.ts
+			}
+		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 2
@@ -133,7 +159,7 @@ func childMain(kind string) int {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 2
 		}
-		c.pool, c.pgs, c.g = pool, store, g
+		c.pool, c.g = pool, g
 		h = http.HandlerFunc(c.servePG)
 	default:
 		fmt.Fprintf(os.Stderr, "child: unknown kind %q\n", kind)
@@ -162,9 +188,10 @@ type childServer struct {
 	lease  time.Duration
 	wait   time.Duration
 
-	// pg only
+	// pg and tiered only
 	pool *pgxpool.Pool
-	pgs  *pgstore.Store
+	pgs  *pgstore.Store     // pg
+	ts   *tieredstore.Store // tiered
 	g    *idem.Guard
 }
 
@@ -385,7 +412,27 @@ func (c *childServer) servePG(w http.ResponseWriter, r *http.Request) {
 	// the record completed once the commit lands and cancel ctx, the
 	// context the commit runs with (idem.Attempt.StopRenewal).
 	att.StopRenewal()
-	if err := c.pgs.CompleteTx(ctx, tx, lease, resp, time.Hour); err != nil {
+	if c.ts != nil {
+		err = c.ts.CompleteTx(ctx, tx, lease, resp, time.Hour)
+	} else {
+		err = c.pgs.CompleteTx(ctx, tx, lease, resp, time.Hour)
+	}
+	var done *tieredstore.AlreadyCompletedError
+	if errors.As(err, &done) && !done.Mismatch {
+		// Tiered: the key committed already (its completion had not reached
+		// Redis when this lease was granted): roll this run back and answer
+		// with the first commit's response, as a replay.
+		tx.Rollback(context.WithoutCancel(ctx))
+		att.Stop()
+		for name, vs := range done.Response.Header {
+			w.Header()[name] = vs
+		}
+		w.Header().Set(idemhttp.HeaderReplayed, "true")
+		w.WriteHeader(done.Response.Status)
+		w.Write(done.Response.Body)
+		return
+	}
+	if err != nil {
 		fail(http.StatusServiceUnavailable, err)
 		return
 	}
@@ -403,6 +450,12 @@ func (c *childServer) servePG(w http.ResponseWriter, r *http.Request) {
 	if err := c.report(key, lease.Token, "committed", applied, ""); err != nil {
 		fail(http.StatusBadGateway, err)
 		return
+	}
+	if c.ts != nil {
+		// Tiered: the synchronous relay. A kill at "committed" skips it.
+		if err := c.ts.Relay(context.WithoutCancel(r.Context()), lease, resp, time.Hour); err != nil {
+			c.log.Warn("crash child: relay failed", "key", key, "error", err)
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)

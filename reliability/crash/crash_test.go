@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 // Timing of the crash scenarios: a short lease so that a crashed holder's
@@ -82,6 +83,29 @@ func TestCrashPostgres(t *testing.T) {
 	}
 }
 
+// TestCrashTiered is TestCrashPostgres on the tiered store: leases and
+// replays on Redis, the effect row and the completion in one PostgreSQL
+// transaction, the completion relayed to Redis after the commit. A kill
+// after COMMIT also skips the synchronous relay: another process's
+// background relay copies the completion from the outbox, and until then
+// a retry that runs the work again is rolled back at CompleteTx and
+// answered with the first commit. Exactly one effect per key.
+func TestCrashTiered(t *testing.T) {
+	t.Parallel()
+	cases := []crashCase{
+		{"before-effect", "before", "SIGKILL when the handler holds the lease, before its transaction"},
+		{"before-commit", "after", "SIGKILL after the effect row and CompleteTx, before COMMIT"},
+		{"after-commit", "committed", "SIGKILL after COMMIT, before the relay to Redis and the answer"},
+		{"random", "", "SIGKILL of a random server at random moments"},
+	}
+	for _, cc := range cases {
+		t.Run(cc.name, func(t *testing.T) {
+			t.Parallel()
+			runCrash(t, "tiered", cc)
+		})
+	}
+}
+
 // storeEnv is a store for one test: the URL children use, the parent's
 // view of the store, and for pg the pool and the effect rows reader.
 type storeEnv struct {
@@ -104,9 +128,24 @@ func setupStore(t *testing.T, kind string) storeEnv {
 		}
 		t.Cleanup(func() { s.Close() })
 		return storeEnv{url: redisURL(), store: s}
-	case "pg":
+	case "pg", "tiered":
 		pool := pgtest.New(t)
-		s, err := pgstore.New(ctx, pool, pgstore.Options{Migrate: true})
+		var s idem.Store
+		var err error
+		if kind == "pg" {
+			s, err = pgstore.New(ctx, pool, pgstore.Options{Migrate: true})
+		} else {
+			var rs *redisstore.Store
+			if rs, err = redisstore.Open(redisURL(), redisstore.Options{}); err == nil {
+				t.Cleanup(func() { rs.Close() })
+				var ts *tieredstore.Store
+				ts, err = tieredstore.New(ctx, rs, pool, tieredstore.Options{Migrate: true, RelayInterval: -1})
+				if err == nil {
+					t.Cleanup(func() { ts.Close() })
+				}
+				s = ts
+			}
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,6 +157,10 @@ func setupStore(t *testing.T, kind string) storeEnv {
 			t.Fatal(err)
 		}
 		u.Path = "/" + pool.Config().ConnConfig.Database
+		storeURL := u.String()
+		if kind == "tiered" {
+			storeURL = redisURL() + " " + storeURL
+		}
 		effects := func(ctx context.Context) (map[string][]pgEffect, error) {
 			rows, err := pool.Query(ctx, `SELECT key, token, inc FROM crash_effects ORDER BY id`)
 			if err != nil {
@@ -136,7 +179,7 @@ func setupStore(t *testing.T, kind string) storeEnv {
 			}
 			return out, rows.Err()
 		}
-		return storeEnv{url: u.String(), store: s, pool: pool, effects: effects}
+		return storeEnv{url: storeURL, store: s, pool: pool, effects: effects}
 	}
 	t.Fatalf("unknown store %q", kind)
 	return storeEnv{}
@@ -170,7 +213,7 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 	// must not stay in flight past the lease.
 	var abandoned []string
 	if cc.phase == "before" {
-		for i := range reltest.Scale(3, 20) {
+		for i := range reltest.Scale(10, 20) { // several: kills of other keys take some of them down first
 			abandoned = append(abandoned, fmt.Sprintf("%sabandoned-%03d", prefix, i))
 		}
 	}
@@ -299,7 +342,7 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 		}
 		if isAbandoned {
 			n := len(led.acceptedTokens(k))
-			if kind == "pg" {
+			if kind != "redis" {
 				n = len(pgRows[k])
 			}
 			if n != 0 {
@@ -322,7 +365,7 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 
 		// Effects.
 		var effTokens []uint64
-		if kind == "pg" {
+		if kind != "redis" {
 			for _, e := range pgRows[k] {
 				effTokens = append(effTokens, e.token)
 			}
@@ -340,7 +383,7 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 			t.Errorf("key %s: the answer's token %d is not the last effect's %d (effects %v)", k, final, last, effTokens)
 		}
 		dups += len(effTokens) - 1
-		if kind == "pg" && len(effTokens) != 1 {
+		if kind != "redis" && len(effTokens) != 1 {
 			t.Errorf("key %s: %d effect rows (tokens %v), want exactly 1: the effect commits with CompleteTx", k, len(effTokens), effTokens)
 		}
 		effectsOf := func(tok uint64) int {
@@ -379,7 +422,7 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 				if kind == "redis" && (n != 1 || r.token >= final) {
 					t.Errorf("key %s: run killed after its effect: %d effects, token %d, final %d; want 1 effect and a later run with a larger token", k, n, r.token, final)
 				}
-				if kind == "pg" && n != 0 {
+				if kind != "redis" && n != 0 {
 					t.Errorf("key %s: run killed before COMMIT left %d effect rows", k, n)
 				}
 				if r.token < final {
@@ -408,9 +451,9 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 		t.Errorf("%d stale-token writes reached the ledger (refused): holders overlapped", s)
 	}
 
-	storeName := map[string]string{"redis": "redis (single)", "pg": "postgres (CompleteTx)"}[kind]
+	storeName := map[string]string{"redis": "redis (single)", "pg": "postgres (CompleteTx)", "tiered": "tiered: redis (single) + postgres (CompleteTx)"}[kind]
 	expect := "≤1 extra effect per kill after the effect"
-	if kind == "pg" {
+	if kind != "redis" {
 		expect = "exactly 1 effect per key"
 	}
 	reltest.Report(t, reltest.Row{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
@@ -90,7 +91,7 @@ sentinel failover-timeout %s 10000
 			t.Fatal(err)
 		}
 		cmd := exec.Command("redis-server", conf, "--sentinel")
-		cmd.SysProcAttr = sysProcAttr()
+		cmd.SysProcAttr = proctest.SysProcAttr()
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("starting redis-server --sentinel: %v", err)
 		}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 	rdb = redistest.MustStartServer()
 	code := m.Run()
 	rdb.Stop()
-	removeIdemBin()
+	proctest.RemoveIdem()
 	os.Exit(code)
 }
 

@@ -1,78 +1,25 @@
 package hostile
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
-var (
-	idemBinOnce sync.Once
-	idemBin     string
-	idemBinErr  error
-)
-
-// buildIdem builds cmd/idem once per test binary (without -race: the
-// proxy is the system under attack here, not the subject of the race
-// detector) into a temporary directory.
-func buildIdem(t *testing.T) string {
+// peakRSS is the proxy process's VmHWM (peak resident set) in bytes.
+func peakRSS(t *testing.T, p *proctest.Proxy) int64 {
 	t.Helper()
-	idemBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "idem-hostile-")
-		if err != nil {
-			idemBinErr = err
-			return
-		}
-		idemBin = filepath.Join(dir, "idem")
-		out, err := exec.Command("go", "build", "-o", idemBin, "../../cmd/idem").CombinedOutput()
-		if err != nil {
-			idemBinErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, out)
-		}
-	})
-	if idemBinErr != nil {
-		t.Fatal(idemBinErr)
-	}
-	return idemBin
-}
-
-// removeIdemBin deletes the built binary; TestMain calls it.
-func removeIdemBin() {
-	if idemBin != "" {
-		os.RemoveAll(filepath.Dir(idemBin))
-	}
-}
-
-// proxyProc is a running idem proxy.
-type proxyProc struct {
-	cmd  *exec.Cmd
-	addr string
-	mu   sync.Mutex
-	log  strings.Builder
-}
-
-func (p *proxyProc) logText() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
-
-// peakRSS is the process's VmHWM (peak resident set) in bytes.
-func (p *proxyProc) peakRSS(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,67 +32,6 @@ func (p *proxyProc) peakRSS(t *testing.T) int64 {
 	}
 	t.Fatal("no VmHWM in /proc/PID/status")
 	return 0
-}
-
-// startIdemProxy runs `idem proxy` on a free loopback port with args and
-// stops it at the end of the test.
-func startIdemProxy(t *testing.T, args ...string) *proxyProc {
-	t.Helper()
-	all := append([]string{"proxy", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
-	p := &proxyProc{cmd: exec.Command(buildIdem(t), all...)}
-	for _, kv := range os.Environ() { // IDEM_* variables would change the flags
-		if !strings.HasPrefix(kv, "IDEM_") {
-			p.cmd.Env = append(p.cmd.Env, kv)
-		}
-	}
-	p.cmd.SysProcAttr = sysProcAttr()
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan string, 1)
-	exited := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(nil, 4<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			if p.log.Len() < 1<<20 {
-				p.log.Write(sc.Bytes())
-				p.log.WriteByte('\n')
-			}
-			p.mu.Unlock()
-			var rec struct{ Msg, Listen string }
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "idem proxy listening" {
-				select { // never block the log reader
-				case listening <- rec.Listen:
-				default:
-				}
-			}
-		}
-		io.Copy(io.Discard, stderr)
-		p.cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			log := p.logText()
-			t.Logf("idem proxy log (last 4 KiB):\n%s", log[max(0, len(log)-4096):])
-		}
-	})
-	select {
-	case p.addr = <-listening:
-	case <-exited:
-		t.Fatalf("idem proxy exited at start:\n%s", p.logText())
-	case <-time.After(15 * time.Second):
-		t.Fatal("idem proxy did not listen within 15s")
-	}
-	return p
 }
 
 // TestProxyHostile runs the hostile-input scenarios against the `idem
@@ -162,14 +48,14 @@ func TestProxyHostile(t *testing.T) {
 	prefix := fmt.Sprintf("idem:proxy%d:", prefixSeq.Add(1))
 	const readTimeout = 3 * time.Second
 	const headerTimeout = 5 * time.Second // cmd/idem's readHeaderTimeout
-	p := startIdemProxy(t, "--upstream", upstream.URL, "--store", "redis://"+rdb.Addr(), "--prefix", prefix,
+	p := proctest.StartProxy(t, "--upstream", upstream.URL, "--store", "redis://"+rdb.Addr(), "--prefix", prefix,
 		"--read-timeout", readTimeout.String())
-	base := "http://" + p.addr
+	base := "http://" + p.Addr
 	client := newClient(10 * time.Second)
 	if a := mustPost(t, client, base+"/charges", "proxy-warm-up", "{}", nil); a.status != http.StatusCreated {
 		t.Fatalf("warm-up through the proxy: %d %s", a.status, a.body)
 	}
-	rssStart := p.peakRSS(t)
+	rssStart := peakRSS(t, p)
 
 	// Slowloris, with normal traffic meanwhile.
 	n := reltest.Scale(15, 300)
@@ -177,7 +63,7 @@ func TestProxyHostile(t *testing.T) {
 	var tr traffic
 	var wg sync.WaitGroup
 	wg.Go(func() { tr.run(ctx, client, base+"/charges", "proxy") })
-	cuts := attack(p.addr, n, []slowKind{slowHeader, silent, slowBody}, "proxy", 20*time.Second)
+	cuts := attack(p.Addr, n, []slowKind{slowHeader, silent, slowBody}, "proxy", 20*time.Second)
 	cancel()
 	wg.Wait()
 	var notes []string
@@ -231,7 +117,7 @@ func TestProxyHostile(t *testing.T) {
 	errs := map[string]int{}
 	var details []string
 	for _, c := range cases {
-		res := rawExchange(p.addr, c.head, c.body(), 30*time.Second)
+		res := rawExchange(p.Addr, c.head, c.body(), 30*time.Second)
 		if res.err != nil {
 			errs["transport"]++
 			t.Errorf("proxy, %s: %v", c.name, res.err)
@@ -255,7 +141,7 @@ func TestProxyHostile(t *testing.T) {
 			t.Errorf("proxy: key %s after its 413: %d %q, want a first execution", key, a.status, a.body)
 		}
 	}
-	rssEnd := p.peakRSS(t)
+	rssEnd := peakRSS(t, p)
 	if growth := rssEnd - rssStart; growth > 64<<20 {
 		t.Errorf("proxy: peak RSS grew by %s during the attacks", mib(growth))
 	}

@@ -20,10 +20,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 var srv *redistest.Server
@@ -148,6 +150,30 @@ func TestLinearizableRedis(t *testing.T) {
 			w.callTTL = 5 * time.Second
 			w.run(2)
 			result(t, w, "redis (single, "+name+")", "none", newModel(stepper{}))
+		})
+	}
+}
+
+// TestLinearizableTiered checks the tiered store (leases and replays on
+// Redis, completions committed in PostgreSQL and relayed to Redis) against
+// the same model: across both stores, each call takes effect at one
+// moment between its invocation and its return.
+func TestLinearizableTiered(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		name := map[bool]string{false: "lazy", true: "VerifyAcquire"}[verify]
+		label := map[bool]string{false: "tiered: redis (single, rueidis) + postgres", true: "tiered: redis (single, rueidis) + postgres (VerifyAcquire)"}[verify]
+		t.Run(name, func(t *testing.T) {
+			pool := pgtest.New(t)
+			rs := redisStores(t, srv.Addr(), 2*time.Second, true)["rueidis"]
+			store, err := tieredstore.New(t.Context(), rs.(*redisstore.Store), pool, tieredstore.Options{Migrate: true, VerifyAcquire: verify})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { store.Close() })
+			w := newWorkload(t, store, 12, reltest.Scale(150, 1500))
+			w.callTTL = 5 * time.Second
+			w.run(3)
+			result(t, w, label, "none", newModel(stepper{}))
 		})
 	}
 }

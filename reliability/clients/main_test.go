@@ -1,0 +1,61 @@
+package clients
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
+)
+
+// rdb is the private redis-server of the Redis targets; every store gets
+// its own prefix.
+var rdb *redistest.Server
+
+// runID makes the keys of this run unique, so that a key never meets a
+// record or an upstream count of another test.
+var runID = rand.Text()[:8]
+
+func TestMain(m *testing.M) {
+	rdb = redistest.MustStartServer()
+	code := m.Run()
+	rdb.Stop()
+	proctest.RemoveIdem()
+	os.Exit(code)
+}
+
+// prefixSeq makes every Redis prefix unique within the run.
+var prefixSeq atomic.Int64
+
+func newPrefix() string {
+	return fmt.Sprintf("idem:clients%d:%s:", prefixSeq.Add(1), runID)
+}
+
+// outcomes returns "outcome→status" for every request line the proxy p
+// logged for the stored key digest, in order.
+func outcomes(p *proctest.Proxy, digest string) []string {
+	var out []string
+	for line := range strings.Lines(p.LogText()) {
+		var rec struct {
+			Msg, Key, Outcome string
+			Status            int
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "request" && rec.Key == digest {
+			out = append(out, fmt.Sprintf("%s→%d", rec.Outcome, rec.Status))
+		}
+	}
+	return out
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,9 +1,0 @@
-//go:build unix && !linux
-
-package crash
-
-import "syscall"
-
-// sysProcAttr: no parent-death signal outside Linux; the tests' cleanups
-// kill the children.
-func sysProcAttr() *syscall.SysProcAttr { return nil }
