@@ -166,6 +166,8 @@ type statements struct {
 // names are the quoted identifiers of the table and the objects it owns.
 type names struct {
 	table, index, seq string
+	// The same names as SQL string literals, for to_regclass.
+	tableLit, indexLit, seqLit string
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
@@ -189,16 +191,23 @@ func tableNames(table string) (names, error) {
 	name := parts[len(parts)-1]
 	seq := slices.Clone(parts)
 	seq[len(seq)-1] = name + "_token"
+	index := slices.Clone(parts) // to_regclass needs the schema too
+	index[len(index)-1] = name + "_expires_at"
+	lit := func(id pgx.Identifier) string { return "'" + strings.ReplaceAll(id.Sanitize(), "'", "''") + "'" }
 	return names{
-		table: pgx.Identifier(parts).Sanitize(),
-		index: pgx.Identifier{name + "_expires_at"}.Sanitize(),
-		seq:   pgx.Identifier(seq).Sanitize(),
+		table:    pgx.Identifier(parts).Sanitize(),
+		index:    pgx.Identifier{name + "_expires_at"}.Sanitize(),
+		seq:      pgx.Identifier(seq).Sanitize(),
+		tableLit: lit(parts),
+		indexLit: lit(index),
+		seqLit:   lit(seq),
 	}, nil
 }
 
 // fill puts the names into a statement.
 func (n names) fill(sql string) string {
-	return strings.NewReplacer("{table}", n.table, "{index}", n.index, "{seq}", n.seq).Replace(sql)
+	return strings.NewReplacer("{table}", n.table, "{index}", n.index, "{seq}", n.seq,
+		"{table_lit}", n.tableLit, "{index_lit}", n.indexLit, "{seq_lit}", n.seqLit).Replace(sql)
 }
 
 // Migrate creates table (DefaultTable if empty), its expiry index and its
@@ -208,6 +217,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	n, err := tableNames(table)
 	if err != nil {
 		return err
+	}
+	// Nothing to do when everything exists: CREATE INDEX IF NOT EXISTS
+	// would still wait for a SHARE lock, which conflicts with every
+	// transaction writing to the table, and hold up the writers queued
+	// behind it (a rolling deploy would stall the live traffic).
+	var present bool
+	if err := pool.QueryRow(ctx, n.fill(migratedSQL)).Scan(&present); err != nil {
+		return fmt.Errorf("pgstore: migrate %s: %w", n.table, err)
+	}
+	if present {
+		return nil
 	}
 	// No arguments: pgx sends the simple protocol, which runs the
 	// statements in one implicit transaction.

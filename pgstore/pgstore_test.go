@@ -290,6 +290,29 @@ func TestMigrate(t *testing.T) {
 		t.Errorf("expiry indexes: got %d, %v; want 3", n, err)
 	}
 
+	// With everything in place, Migrate takes no lock: it returns while a
+	// writer's transaction is open on the table (CREATE INDEX IF NOT
+	// EXISTS would wait for it, and queue every later writer behind).
+	for _, table := range []string{"", "app.records"} {
+		n := table
+		if n == "" {
+			n = pgstore.DefaultTable
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+n+` IN ROW EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := pgstore.Migrate(mctx, pool, table); err != nil {
+			t.Errorf("Migrate(%q) beside an open writer: %v, want nil at once", table, err)
+		}
+		cancel()
+		tx.Rollback(ctx)
+	}
+
 	for _, bad := range []string{"a-b", "1abc", "a.b.c", `x"; DROP TABLE y; --`, ".t", "t.", "a b", strings.Repeat("x", 49)} {
 		if err := pgstore.Migrate(ctx, pool, bad); err == nil {
 			t.Errorf("Migrate(%q): got nil error, want one", bad)

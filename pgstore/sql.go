@@ -41,6 +41,12 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1;
 `
 
+// migratedSQL reports whether the table, its expiry index and its token
+// sequence all exist.
+const migratedSQL = `
+SELECT to_regclass({table_lit}) IS NOT NULL AND to_regclass({index_lit}) IS NOT NULL
+	AND to_regclass({seq_lit}) IS NOT NULL`
+
 // acquireSQL takes the key or reports why not.
 //
 // $1 namespace, $2 key, $3 fingerprint, $4 lease id, $5 lease TTL.
