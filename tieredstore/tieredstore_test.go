@@ -144,3 +144,24 @@ func TestConformance(t *testing.T) {
 // beginner hides the pool's type from BeginFunc, which then takes its
 // general path (COMMIT sent on its own, after the completion).
 type beginner struct{ *pgxpool.Pool }
+
+// With the table and its indexes in place, Migrate takes no lock: it
+// returns while a writer's transaction is open on the table, where CREATE
+// INDEX IF NOT EXISTS would wait for it and queue later writers behind.
+func TestMigrateBesideWriter(t *testing.T) {
+	pool := newPool(t, 4)
+	ctx := t.Context()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+tieredstore.DefaultTable+` IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := tieredstore.Migrate(mctx, pool, ""); err != nil {
+		t.Errorf("Migrate beside an open writer: %v, want nil at once", err)
+	}
+}
