@@ -30,15 +30,15 @@ type SweepOptions struct {
 
 // SweepResult counts what a sweep saw and did.
 type SweepResult struct {
-	Scanned   int // blobs listed under idem.BlobPrefix
-	Kept      int // referenced by a completed record, or written by an attempt still in flight
-	Young     int // spared by MinAge
-	Orphans   int // deleted: their attempt crashed, was released or lost its lease, or their record expired or was purged
-	Partial   int // deleted: temporary files of writes cut short
-	Aborted   int // incomplete S3 multipart uploads aborted
-	Foreign   int // names idem does not write: left alone
-	Errors    int // blobs whose record could not be read, or that could not be deleted: left for the next sweep
-	Reclaimed int64
+	Scanned   int   `json:"scanned"`   // blobs listed under idem.BlobPrefix
+	Kept      int   `json:"kept"`      // referenced by a completed record, or written by an attempt still in flight
+	Young     int   `json:"young"`     // spared by MinAge
+	Orphans   int   `json:"orphans"`   // deleted: their attempt crashed, was released or lost its lease, or their record expired or was purged
+	Partial   int   `json:"partial"`   // deleted: temporary files of writes cut short
+	Aborted   int   `json:"aborted"`   // incomplete S3 multipart uploads aborted
+	Foreign   int   `json:"foreign"`   // names idem does not write: left alone
+	Errors    int   `json:"errors"`    // blobs whose record could not be read, or that could not be deleted: left for the next sweep
+	Reclaimed int64 `json:"reclaimed"` // bytes deleted
 }
 
 // Sweep deletes the blobs of blobs (under idem.BlobPrefix) that no record

@@ -23,11 +23,14 @@ func init() {
 	}
 }
 
-// blobFlagHelp documents the --blob flag.
-const blobFlagHelp = `blob store for response bodies larger than --max-response (off when empty): ` +
-	`s3://BUCKET?region=R (AWS; credentials from the environment as AWS tooling finds them), ` +
-	`s3://[ACCESS_KEY:SECRET@]BUCKET?endpoint=http://HOST:PORT&region=R&use_path_style=true (S3-compatible), ` +
-	`file:///DIR, or mem:// (this process's memory); any form takes prefix=P`
+// blobURLHelp documents the forms of a blob store URL; blobFlagHelp is
+// the proxy's and demo's --blob flag.
+const (
+	blobURLHelp = `s3://BUCKET?region=R (AWS; credentials from the environment as AWS tooling finds them), ` +
+		`s3://[ACCESS_KEY:SECRET@]BUCKET?endpoint=http://HOST:PORT&region=R&use_path_style=true (S3-compatible), ` +
+		`file:///DIR, or mem:// (this process's memory); any form may take prefix=P (optional)`
+	blobFlagHelp = `blob store for response bodies larger than --max-response (off when empty): ` + blobURLHelp
+)
 
 // openBlobs opens the blob store a --blob value names. Errors never show
 // the URL's password.
@@ -69,9 +72,9 @@ flags:
 
 func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("idem gc", flag.ContinueOnError)
-	storeSpec := fs.String("store", "memory", storeFlagHelp)
+	storeSpec := fs.String("store", "", "the record store the proxies use (required): "+storeFlagHelp)
 	prefix := fs.String("prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records")
-	blobSpec := fs.String("blob", "", blobFlagHelp+" (required)")
+	blobSpec := fs.String("blob", "", "the blob store to sweep (required): "+blobURLHelp)
 	minAge := fs.Duration("min-age", blobstore.DefaultMinAge, "leave blobs younger than this (0: none)")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -88,9 +91,11 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *minAge < 0 {
 		return usageError{fmt.Sprintf("--min-age %v: must not be negative", *minAge)}
 	}
+	// A new, empty store would make every blob look like an orphan: the
+	// sweep would delete the bodies of live records.
 	if *storeSpec == "" || *storeSpec == "memory" {
-		fmt.Fprintln(stderr, "idem gc: note: --store memory is a new, empty store in this process: every blob looks like an orphan; "+
-			"give the store the proxies use (--store redis://… or postgres://…)")
+		return usageError{"--store is required: the store whose records refer to the blobs (redis://… or postgres://…); " +
+			"a memory store is empty in this process, so every blob would look like an orphan and be deleted"}
 	}
 	blobs, err := openBlobs(ctx, *blobSpec)
 	if err != nil {

@@ -59,9 +59,12 @@ const inspectSelectUsage = `
 Which record: --key with its scope (as idem.Scope{Tenant, Method, Route}.Key
 derives it), or --stored-key, the 22-character form in idem's logs and in
 the Redis key name idem:{…}. For idemhttp's middleware and the proxy, the
-method is the HTTP method, the route the ServeMux pattern that matched
-(such as "POST /charges") or else the path, and the tenant is empty when
-the request had no Authorization header.
+method is the HTTP method; the route is the ServeMux pattern that matched
+(such as "POST /charges") in a middleware on a ServeMux, and for the proxy
+its --config route's match, or else the path (a proxy without --config:
+--route /charges). The tenant is empty when the request had no
+Authorization header; otherwise it is a digest of that header: take the
+stored key from the proxy's log line (key=…) and use --stored-key.
 
 STORE is Redis or PostgreSQL: --store memory (the default) is an empty
 store private to this process, so it never holds a record.

@@ -48,9 +48,13 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr)
 		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" { // asked for: not an error
+		usage(stdout)
+		return 0
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {

@@ -851,6 +851,9 @@ func TestProxyBlobUsage(t *testing.T) {
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--blob-sweep", "1m"}, "--blob-sweep needs --blob"},
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--blob", "s3://k:topsecret@b?use_path_style=perhaps"}, "use_path_style"},
 		{[]string{"gc", "--store", "memory"}, "--blob is required"},
+		// Without the proxies' store every blob would look like an orphan.
+		{[]string{"gc", "--blob", "mem://"}, "--store is required"},
+		{[]string{"gc", "--store", "memory", "--blob", "mem://"}, "--store is required"},
 	} {
 		code, out := runIdemOut(t, tc.args...)
 		if code != 2 || !strings.Contains(out, tc.want) || strings.Contains(out, "topsecret") {

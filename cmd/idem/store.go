@@ -36,6 +36,9 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 	if hostPort.MatchString(spec) { // localhost:6379: no scheme
 		return nil, nil, usageError{fmt.Sprintf("--store %s: want a URL; for Redis: redis://%s", spec, spec)}
 	}
+	if spec == "mem" || spec == "memstore" || spec == "mem://" || spec == "memory://" {
+		return nil, nil, usageError{fmt.Sprintf("--store %s: the in-process store is written memory", spec)}
+	}
 	// Errors never repeat spec otherwise: it may hold a password.
 	u, err := url.Parse(spec)
 	if err != nil {
