@@ -59,8 +59,8 @@
 //   - Work whose holder crashes, or loses its lease, before Complete may run
 //     again after the lease ends: that is at-least-once with fencing, not
 //     exactly-once. Only an effect committed in the same transaction as the
-//     completion (pgstore.CompleteTx) is exactly-once; any other effect
-//     should check the fencing token.
+//     completion (pgstore.CompleteTx, tieredstore.CompleteTx) is
+//     exactly-once; any other effect should check the fencing token.
 //   - Redis replicates asynchronously: a failover can lose a record written
 //     just before it, and the operation may then run again.
 //   - After retention ends, the key is new again.

@@ -114,7 +114,8 @@ func Example() {
 		fmt.Println("in flight; retry after", inFlight.RetryAfter)
 	case errors.Is(err, idem.ErrMismatch): // the key was used with another request
 		fmt.Println("mismatch")
-	default: // *idem.StoreError: the store failed and the work did not run
+	default: // fn's own error (the key was released), a *idem.StoreError before fn ran,
+		// or an error beside res.Response after fn ran: see Guard.Do
 		log.Fatal(err)
 	}
 

@@ -27,7 +27,7 @@ func createCharge(w http.ResponseWriter, r *http.Request) {
 func ExampleMiddleware_server() {
 	store, err := redisstore.Open("redis://localhost:6379", redisstore.Options{}) // or memstore.New(memstore.Options{})
 	if err != nil {
-		log.Fatal(err) // a malformed URL; Redis itself is reached on the first call
+		log.Fatal(err) // a malformed URL, or Redis unreachable: Open dials at once
 	}
 	defer store.Close()
 	mux := http.NewServeMux()

@@ -65,7 +65,7 @@
 //     at-least-once with fencing, not exactly-once: have the system of
 //     record refuse a fencing token lower than the last one it accepted.
 //     (Committing the effect in the same transaction as the completion,
-//     pgstore.CompleteTx, is exactly-once; Handle does not offer it: use
+//     pgstore.CompleteTx or tieredstore.CompleteTx, is exactly-once; Handle does not offer it: use
 //     idem.Guard.Begin for that.)
 //   - A consumer that crashes after the result is recorded but before the
 //     ack causes a redelivery, which is answered Duplicate and acked.

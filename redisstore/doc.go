@@ -44,8 +44,8 @@
 // its replica was promoted (Sentinel demotes the old primary only seconds
 // later, and clients keep writing to it until they hear of the switch)
 // fails its WAIT instead of succeeding and then vanishing. The tests in
-// reliability/failover measure it: under SENTINEL FAILOVER, hundreds of
-// acknowledged completions were lost without WAIT, none with
+// reliability/failover measure it: under SENTINEL FAILOVER, about a
+// thousand or more acknowledged completions were lost without WAIT, none with
 // WaitReplicas 1. (A manual CLUSTER FAILOVER without FORCE loses nothing
 // either way: the primary holds writes until the replica has caught up.)
 // What remains: WAIT is not

@@ -1,8 +1,9 @@
 // Package tieredstore is an idem.Store with Redis for speed and PostgreSQL
-// for truth: the transactional outbox of seed 001. Leases, in-flight
-// answers and replays are on Redis (a redisstore.Store); a completion
-// commits in PostgreSQL, in the caller's own transaction when it uses
-// CompleteTx or BeginFunc, and is then copied ("relayed") to Redis.
+// for truth: a completion table that is also a transactional outbox.
+// Leases, in-flight answers and replays are on Redis (a
+// redisstore.Store); a completion commits in PostgreSQL, in the caller's
+// own transaction when it uses CompleteTx or BeginFunc, and is then copied
+// ("relayed") to Redis.
 //
 // # The invariant
 //

@@ -3,8 +3,8 @@
 // load, with a ledger table in the same PostgreSQL database as the
 // completions: one ledger row per committed effect, written in the same
 // transaction as the completion (BeginFunc). The faults: a Redis FLUSHALL,
-// a Redis restart without persistence, Redis paused, and the relay to
-// Redis down while commits go on. For each it reports a row with
+// a Redis restart without persistence, Redis paused, a Sentinel failover
+// without WAIT, and the relay to Redis down while commits go on. For each it reports a row with
 // reltest.Report, and the same load on the plain Redis store (the effect
 // committed to PostgreSQL, then Complete on Redis) under the same fault,
 // for comparison.
