@@ -419,6 +419,8 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 		"http://127.0.0.1:6379",               // not Redis
 		"redis://:secret@127.0.0.1:1#section", // fragment
 		"redis://:secret@127.0.0.1:%zz",       // does not parse
+		"redis://:secret@127.0.0.1:1?addr=",   // an empty address
+		"redis://127.0.0.1:1?master_set=",     // an empty master set
 	} {
 		_, err := redisstore.Open(u, redisstore.Options{})
 		if !errors.Is(err, redisstore.ErrBadURL) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	neturl "net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -201,9 +202,12 @@ func checkURL(raw string) error {
 	if u.Fragment != "" {
 		return bad("a #fragment means nothing here")
 	}
-	for name := range u.Query() {
+	for name, values := range u.Query() {
 		if !urlParams[name] {
 			return bad(fmt.Sprintf("unknown query parameter %q", name))
+		}
+		if slices.Contains(values, "") {
+			return bad(fmt.Sprintf("query parameter %q without a value", name))
 		}
 	}
 	return nil
