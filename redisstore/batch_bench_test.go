@@ -1,15 +1,12 @@
 package redisstore_test
 
 import (
-	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -48,34 +45,21 @@ func BenchmarkAcquireCompleteBatch(b *testing.B) {
 					}
 					b.Cleanup(func() { s.Close() })
 				}
-				cpu0 := redisCPU(b, info)
+				cpu0, err := redistest.CPUTime(b.Context(), info)
+				if err != nil {
+					b.Fatal(err)
+				}
 				if size == 1 {
 					storetest.BenchmarkPairs(b, s, 64)
 				} else {
 					storetest.BenchmarkBatchPairs(b, s, 64, size)
 				}
-				b.ReportMetric(float64((redisCPU(b, info)-cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/pair")
+				cpu1, err := redistest.CPUTime(b.Context(), info)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/pair")
 			})
 		}
 	}
-}
-
-// redisCPU returns the redis-server's CPU time so far, user and system.
-func redisCPU(b *testing.B, c *redis.Client) time.Duration {
-	out, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for line := range strings.Lines(out) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
-			f, err := strconv.ParseFloat(val, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
 }

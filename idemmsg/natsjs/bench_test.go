@@ -3,8 +3,6 @@ package natsjs
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -118,26 +116,6 @@ func BenchmarkConsume(b *testing.B) {
 	}
 }
 
-// redisCPU returns the redis-server's CPU time so far, user and system.
-func redisCPU(b *testing.B, c *redis.Client) time.Duration {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for line := range strings.Lines(info) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
-			f, err := strconv.ParseFloat(val, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
-}
-
 // benchTarget is one iteration's stream and durable, already filled.
 type benchTarget struct {
 	shape   benchShape
@@ -172,7 +150,10 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		stopped := make(chan struct{})
 		var cpu0 time.Duration
 		if t.redis != nil {
-			cpu0 = redisCPU(b, t.redis)
+			var err error
+			if cpu0, err = redistest.CPUTime(ctx, t.redis); err != nil {
+				b.Fatal(err)
+			}
 		}
 		start := time.Now()
 		b.StartTimer()
@@ -186,7 +167,11 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		b.StopTimer()
 		elapsed += time.Since(start)
 		if t.redis != nil {
-			cpu += redisCPU(b, t.redis) - cpu0
+			cpu1, err := redistest.CPUTime(ctx, t.redis)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cpu += cpu1 - cpu0
 		}
 
 		msgtest.WaitFor(b, "every message acknowledged", benchStop, func() bool {

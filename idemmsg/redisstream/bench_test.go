@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -91,26 +91,6 @@ func BenchmarkConsume(b *testing.B) {
 	}
 }
 
-// redisCPU returns the redis-server's CPU time so far, user and system.
-func redisCPU(b *testing.B, c *redis.Client) time.Duration {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for line := range strings.Lines(info) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
-			f, err := strconv.ParseFloat(val, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
-}
-
 // benchTarget is one iteration's stream and group, already filled.
 type benchTarget struct {
 	shape         benchShape
@@ -147,7 +127,10 @@ func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFu
 
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan struct{})
-		cpu0 := redisCPU(b, c)
+		cpu0, err := redistest.CPUTime(ctx, c)
+		if err != nil {
+			b.Fatal(err)
+		}
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx) }()
@@ -159,7 +142,11 @@ func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFu
 		}
 		b.StopTimer()
 		elapsed += time.Since(start)
-		cpu += redisCPU(b, c) - cpu0
+		cpu1, err := redistest.CPUTime(ctx, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cpu += cpu1 - cpu0
 
 		msgtest.WaitFor(b, "every entry acknowledged", benchStop, func() bool {
 			p, err := c.XPending(context.Background(), t.stream, t.group).Result()

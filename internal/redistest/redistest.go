@@ -16,8 +16,15 @@
 //		os.Exit(code)
 //	}
 //
-// Only the standard library is used: [Server.Do] speaks just enough RESP2 to
-// send commands such as INFO, CONFIG SET or FLUSHALL.
+// A test that fails a Sentinel deployment over starts its own
+// [SentinelSet] (a primary, a replica, three sentinels) and stops it when
+// it ends.
+//
+// Servers and clusters need only the standard library: [Server.Do] speaks
+// just enough RESP2 to send commands such as INFO, CONFIG SET or FLUSHALL.
+// The Sentinel set and [CPUTime] use go-redis, a dependency of the module
+// anyway. The package does not import testing: cmd/idem (idem bench) imports
+// it.
 package redistest
 
 import (
