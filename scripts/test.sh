@@ -2,13 +2,13 @@
 # Runs every test of the module under the race detector.
 #
 # The tests start their own private redis-server processes (a single node
-# and a 3-primary cluster with replicas), nats-server and nginx processes on
-# free loopback ports; they never use a server that happens to be running.
-# This script installs redis-server, redis-tools, nats-server, nginx,
-# python3-requests, nodejs and curl with apt-get when they are missing,
-# builds versitygw (an S3-compatible server) with go install when it is
-# missing, and starts (or installs) PostgreSQL and RabbitMQ, so it works on
-# a fresh Debian machine.
+# and a 3-primary cluster with replicas), nats-server, nginx and haproxy
+# processes on free loopback ports; they never use a server that happens to
+# be running. This script installs redis-server, redis-tools, nats-server,
+# nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
+# apt-get when they are missing, builds versitygw (an S3-compatible server)
+# with go install when it is missing, and starts (or installs) PostgreSQL
+# and RabbitMQ, so it works on a fresh Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,13 +17,16 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
 # The real-client suite (reliability/clients): Debian's Python with
-# requests, Node.js, curl, and nginx as a retrying load balancer (the suite
-# runs a private nginx on a free loopback port; the package's own service
-# is not needed).
+# requests and grpcio, Node.js, curl, and nginx and HAProxy as retrying
+# load balancers (the suite runs a private nginx and private haproxy
+# processes on free loopback ports; the packages' own services are not
+# needed).
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import requests' >/dev/null 2>&1 || missing+=(python3-requests)
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || missing+=(python3-grpcio)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 if ((${#missing[@]})); then
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"

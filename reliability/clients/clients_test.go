@@ -91,6 +91,11 @@ func toolPath(t *testing.T, tool string) string {
 		if out, perr := exec.Command(path, "-c", "import requests, urllib3").CombinedOutput(); perr != nil {
 			err = fmt.Errorf("got /usr/bin/python3 failing to import requests (%v: %s), want Debian's python3-requests installed (apt-get install python3-requests)", perr, bytes.TrimSpace(out))
 		}
+	case "python-grpc": // Debian's python3-grpcio (with python3-protobuf's well-known types)
+		path = "/usr/bin/python3"
+		if out, perr := exec.Command(path, "-c", "import grpc; from google.protobuf import wrappers_pb2").CombinedOutput(); perr != nil {
+			err = fmt.Errorf("got /usr/bin/python3 failing to import grpc (%v: %s), want Debian's python3-grpcio installed (apt-get install python3-grpcio)", perr, bytes.TrimSpace(out))
+		}
 	case "node":
 		if path, err = exec.LookPath("node"); err != nil {
 			err = fmt.Errorf("got no node on PATH, want Debian's nodejs installed (apt-get install nodejs)")
@@ -104,6 +109,13 @@ func toolPath(t *testing.T, tool string) string {
 			path = "/usr/sbin/nginx" // not on a non-root PATH
 			if _, err = os.Stat(path); err != nil {
 				err = fmt.Errorf("got no nginx on PATH nor in /usr/sbin, want Debian's nginx-light installed (apt-get install nginx-light)")
+			}
+		}
+	case "haproxy":
+		if path, err = exec.LookPath("haproxy"); err != nil {
+			path = "/usr/sbin/haproxy" // not on a non-root PATH
+			if _, err = os.Stat(path); err != nil {
+				err = fmt.Errorf("got no haproxy on PATH nor in /usr/sbin, want Debian's haproxy installed (apt-get install haproxy)")
 			}
 		}
 	default:

@@ -51,6 +51,9 @@ type ledger struct {
 	calls   int      // requests that reached the handler
 	effects []string // the 201 body of each effect, in order
 	running int      // handlers still running
+	// via is the X-Idem-Instance header of each call: the idem proxy a
+	// load balancer sent it to (HAProxy's http-send-name-header).
+	via []string
 }
 
 func startUpstream(t *testing.T) *upstream {
@@ -90,6 +93,7 @@ func (u *upstream) call(r *http.Request) int {
 	l := u.ledger(r.Header.Get(idemhttp.HeaderKey))
 	l.calls++
 	l.running++
+	l.via = append(l.via, r.Header.Get(headerInstance))
 	return l.calls
 }
 
@@ -126,6 +130,7 @@ func (u *upstream) snapshot(key string) ledger {
 	defer u.mu.Unlock()
 	l := *u.ledger(key)
 	l.effects = append([]string(nil), l.effects...)
+	l.via = append([]string(nil), l.via...)
 	return l
 }
 
