@@ -6,7 +6,14 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"time"
 )
+
+// writePiece is the largest piece of a handler's write that goes to the
+// client under one write deadline (ClientWriteTimeout): a client must take
+// at least this much in each ClientWriteTimeout. 32 KiB is what
+// httputil.ReverseProxy writes at a time.
+const writePiece = 32 << 10
 
 // capture passes a handler's response through to the client as it is
 // written and keeps a copy for the store: the final status, the header
@@ -21,8 +28,17 @@ import (
 // reports every write as a success. So the handler (or ReverseProxy, which
 // aborts on a write error) runs to its end and its response is stored for
 // the client's retry.
+//
+// A client that stops reading without leaving (its receive window full)
+// would block the handler at its write for as long as it keeps the
+// connection open, and the key with it. With a write timeout, each write
+// to the client (in pieces of at most writePiece bytes) and each flush
+// runs under a write deadline that is lifted again once it returns: a
+// write the client does not take within the timeout fails, and the client
+// is gone like one that disconnected.
 type capture struct {
 	w   http.ResponseWriter
+	rc  http.ResponseController // for w: deadlines, flushes, hijacks
 	max int
 	// before is the header as it was when the handler started: headers
 	// that outer middleware set for this request are not the handler's
@@ -39,14 +55,71 @@ type capture struct {
 	spill    *spill // the blob the body goes to, once it outgrew max
 	hijacked bool   // the handler took the connection: nothing to store
 	gone     error  // the first failed write to the client: it left
+	// writeTimeout, when positive, bounds each write to the client (see
+	// above); writeLimit is the server's own write deadline
+	// (http.Server.WriteTimeout), which is never extended: zero for none.
+	// noDeadline: the ResponseWriter does not take write deadlines.
+	writeTimeout time.Duration
+	writeLimit   time.Time
+	noDeadline   bool
 }
 
 func newCapture(w http.ResponseWriter, max int) *capture {
-	c := &capture{w: w, max: max}
+	c := &capture{w: w, rc: *http.NewResponseController(w), max: max}
 	if h := w.Header(); len(h) > 0 {
 		c.before = h.Clone()
 	}
 	return c
+}
+
+// bounded reports whether writes to the client run under a deadline.
+func (c *capture) bounded() bool {
+	return c.writeTimeout > 0 && !c.noDeadline && !c.hijacked && c.gone == nil
+}
+
+// arm sets the deadline of a write to the client that starts now.
+func (c *capture) arm() {
+	if !c.bounded() {
+		return
+	}
+	d := time.Now().Add(c.writeTimeout)
+	if !c.writeLimit.IsZero() && c.writeLimit.Before(d) {
+		d = c.writeLimit
+	}
+	c.setDeadline(d)
+}
+
+// disarm lifts the deadline once a write returned: a handler that works
+// between two writes is not a client that stopped reading. The server's
+// own deadline, if any, stays.
+func (c *capture) disarm() {
+	if c.bounded() {
+		c.setDeadline(c.writeLimit)
+	}
+}
+
+func (c *capture) setDeadline(d time.Time) {
+	if err := c.rc.SetWriteDeadline(d); errors.Is(err, http.ErrNotSupported) {
+		c.noDeadline = true // writes stay unbounded, as without a timeout
+	}
+}
+
+// send writes p to the client; with a write timeout, in pieces of at most
+// writePiece bytes, each under its own deadline.
+func (c *capture) send(p []byte) (int, error) {
+	if !c.bounded() {
+		return c.w.Write(p)
+	}
+	n := 0
+	for {
+		c.arm()
+		m, err := c.w.Write(p[n:min(len(p), n+writePiece)])
+		c.disarm()
+		n += m
+		if err != nil || n >= len(p) {
+			return n, err
+		}
+	}
 }
 
 func (c *capture) Header() http.Header { return c.w.Header() }
@@ -56,7 +129,9 @@ func (c *capture) WriteHeader(code int) {
 		return // a second WriteHeader changes nothing, as in net/http
 	}
 	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		c.arm()               // net/http sends it at once
 		c.w.WriteHeader(code) // informational: not the final status
+		c.disarm()
 		return
 	}
 	c.w.WriteHeader(code) // panics on an invalid code, before we record it
@@ -71,10 +146,12 @@ func (c *capture) Write(p []byte) (int, error) {
 	n := len(p)
 	if c.gone == nil {
 		var err error
-		n, err = c.w.Write(p)
+		n, err = c.send(p)
 		if err != nil {
 			if handlerError(err) {
-				return n, err // the handler's own mistake: nothing more was taken
+				// The handler's own mistake: nothing more was taken.
+				c.keep(p[:n])
+				return n, err
 			}
 			c.gone, n = err, len(p)
 			if !bodyAllowed(c.status) {
@@ -84,6 +161,13 @@ func (c *capture) Write(p []byte) (int, error) {
 	}
 	// Keep what net/http took (none for 204, 304, HEAD), or, once the
 	// client is gone, what it would have taken.
+	c.keep(p[:n])
+	return n, nil
+}
+
+// keep adds p, written by the handler, to the copy.
+func (c *capture) keep(p []byte) {
+	n := len(p)
 	if !c.overflow && n > 0 {
 		switch {
 		case c.spill != nil:
@@ -104,7 +188,6 @@ func (c *capture) Write(p []byte) (int, error) {
 			c.body = nil
 		}
 	}
-	return n, nil
 }
 
 // handlerError reports whether err, from a write to the client, is about
@@ -125,7 +208,10 @@ func (c *capture) FlushError() error {
 	if c.gone != nil {
 		return nil
 	}
-	if err := http.NewResponseController(c.w).Flush(); err != nil {
+	c.arm()
+	err := c.rc.Flush()
+	c.disarm()
+	if err != nil {
 		if errors.Is(err, http.ErrNotSupported) {
 			return err
 		}
@@ -159,7 +245,7 @@ func bodyAllowed(status int) bool {
 // Hijack hands the connection to the handler. Such a response cannot be
 // captured, so the key is released afterwards.
 func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, rw, err := http.NewResponseController(c.w).Hijack()
+	conn, rw, err := c.rc.Hijack()
 	if err == nil {
 		c.hijacked = true
 	}

@@ -25,8 +25,9 @@
 //	handler panics, or ShouldStore   the key is released: a retry runs the handler
 //	says no (default: 5xx, 408,      again (a panic is passed on)
 //	409, 425, 429)
-//	client leaves after the acquire  the handler runs to its end and its response is
-//	                                 stored; the retry gets 409 (or waits), then the replay
+//	client leaves after the acquire, the handler runs to its end and its response is
+//	or stops reading for             stored; the retry gets 409 (or waits), then the replay
+//	ClientWriteTimeout
 //
 // Error answers are RFC 9457 application/problem+json with a stable type
 // (the Problem* constants); Config.ErrorHandler can write them otherwise.
@@ -66,6 +67,14 @@
 //     client and keeps capturing; the handler sees no write error (so
 //     httputil.ReverseProxy does not abort), and the whole response is
 //     stored for the retry;
+//   - by no longer reading, its connection open (its receive window
+//     full): once a write to it has not been taken for
+//     Config.ClientWriteTimeout (30s), it is gone as above, instead of
+//     holding the handler at its write, and the key in flight, for as
+//     long as it keeps the connection. Each write goes out in pieces of
+//     32 KiB under a write deadline that is lifted between writes, so a
+//     handler that pauses between writes is not affected, and an
+//     http.Server.WriteTimeout is never extended;
 //   - after completion: nothing changes.
 //
 // The handler's context is cancelled only when the lease is lost (cause

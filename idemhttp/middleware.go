@@ -24,8 +24,9 @@ import (
 
 // Defaults for Config's zero fields.
 const (
-	DefaultMaxBodySize     = 1 << 20
-	DefaultMaxResponseSize = idem.DefaultMaxResponseSize
+	DefaultMaxBodySize        = 1 << 20
+	DefaultMaxResponseSize    = idem.DefaultMaxResponseSize
+	DefaultClientWriteTimeout = 30 * time.Second
 )
 
 // HeaderBodyOmitted is set to "true" on a replay whose body was larger than
@@ -127,6 +128,30 @@ type Config struct {
 	// the key and runs to its end whatever the client does.
 	CancelOnDisconnect bool
 
+	// ClientWriteTimeout bounds how long a write to the client may wait
+	// for the client to take it, while a handler runs under a lease. A
+	// client that stops reading without disconnecting (its receive window
+	// full) would otherwise hold the handler at its write, and so the key
+	// in flight, for as long as it keeps the connection open. Past the
+	// timeout it is gone, as if it had disconnected: the middleware stops
+	// writing to it, the handler runs to its end without seeing an error,
+	// and its response is stored for the retry.
+	//
+	// Each write is sent in pieces of at most 32 KiB, each under a write
+	// deadline (http.ResponseController.SetWriteDeadline) that is lifted
+	// once it returns, and so is each Flush: a client must take 32 KiB per
+	// ClientWriteTimeout, and a handler that pauses between writes is not
+	// affected. http.Server.WriteTimeout still applies (counted from when
+	// the middleware got the request) and is not extended.
+	// It needs a ResponseWriter that takes write deadlines (net/http's, on
+	// HTTP/1 and HTTP/2, and wrappers with an Unwrap method); through
+	// others, writes are unbounded. Requests without a key, replays and the
+	// middleware's own answers are not affected, nor are the bytes net/http
+	// still holds when the handler has returned (at most a few KiB; the
+	// response is stored by then). Default DefaultClientWriteTimeout (30s);
+	// negative: no bound.
+	ClientWriteTimeout time.Duration
+
 	// FailOpen runs the handler without idempotency when the store fails.
 	// Default false: the request gets 503 and the handler does not run.
 	FailOpen bool
@@ -145,8 +170,10 @@ type Config struct {
 	Logger *slog.Logger
 
 	// OnOutcome, when set, is called once for every request of a covered
-	// method with what the middleware did with it (for metrics). It must
-	// not block.
+	// method with what the middleware did with it (for metrics); for a
+	// request that ran the handler (OutcomeExecuted, OutcomeReleased),
+	// once the handler has returned and the key was completed or
+	// released. It must not block.
 	OnOutcome func(r *http.Request, o Outcome)
 
 	// OnRenew: see idem.Config.
@@ -168,13 +195,18 @@ type Outcome string
 
 const (
 	OutcomePassedThrough Outcome = "passed_through" // no key, none required: handler ran unprotected
-	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease
+	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease; its response was stored (a failure to store it is logged)
 	OutcomeReplayed      Outcome = "replayed"       // the stored response was replayed
 	OutcomeConflict      Outcome = "conflict"       // 409: in flight (after the wait, if any)
 	OutcomeMismatch      Outcome = "mismatch"       // 422
 	OutcomeRejected      Outcome = "rejected"       // 400 or 413: key missing or invalid, body too large or unreadable
 	OutcomeStoreError    Outcome = "store_error"    // the store failed: 503, or the handler ran unprotected (FailOpen)
 	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
+	// OutcomeReleased: the handler ran under a lease, and the key was
+	// released rather than completed: ShouldStore refused its status (by
+	// default a 5xx, 408, 409, 425 or 429), it panicked, or it hijacked
+	// the connection. A retry runs the handler again.
+	OutcomeReleased Outcome = "released"
 	// OutcomeReplayFailed: the key is completed but its stored body could
 	// not be read from the blob store: 503 (or an aborted response, when
 	// the blob broke off after the header was sent); nothing ran.
@@ -258,6 +290,9 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.MaxResponseSize == 0 {
 		cfg.MaxResponseSize = DefaultMaxResponseSize
 	}
+	if cfg.ClientWriteTimeout == 0 {
+		cfg.ClientWriteTimeout = DefaultClientWriteTimeout
+	}
 	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew,
 		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
 	if err != nil {
@@ -329,6 +364,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		start := time.Now()
 		clientKey, err := ParseKey(r.Header)
 		switch {
 		case errors.Is(err, errKeyMissing):
@@ -353,7 +389,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 		}
 		// ParseKey validated the key, so Key cannot fail.
 		key, _ := idem.Scope{Tenant: m.cfg.Tenant(r), Method: r.Method, Route: route(r)}.Key(clientKey)
-		m.serve(w, r, next, key, m.cfg.Fingerprint(r, body), body)
+		m.serve(w, r, next, key, m.cfg.Fingerprint(r, body), body, start)
 	})
 }
 
@@ -411,8 +447,9 @@ func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 }
 
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
-// 503; with Config.Wait, an in-flight key is waited for first.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint, body []byte) {
+// 503; with Config.Wait, an in-flight key is waited for first. start is
+// when the middleware got the request.
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint, body []byte, start time.Time) {
 	deadline := time.Now().Add(m.cfg.Wait)
 	pause := waiters.FirstPause
 	// The work's context keeps the request's values, not its cancellation:
@@ -468,8 +505,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 					toBlob = false
 				}
 			}
-			m.cfg.OnOutcome(r, OutcomeExecuted)
-			m.execute(w, r, body, next, att, toBlob)
+			m.execute(w, r, body, next, att, toBlob, start)
 		case idem.Replay:
 			if acq.Response.Blob != nil {
 				m.replayBlob(w, r, acq.Response)
@@ -540,13 +576,22 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 // execute runs the handler under the lease, with the attempt's context and
 // the body read for the fingerprint, then stores its response or releases
 // the key according to ShouldStore. A panic releases the key and goes on.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, toBlob bool) {
+// It reports the outcome once the handler has returned: executed, or
+// released.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, toBlob bool, start time.Time) {
 	key := att.Lease().Key
 	ctx, stop := m.workContext(att.Context())
 	defer stop()
+	outer := r
 	r = withBody(r, ctx, body)
 	finish := context.WithoutCancel(ctx)
 	c := newCapture(w, m.cfg.MaxResponseSize)
+	if m.cfg.ClientWriteTimeout > 0 {
+		c.writeTimeout = m.cfg.ClientWriteTimeout
+		if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok && srv.WriteTimeout > 0 {
+			c.writeLimit = start.Add(srv.WriteTimeout)
+		}
+	}
 	if toBlob {
 		c.toBlob = func() *spill {
 			if !m.cfg.ShouldStore(r, c.status) {
@@ -560,6 +605,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		if p := recover(); p != nil {
 			c.spill.abort()
 			m.release(finish, att)
+			m.cfg.OnOutcome(outer, OutcomeReleased)
 			panic(p)
 		}
 	}()
@@ -568,8 +614,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	if c.hijacked || !m.cfg.ShouldStore(r, c.status) {
 		c.spill.abort()
 		m.release(finish, att)
+		m.cfg.OnOutcome(outer, OutcomeReleased)
 		return
 	}
+	defer m.cfg.OnOutcome(outer, OutcomeExecuted)
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
 	if c.spill != nil {
 		// The blob is written whole before Complete: a completed record

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -241,5 +242,58 @@ func TestOnOutcome(t *testing.T) {
 	defer mu.Unlock()
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("outcomes: got %v, want %v", got, want)
+	}
+}
+
+// A request whose handler ran but whose key was released (a status
+// ShouldStore refuses, a panic, a hijack) is reported as released, not
+// executed, once the handler has returned.
+func TestOnOutcomeReleased(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]idemhttp.Outcome{}
+	cfg := idemhttp.Config{Logger: quietLogger(), OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[r.URL.Path] = o
+	}}
+	s := newServer(t, memstore.New(memstore.Options{}), cfg, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/fail":
+			w.WriteHeader(http.StatusInternalServerError)
+		case "/panic":
+			panic("handler failed")
+		case "/hijack":
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+				conn.Close()
+			}
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	})
+	for _, path := range []string{"/fail", "/panic", "/hijack", "/ok"} {
+		s.try("POST", path, "k"+path, "{}") // the panic aborts the response
+	}
+	want := map[string]idemhttp.Outcome{"/fail": idemhttp.OutcomeReleased, "/panic": idemhttp.OutcomeReleased,
+		"/hijack": idemhttp.OutcomeReleased, "/ok": idemhttp.OutcomeExecuted}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		same := reflect.DeepEqual(got, want)
+		snapshot := maps.Clone(got)
+		mu.Unlock()
+		if same {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outcomes: got %v, want %v", snapshot, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Released keys run again.
+	before := s.runs.Load()
+	if a := s.do(t, "POST", "/fail", "k/fail", "{}"); a.status != http.StatusInternalServerError || s.runs.Load() != before+1 {
+		t.Fatalf("retry of a released key: got %d and %d more runs, want 500 and 1", a.status, s.runs.Load()-before)
 	}
 }

@@ -52,7 +52,7 @@ func newProxyMetrics() *proxyMetrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed, replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (client left), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered).",
+			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (client left), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered).",
 		}, []string{"outcome"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",
@@ -89,7 +89,7 @@ func newProxyMetrics() *proxyMetrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.
-	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReplayed, idemhttp.OutcomeConflict,
+	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed, idemhttp.OutcomeConflict,
 		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
 		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed} {
 		m.requests.WithLabelValues(string(o))

@@ -30,9 +30,12 @@ func init() {
 
 // Server limits. WriteTimeout is deliberately none: a covered request may
 // legitimately run long (its lease is renewed meanwhile) and responses may
-// stream; the upstream bounds its own work, and a client that stops
-// reading only holds its own connection. ReadTimeout bounds slow request
-// bodies; ReadHeaderTimeout and MaxHeaderBytes stop slowloris clients.
+// stream; the upstream bounds its own work. A keyed request's client that
+// stops reading is gone once a write to it (32 KiB at most) has not been
+// taken for --client-write-timeout (idemhttp Config.ClientWriteTimeout, a
+// deadline per write), so it does not hold its key; any other client that
+// stops reading only holds its own connection. ReadTimeout bounds slow request bodies; ReadHeaderTimeout
+// and MaxHeaderBytes stop slowloris clients.
 const (
 	readHeaderTimeout = 5 * time.Second
 	maxHeaderBytes    = 1 << 20
@@ -94,6 +97,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.DurationVar(&o.settings.retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
 	fs.DurationVar(&o.settings.wait, "wait", 0, "wait up to this long for an in-flight duplicate's result instead of answering 409 at once")
 	fs.DurationVar(&o.settings.maxExecution, "max-execution", 0, "cancel an upstream request still running after this long under its key (answered 504; the key is released); 0: no limit")
+	fs.DurationVar(&o.settings.clientWriteTimeout, "client-write-timeout", idemhttp.DefaultClientWriteTimeout, "a keyed request's client that does not take a write of its response (32 KiB at most) within this long is gone, as if it had disconnected: the upstream's response is still read to its end and stored for the retry; 0: no limit (a client that stops reading holds its key)")
 	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
@@ -403,6 +407,9 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
+		if r.ContentLength > 0 {
+			r.Body = &declaredBody{ReadCloser: r.Body, left: r.ContentLength}
+		}
 		rp.ServeHTTP(w, r)
 	})
 	p := &proxy{logger: logger, metrics: metrics, blob: blob}
@@ -450,6 +457,8 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		FailOpen:        s.failOpen,
 		MaxExecution:    s.maxExecution,
 		StopContext:     p.stop,
+		// 0 in the proxy is no limit; idemhttp's 0 is its default.
+		ClientWriteTimeout: cmp.Or(s.clientWriteTimeout, -1),
 		// Unsafe, off by default: see --cancel-on-disconnect.
 		CancelOnDisconnect: s.cancelOnDisconnect,
 		Logger:             p.logger,
@@ -672,5 +681,37 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 // onceBody hides the type of a request body from net/http, which would
 // otherwise treat http.NoBody as safe to resend.
 type onceBody struct{ io.ReadCloser }
+
+// declaredBody ends a request body of known length at that length: once
+// it has been read, it answers io.EOF itself and reads the client's body
+// no more.
+//
+// Without it, a response was sometimes cut in the middle of its body on
+// a request whose body the proxy streams (no Idempotency-Key, or a method
+// not covered): net/http's transport, having sent Content-Length bytes,
+// reads the body once more to check that it holds no more; net/http's
+// server, when the response header goes out, consumes what is left of the
+// request body and closes it (unless the handler enabled full duplex). The
+// upstream can answer as soon as it has the body, before that last read:
+// the read then fails (http: invalid Read on closed Body), and the
+// transport closes the upstream connection while the response streams
+// through it (golang/go#40747). A keyed request's body was read by the
+// middleware and is sent from memory: it never raced.
+type declaredBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *declaredBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

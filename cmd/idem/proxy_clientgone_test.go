@@ -73,7 +73,7 @@ func TestProxyClientTimeoutDoesNotCancelUpstream(t *testing.T) {
 		if got := up.runsOf("gone-1"); got != 1 {
 			t.Fatalf("got %d upstream executions, want 1", got)
 		}
-		if !strings.Contains(p.logText(), `"outcome":"client_gone"`) {
+		if !p.awaitLog(`"outcome":"client_gone"`) {
 			t.Errorf("log: no request with outcome client_gone:\n%s", p.logText())
 		}
 		if strings.Contains(p.logText(), outcomeUpstreamAborted) {
@@ -166,7 +166,7 @@ func TestProxyClientLeavesMidBody(t *testing.T) {
 		if runs != 1 || len(errs) != 0 {
 			t.Fatalf("upstream: got %d executions and write errors %v, want 1 and none (the proxy reads it to its end)", runs, errs)
 		}
-		if !strings.Contains(p.logText(), `"outcome":"client_gone"`) || strings.Contains(p.logText(), outcomeUpstreamAborted) {
+		if !p.awaitLog(`"outcome":"client_gone"`) || strings.Contains(p.logText(), outcomeUpstreamAborted) {
 			t.Errorf("log: want outcome client_gone and no %s:\n%s", outcomeUpstreamAborted, p.logText())
 		}
 	})

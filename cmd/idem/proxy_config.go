@@ -34,6 +34,10 @@ type routeSettings struct {
 	maxResponse   int64
 	storeStatuses []int         // nil: idemhttp.DefaultShouldStore
 	maxExecution  time.Duration // 0: none
+	// clientWriteTimeout: a keyed request's client that does not take a
+	// write (32 KiB at most) within this long is gone (idemhttp
+	// Config.ClientWriteTimeout); 0: none.
+	clientWriteTimeout time.Duration
 	// cancelOnDisconnect: the client's disconnect cancels the upstream
 	// request (unsafe; idemhttp Config.CancelOnDisconnect).
 	cancelOnDisconnect bool
@@ -51,6 +55,8 @@ func (s routeSettings) validate(name func(string) string) error {
 		return fmt.Errorf("%s %v: must not be negative", name("wait"), s.wait)
 	case s.maxExecution < 0:
 		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("max-execution"), s.maxExecution)
+	case s.clientWriteTimeout < 0:
+		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("client-write-timeout"), s.clientWriteTimeout)
 	case s.maxBody < 1:
 		return fmt.Errorf("%s %d: want at least 1 byte", name("max-body"), s.maxBody)
 	case s.maxResponse < 1 || s.maxResponse > idem.MaxEncodedBody:
@@ -125,12 +131,14 @@ type routeOverride struct {
 	MaxResponse   *byteSize     `yaml:"max_response"`
 	StoreStatuses *[]int        `yaml:"store_statuses"`
 	MaxExecution  *fileDuration `yaml:"max_execution"`
+	// ClientWriteTimeout: see --client-write-timeout.
+	ClientWriteTimeout *fileDuration `yaml:"client_write_timeout"`
 	// CancelOnDisconnect is unsafe: see idemhttp Config.CancelOnDisconnect.
 	CancelOnDisconnect *bool `yaml:"cancel_on_disconnect"`
 }
 
 // routeFields lists routeOverride's fields for error messages.
-const routeFields = "match, methods, require_key, tenant_header, lease, retention, wait, fail_open, max_body, max_response, store_statuses, max_execution, cancel_on_disconnect"
+const routeFields = "match, methods, require_key, tenant_header, lease, retention, wait, fail_open, max_body, max_response, store_statuses, max_execution, client_write_timeout, cancel_on_disconnect"
 
 // routeConfig is a validated route of the file.
 type routeConfig struct {
@@ -239,6 +247,9 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 	}
 	if o.MaxExecution != nil {
 		s.maxExecution = time.Duration(*o.MaxExecution)
+	}
+	if o.ClientWriteTimeout != nil {
+		s.clientWriteTimeout = time.Duration(*o.ClientWriteTimeout)
 	}
 	if o.CancelOnDisconnect != nil {
 		s.cancelOnDisconnect = *o.CancelOnDisconnect

@@ -769,6 +769,7 @@ func TestProxyUsageErrors(t *testing.T) {
 		"short-lease.yaml":   "routes:\n  - match: /x\n    lease: 1ms\n",
 		"bad-method.yaml":    "routes:\n  - match: /x\n    methods: [\"PO ST\"]\n",
 		"bad-status.yaml":    "routes:\n  - match: /x\n    store_statuses: [99]\n",
+		"bad-cwt.yaml":       "routes:\n  - match: /x\n    client_write_timeout: -1s\n",
 		"not-yaml.yaml":      "routes: [\n",
 	}
 	for name, text := range files {
@@ -818,6 +819,7 @@ func TestProxyUsageErrors(t *testing.T) {
 		{nil, []string{"proxy", "--upstream", "http://u", "--store", "redis://127.0.0.1:" + watchPort + "/0/1"}, []string{"--store", "path"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--store", "postgres:127.0.0.1:" + watchPort}, []string{"--store", "no host"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--max-execution", "-1s"}, []string{"--max-execution"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--client-write-timeout", "-1s"}, []string{"--client-write-timeout"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--config", filepath.Join(dir, "missing.yaml")}, []string{"missing.yaml"}},
 		{[]string{"IDEM_LEASE=forever"}, []string{"proxy", "--upstream", "http://u"}, []string{"IDEM_LEASE"}},
 		{[]string{"IDEM_UPSTREAM=http://u", "IDEM_WAIT=-1s"}, []string{"proxy"}, []string{"--wait"}},
@@ -829,6 +831,7 @@ func TestProxyUsageErrors(t *testing.T) {
 		{nil, cfgArgs(dir, "short-lease.yaml"), []string{"short-lease.yaml", "lease 1ms"}},
 		{nil, cfgArgs(dir, "bad-method.yaml"), []string{"bad-method.yaml", "methods"}},
 		{nil, cfgArgs(dir, "bad-status.yaml"), []string{"bad-status.yaml", "store_statuses", "99"}},
+		{nil, cfgArgs(dir, "bad-cwt.yaml"), []string{"bad-cwt.yaml", "client_write_timeout -1s"}},
 		{nil, cfgArgs(dir, "not-yaml.yaml"), []string{"not-yaml.yaml"}},
 	} {
 		code, stderr := runIdem(t, c.env, c.args...)
