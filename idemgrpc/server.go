@@ -429,7 +429,7 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 				return nil, status.FromContextError(ctx.Err()).Err()
 			}
 			s.cfg.OnOutcome(ctx, method, OutcomeExecuted)
-			return s.execute(ctx, req, handler, att)
+			return s.execute(ctx, req, handler, att, fp)
 		case idem.Replay:
 			telemetry.Event(ctx, telemetry.EventReplay)
 			return s.replay(ctx, method, key, acq.Response)
@@ -448,9 +448,16 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 			if pause == waiters.FirstPause {
 				telemetry.Event(ctx, telemetry.EventWait)
 			}
-			if !s.waiters.Wait(ctx, key, min(pause, left, acq.RetryAfter+time.Millisecond)) {
+			live, done := s.waiters.Wait(ctx, key, min(pause, left, acq.RetryAfter+time.Millisecond))
+			if !live {
 				s.cfg.OnOutcome(ctx, method, OutcomeGone)
 				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			if stored := done.For(fp); stored != nil {
+				// A holder in this process stored it: the store's answer,
+				// without asking it.
+				telemetry.Event(ctx, telemetry.EventReplay)
+				return s.replay(ctx, method, key, stored)
 			}
 			pause = min(2*pause, waiters.MaxPause)
 			continue
@@ -489,15 +496,17 @@ func (s *server) workContext(parent context.Context) (ctx context.Context, stop 
 // execute runs the handler under the lease, with the attempt's context and
 // a stream that captures the metadata it sets, then stores its outcome or
 // releases the key according to ShouldStore. A panic releases the key and
-// goes on.
-func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt) (resp any, err error) {
+// goes on. The calls in this process that wait for the key get the stored
+// outcome handed to them (fp is the request's fingerprint).
+func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt, fp idem.Fingerprint) (resp any, err error) {
 	key := att.Lease().Key
 	cs := &captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}
 	work, stop := s.workContext(att.Context())
 	defer stop()
 	work = grpc.NewContextWithServerTransportStream(work, cs)
 	finish := context.WithoutCancel(work)
-	defer s.waiters.Wake(key) // after the release below
+	var handed *waiters.Result                     // set once the outcome is stored
+	defer func() { s.waiters.Wake(key, handed) }() // after the release below
 	returned := false
 	defer func() {
 		if !returned { // the handler panicked: free the key, let the panic go on
@@ -530,6 +539,7 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	}
 	switch cerr := att.Complete(finish, stored); {
 	case cerr == nil:
+		handed = &waiters.Result{Fingerprint: fp, Response: stored}
 	case errors.Is(cerr, idem.ErrNotReplicated):
 		s.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", cerr))

@@ -505,15 +505,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 					toBlob = false
 				}
 			}
-			m.execute(w, r, body, next, att, toBlob, start)
+			m.execute(w, r, body, next, att, fp, toBlob, start)
 		case idem.Replay:
-			if acq.Response.Blob != nil {
-				m.replayBlob(w, r, acq.Response)
-				return
-			}
-			m.cfg.OnOutcome(r, OutcomeReplayed)
-			telemetry.Event(r.Context(), telemetry.EventReplay)
-			m.replay(w, acq.Response)
+			m.replayStored(w, r, acq.Response)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
 			m.problem(w, r, problemMismatch)
@@ -527,9 +521,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if pause == waiters.FirstPause {
 				telemetry.Event(r.Context(), telemetry.EventWait)
 			}
-			if !m.waiters.Wait(r.Context(), key, min(pause, left, acq.RetryAfter+time.Millisecond)) {
+			live, done := m.waiters.Wait(r.Context(), key, min(pause, left, acq.RetryAfter+time.Millisecond))
+			if !live {
 				m.cfg.OnOutcome(r, OutcomeGone)
 				return // the client is gone
+			}
+			if stored := done.For(fp); stored != nil {
+				// A holder in this process stored it: the store's answer,
+				// without asking it.
+				m.replayStored(w, r, stored)
+				return
 			}
 			pause = min(2*pause, waiters.MaxPause)
 			continue
@@ -578,7 +579,7 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 // the key according to ShouldStore. A panic releases the key and goes on.
 // It reports the outcome once the handler has returned: executed, or
 // released.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, toBlob bool, start time.Time) {
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, fp idem.Fingerprint, toBlob bool, start time.Time) {
 	key := att.Lease().Key
 	ctx, stop := m.workContext(att.Context())
 	defer stop()
@@ -600,7 +601,8 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 			return m.newSpill(att.Context(), r, att.Lease())
 		}
 	}
-	defer m.waiters.Wake(key)
+	var handed *waiters.Result // set once the response is stored
+	defer func() { m.waiters.Wake(key, handed) }()
 	defer func() {
 		if p := recover(); p != nil {
 			c.spill.abort()
@@ -633,6 +635,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	}
 	switch err := att.Complete(finish, resp); {
 	case err == nil:
+		handed = &waiters.Result{Fingerprint: fp, Response: resp}
 	case errors.Is(err, idem.ErrNotReplicated):
 		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
@@ -679,6 +682,18 @@ func (m *middleware) storable(h http.Header) http.Header {
 	return h
 }
 
+// replayStored answers with a stored response, from the record or, in a
+// blob store, streamed from there.
+func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, resp *idem.Response) {
+	if resp.Blob != nil {
+		m.replayBlob(w, r, resp)
+		return
+	}
+	m.cfg.OnOutcome(r, OutcomeReplayed)
+	telemetry.Event(r.Context(), telemetry.EventReplay)
+	m.replay(w, resp)
+}
+
 func (m *middleware) replay(w http.ResponseWriter, resp *idem.Response) {
 	m.replayHeader(w, resp)
 	w.WriteHeader(resp.Status)
@@ -689,7 +704,9 @@ func (m *middleware) replay(w http.ResponseWriter, resp *idem.Response) {
 func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
-		h[name] = vs
+		// Clipped: requests handed the same stored response share its
+		// slices, and an Add after this must not write into them.
+		h[name] = slices.Clip(vs)
 	}
 	if _, ok := h["Content-Type"]; !ok {
 		h["Content-Type"] = nil // the original had none: net/http must not sniff one

@@ -30,13 +30,34 @@ type Set struct {
 }
 
 type waitList struct {
-	done chan struct{}
-	n    int // requests waiting on done
+	done   chan struct{}
+	n      int     // requests waiting on done
+	result *Result // set before done is closed
+}
+
+// Result is what a holder in this process hands to the requests waiting
+// for its key once its response is stored: a waiter whose request has the
+// same fingerprint answers with it as a replay, without asking the store
+// again (what the store would answer, minus a round trip per waiter). A
+// waiter must not change Response: every waiter shares it.
+type Result struct {
+	Fingerprint idem.Fingerprint
+	Response    *idem.Response
+}
+
+// For returns the stored response if r holds one for a request with
+// fingerprint fp; otherwise nil, and the waiter asks the store.
+func (r *Result) For(fp idem.Fingerprint) *idem.Response {
+	if r == nil || r.Response == nil || r.Fingerprint != fp {
+		return nil
+	}
+	return r.Response
 }
 
 // Wait blocks until key is woken, d passes, or ctx ends. It reports
-// whether ctx is still live.
-func (w *Set) Wait(ctx context.Context, key idem.Key, d time.Duration) bool {
+// whether ctx is still live, and the holder's Result when the holder woke
+// it with one.
+func (w *Set) Wait(ctx context.Context, key idem.Key, d time.Duration) (live bool, res *Result) {
 	w.active.Add(1)
 	w.mu.Lock()
 	if w.keys == nil {
@@ -53,6 +74,7 @@ func (w *Set) Wait(ctx context.Context, key idem.Key, d time.Duration) bool {
 	t := time.NewTimer(d)
 	select {
 	case <-l.done:
+		res = l.result
 	case <-t.C:
 	case <-ctx.Done():
 	}
@@ -64,11 +86,13 @@ func (w *Set) Wait(ctx context.Context, key idem.Key, d time.Duration) bool {
 	}
 	w.mu.Unlock()
 	w.active.Add(-1)
-	return ctx.Err() == nil
+	return ctx.Err() == nil, res
 }
 
-// Wake releases every request waiting on key.
-func (w *Set) Wake(key idem.Key) {
+// Wake releases every request waiting on key, handing them res: the
+// response the holder stored, or nil when it stored none (the key was
+// released, the completion failed or was not confirmed).
+func (w *Set) Wake(key idem.Key, res *Result) {
 	if w.active.Load() == 0 {
 		return
 	}
@@ -77,6 +101,7 @@ func (w *Set) Wake(key idem.Key) {
 	delete(w.keys, key)
 	w.mu.Unlock()
 	if l != nil {
+		l.result = res
 		close(l.done)
 	}
 }

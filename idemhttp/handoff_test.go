@@ -1,0 +1,98 @@
+package idemhttp_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
+)
+
+// countingStore counts Acquire calls, the InFlight answers among them,
+// and the calls made after the first Complete.
+type countingStore struct {
+	idem.Store
+	inFlight      atomic.Int64
+	completed     atomic.Bool
+	afterComplete atomic.Int64
+}
+
+func (s *countingStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if s.completed.Load() {
+		s.afterComplete.Add(1)
+	}
+	acq, err := s.Store.Acquire(ctx, req)
+	if err == nil && acq.Outcome == idem.InFlight {
+		s.inFlight.Add(1)
+	}
+	return acq, err
+}
+
+func (s *countingStore) Complete(ctx context.Context, l idem.Lease, resp *idem.Response, retention time.Duration) error {
+	err := s.Store.Complete(ctx, l, resp, retention)
+	s.completed.Store(true)
+	return err
+}
+
+// Requests that wait (Config.Wait) for a key this process is running get
+// the response it stored handed to them when it completes: a byte-identical
+// replay, without one more store round trip each. Only a holder stalled
+// for longer than a waiter's first pause (5 ms) between its Complete and
+// waking the waiters makes them ask the store; the scenario is tried up to
+// three times for one run in which some were handed the response.
+func TestWaitersHandedTheStoredResponse(t *testing.T) {
+	const waiters = 12
+	for try := 1; ; try++ {
+		store := &countingStore{Store: memstore.New(memstore.Options{})}
+		s := newServer(t, store, idemhttp.Config{Wait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+			// Run until every duplicate was told the key is in flight.
+			for store.inFlight.Load() < waiters {
+				time.Sleep(time.Millisecond)
+			}
+			w.Header().Add("X-Multi", "a")
+			w.Header().Add("X-Multi", "b")
+			charge(w, r)
+		})
+		key := fmt.Sprint("handoff-", try)
+		first := s.goDo(t, "POST", "/charges", key, "{}")
+		for s.runs.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		answers := make([]answer, waiters)
+		var wg sync.WaitGroup
+		for i := range waiters {
+			wg.Go(func() {
+				a, err := s.try("POST", "/charges", key, "{}")
+				if err != nil {
+					t.Error(err)
+				}
+				answers[i] = a
+			})
+		}
+		wg.Wait()
+		f := <-first
+		for i, a := range answers {
+			if a.status != http.StatusCreated || a.body != f.body || a.header.Get(idemhttp.HeaderReplayed) != "true" ||
+				fmt.Sprint(a.header.Values("X-Multi")) != "[a b]" || a.header.Get("X-Token") != f.header.Get("X-Token") {
+				t.Fatalf("waiter %d: got %d %q %v, want the replay of %d %q %v", i, a.status, a.body, a.header, f.status, f.body, f.header)
+			}
+		}
+		if n := s.runs.Load(); n != 1 {
+			t.Fatalf("executions: %d, want 1", n)
+		}
+		after := store.afterComplete.Load()
+		t.Logf("try %d: %d of %d waiters asked the store after the completion", try, after, waiters)
+		if after < waiters {
+			return // some (normally all) were handed the response
+		}
+		if try == 3 {
+			t.Fatalf("in three tries every waiter asked the store again after the completion: the holder hands its response to none")
+		}
+	}
+}

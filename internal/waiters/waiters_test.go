@@ -1,0 +1,81 @@
+package waiters
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// A holder's Wake hands its Result to every request waiting on the key,
+// and only to those; For gives the response only for the same
+// fingerprint.
+func TestWakeHandsResult(t *testing.T) {
+	var w Set
+	key, _ := idem.Scope{}.Key("k")
+	other, _ := idem.Scope{}.Key("other")
+	res := &Result{Fingerprint: idem.Fingerprint{1}, Response: &idem.Response{Status: 201}}
+
+	const n = 8
+	var wg sync.WaitGroup
+	got := make([]*Result, n)
+	for i := range n {
+		wg.Go(func() {
+			live, r := w.Wait(context.Background(), key, time.Minute)
+			if !live {
+				t.Error("Wait: not live")
+			}
+			got[i] = r
+		})
+	}
+	otherDone := make(chan *Result, 1)
+	go func() {
+		_, r := w.Wait(context.Background(), other, 200*time.Millisecond)
+		otherDone <- r
+	}()
+	for waiting(&w, key) < n || waiting(&w, other) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	w.Wake(key, res)
+	wg.Wait()
+	for i, r := range got {
+		if r != res {
+			t.Errorf("waiter %d: got %v, want the holder's result", i, r)
+		}
+	}
+	if r := <-otherDone; r != nil {
+		t.Errorf("a waiter on another key got %v, want nil (it timed out)", r)
+	}
+	if resp := res.For(idem.Fingerprint{1}); resp != res.Response {
+		t.Errorf("For(same fingerprint) = %v, want the response", resp)
+	}
+	if resp := res.For(idem.Fingerprint{2}); resp != nil {
+		t.Errorf("For(another fingerprint) = %v, want nil: that request must ask the store (mismatch)", resp)
+	}
+	if resp := (*Result)(nil).For(idem.Fingerprint{1}); resp != nil {
+		t.Errorf("nil Result: For = %v, want nil", resp)
+	}
+
+	// Woken without a result (released, not stored): nil, ask the store.
+	done := make(chan *Result, 1)
+	go func() { _, r := w.Wait(context.Background(), key, time.Minute); done <- r }()
+	for waiting(&w, key) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	w.Wake(key, nil)
+	if r := <-done; r != nil {
+		t.Errorf("woken without a result: got %v, want nil", r)
+	}
+}
+
+// waiting returns how many requests wait on key.
+func waiting(w *Set, key idem.Key) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if l := w.keys[key]; l != nil {
+		return l.n
+	}
+	return 0
+}
