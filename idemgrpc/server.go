@@ -163,13 +163,18 @@ type Outcome string
 
 const (
 	OutcomePassedThrough Outcome = "passed_through" // no key, none required: handler ran unprotected
-	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease
+	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease; its outcome was stored (a failure to store it is logged)
 	OutcomeReplayed      Outcome = "replayed"       // the stored outcome was replayed
 	OutcomeConflict      Outcome = "conflict"       // Aborted: in flight (after the wait, if any)
 	OutcomeMismatch      Outcome = "mismatch"       // FailedPrecondition
 	OutcomeRejected      Outcome = "rejected"       // InvalidArgument (key missing or invalid), or Internal (no fingerprint)
 	OutcomeStoreError    Outcome = "store_error"    // the store failed: Unavailable, or the handler ran unprotected (FailOpen); or a stored outcome could not be decoded
 	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
+	// OutcomeReleased: the handler ran under a lease, and the key was
+	// released rather than completed: ShouldStore refused its code (by
+	// default a transient one), it panicked, or its outcome could not be
+	// encoded. A retry runs the handler again.
+	OutcomeReleased Outcome = "released"
 )
 
 // DefaultShouldStore stores the outcomes that a retry of the same request
@@ -428,8 +433,7 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 				s.cfg.OnOutcome(ctx, method, OutcomeGone)
 				return nil, status.FromContextError(ctx.Err()).Err()
 			}
-			s.cfg.OnOutcome(ctx, method, OutcomeExecuted)
-			return s.execute(ctx, req, handler, att, fp)
+			return s.execute(ctx, req, handler, att, method, fp)
 		case idem.Replay:
 			telemetry.Event(ctx, telemetry.EventReplay)
 			return s.replay(ctx, method, key, acq.Response)
@@ -496,9 +500,10 @@ func (s *server) workContext(parent context.Context) (ctx context.Context, stop 
 // execute runs the handler under the lease, with the attempt's context and
 // a stream that captures the metadata it sets, then stores its outcome or
 // releases the key according to ShouldStore. A panic releases the key and
-// goes on. The calls in this process that wait for the key get the stored
-// outcome handed to them (fp is the request's fingerprint).
-func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt, fp idem.Fingerprint) (resp any, err error) {
+// goes on. It reports the outcome once the key is completed or released:
+// executed, or released. The calls in this process that wait for the key
+// get the stored outcome handed to them (fp is the request's fingerprint).
+func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt, method string, fp idem.Fingerprint) (resp any, err error) {
 	key := att.Lease().Key
 	cs := &captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}
 	work, stop := s.workContext(att.Context())
@@ -511,6 +516,7 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	defer func() {
 		if !returned { // the handler panicked: free the key, let the panic go on
 			s.release(finish, att)
+			s.cfg.OnOutcome(ctx, method, OutcomeReleased)
 		}
 	}()
 	resp, err = handler(work, req)
@@ -527,6 +533,7 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	}
 	if !s.cfg.ShouldStore(work, code) {
 		s.release(finish, att)
+		s.cfg.OnOutcome(ctx, method, OutcomeReleased)
 		return resp, err
 	}
 	c.header, c.trailer = cs.metadata()
@@ -535,8 +542,12 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 		s.cfg.Logger.LogAttrs(finish, slog.LevelError, "idem: handler ran but its outcome cannot be stored; a retry will run it again",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", encErr))
 		s.release(finish, att)
+		s.cfg.OnOutcome(ctx, method, OutcomeReleased)
 		return resp, err
 	}
+	// Reported before Complete: a retry that replays the outcome must
+	// find the execution counted.
+	s.cfg.OnOutcome(ctx, method, OutcomeExecuted)
 	switch cerr := att.Complete(finish, stored); {
 	case cerr == nil:
 		handed = &waiters.Result{Fingerprint: fp, Response: stored}

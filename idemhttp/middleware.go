@@ -619,7 +619,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		m.cfg.OnOutcome(outer, OutcomeReleased)
 		return
 	}
-	defer m.cfg.OnOutcome(outer, OutcomeExecuted)
+	// Reported before Complete: a retry that replays the response must
+	// find the execution counted.
+	m.cfg.OnOutcome(outer, OutcomeExecuted)
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
 	if c.spill != nil {
 		// The blob is written whole before Complete: a completed record
