@@ -97,9 +97,10 @@ type Config struct {
 
 	// Wait, when positive, makes a call whose key is in flight wait up to
 	// this long for the result instead of getting Aborted at once. It
-	// wakes as soon as this process finishes the key; for a holder in
-	// another process it asks the store again after growing pauses (at
-	// most 250ms). Default 0: Aborted at once.
+	// wakes as soon as this process finishes the key, and is handed the
+	// outcome the holder stored (no store round trip); for a holder in
+	// another process it asks the store again after growing pauses (5ms
+	// to 250ms). Default 0: Aborted at once.
 	Wait time.Duration
 
 	// MaxExecution, when positive, bounds how long the handler may run

@@ -98,8 +98,9 @@ type Config struct {
 
 	// Wait, when positive, makes a request whose key is in flight wait up
 	// to this long for the result instead of getting 409 at once. It wakes
-	// as soon as this process finishes the key; for a holder in another
-	// process it asks the store again after growing pauses (at most 250ms).
+	// as soon as this process finishes the key, and is handed the response
+	// the holder stored (no store round trip); for a holder in another
+	// process it asks the store again after growing pauses (5ms to 250ms).
 	Wait time.Duration
 
 	// MaxExecution, when positive, bounds how long the handler may run
