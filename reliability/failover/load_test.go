@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,33 @@ type ledger struct {
 	okAfter   int // successes after the fault
 	sentAfter int // sends after the fault
 	lastErrs  []string
+
+	// acks are the acknowledged runs per key, in order; sameToken the
+	// keys with an acknowledged run missing from the store, which holds
+	// another run under the same token (see verify).
+	acks      map[idem.Key][]*runInfo
+	sameToken map[idem.Key]bool
+
+	// Diagnostics, logged per key when the accounting does not add up.
+	t0       time.Time
+	runs     map[idem.Key][]*runInfo // every run of the work
+	history  map[idem.Key][]string   // every send's outcome
+	verified map[idem.Key]string     // what verify read back
+	missing  map[idem.Key]bool       // keys verify counted as lost
+	loadSent int                     // sends by the load (not settle or verify)
+	faultAt  time.Duration           // the fault's start and end, since t0
+	faultEnd time.Duration
+}
+
+// runInfo is one run of the work.
+type runInfo struct {
+	n          int
+	via        string // load, settle or verify
+	token      uint64 // the lease's fencing token
+	lease      idem.LeaseID
+	start, end time.Duration // since the ledger began: the run, Do's return
+	outcome    string        // acked, unacked: the error, or running
+	body       []byte        // the body it returned
 }
 
 func newLedger(t *testing.T, store idem.Store) *ledger {
@@ -57,26 +85,55 @@ func newLedger(t *testing.T, store idem.Store) *ledger {
 	}
 	return &ledger{g: g, store: store,
 		execs: map[idem.Key]int{}, acked: map[idem.Key][]byte{}, pending: map[idem.Key]bool{}, sent: map[idem.Key]bool{},
-		rerunAck: map[idem.Key]bool{}, badReplay: map[idem.Key]bool{}, errs: map[string]int{}, samples: map[string]string{}}
+		rerunAck: map[idem.Key]bool{}, badReplay: map[idem.Key]bool{}, errs: map[string]int{}, samples: map[string]string{},
+		acks: map[idem.Key][]*runInfo{}, sameToken: map[idem.Key]bool{},
+		t0: time.Now(), runs: map[idem.Key][]*runInfo{}, history: map[idem.Key][]string{}, verified: map[idem.Key]string{}}
 }
+
+func (l *ledger) since() time.Duration { return time.Since(l.t0) }
 
 // send runs one request for key: the work records its run and returns a
 // body naming the run.
-func (l *ledger) send(ctx context.Context, key idem.Key) bool {
+func (l *ledger) send(ctx context.Context, key idem.Key, via string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	res, err := l.g.Do(ctx, key, idem.Fingerprint{1}, func(context.Context) (*idem.Response, error) {
+	start := l.since()
+	var ran *runInfo
+	res, err := l.g.Do(ctx, key, idem.Fingerprint{1}, func(ctx context.Context) (*idem.Response, error) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.execs[key]++
 		if l.acked[key] != nil {
 			l.rerunAck[key] = true
 		}
-		return &idem.Response{Status: 200, Body: fmt.Appendf(nil, "%s#%d", key, l.execs[key])}, nil
+		ls, _ := idem.LeaseFromContext(ctx)
+		body := fmt.Appendf(nil, "%s#%d", key, l.execs[key])
+		ran = &runInfo{n: l.execs[key], via: via, token: ls.Token, lease: ls.ID, start: l.since(), outcome: "running", body: body}
+		l.runs[key] = append(l.runs[key], ran)
+		return &idem.Response{Status: 200, Body: body}, nil
 	})
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	end := l.since()
+	h := fmt.Sprintf("%v..%v %s: ", ms(start), ms(end), via)
+	switch {
+	case ran != nil && err != nil:
+		ran.end, ran.outcome = end, "unacked: "+err.Error()
+		h += fmt.Sprintf("ran #%d (token %d), not acknowledged: %v", ran.n, ran.token, err)
+	case ran != nil:
+		ran.end, ran.outcome = end, "acked"
+		l.acks[key] = append(l.acks[key], ran)
+		h += fmt.Sprintf("ran #%d (token %d), acknowledged", ran.n, ran.token)
+	case err != nil:
+		h += fmt.Sprintf("error (did not run): %v", err)
+	case res.Replayed:
+		h += fmt.Sprintf("replayed %q", bodyRun(res.Response.Body))
+	}
+	l.history[key] = append(l.history[key], h)
 	l.requests++
+	if via == "load" {
+		l.loadSent++
+	}
 	l.sent[key] = true
 	if l.phase == 2 {
 		l.sentAfter++
@@ -169,7 +226,7 @@ func (l *ledger) load(ctx context.Context, spec loadSpec, stop <-chan struct{}) 
 				default:
 				}
 				i := n.Add(1) - 1
-				l.send(ctx, spec.key(int(i)/spec.copies))
+				l.send(ctx, spec.key(int(i)/spec.copies), "load")
 			}
 		})
 	}
@@ -190,7 +247,7 @@ func (l *ledger) settle(ctx context.Context) (stuck int) {
 		if len(keys) == 0 || time.Now().After(deadline) {
 			return len(keys)
 		}
-		parallel(keys, func(k idem.Key) { l.send(ctx, k) })
+		parallel(keys, func(k idem.Key) { l.send(ctx, k, "settle") })
 		time.Sleep(50 * time.Millisecond)
 	}
 }
@@ -198,15 +255,25 @@ func (l *ledger) settle(ctx context.Context) (stuck int) {
 // verify reads every acknowledged key back, sends it once more (a lost
 // record runs the work again, which counts as a duplicate), and returns
 // the keys whose acknowledged completion is gone.
+//
+// Every acknowledged run of a key counts, not only the first. A failover
+// that loses a lease record lets a second holder take the key on the new
+// primary while the first still completes on the old one, and both are
+// acknowledged: the second run needs no unacknowledged run, and which of
+// the two completions survives is a matter of timing. If the one that
+// does not survive was acknowledged first, the first check catches it;
+// if it was acknowledged later, only checking every acknowledged run
+// does. Without this, the invariant in run failed about one run in eight
+// of rueidis/wait=0.
 func (l *ledger) verify(t *testing.T, ctx context.Context) (lost int) {
 	l.mu.Lock()
-	acked := make(map[idem.Key][]byte, len(l.acked))
-	for k, v := range l.acked {
-		acked[k] = v
+	acks := make(map[idem.Key][]*runInfo, len(l.acks))
+	for k, v := range l.acks {
+		acks[k] = slices.Clone(v)
 	}
 	l.mu.Unlock()
-	keys := make([]idem.Key, 0, len(acked))
-	for k := range acked {
+	keys := make([]idem.Key, 0, len(acks))
+	for k := range acks {
 		keys = append(keys, k)
 	}
 	var mu sync.Mutex
@@ -217,11 +284,42 @@ func (l *ledger) verify(t *testing.T, ctx context.Context) (lost int) {
 			t.Errorf("verify: get %v: %v", k, err)
 			return
 		}
-		if !ok || rec.State != idem.StateCompleted || !bytes.Equal(rec.Response.Body, acked[k]) {
+		completed := ok && rec.State == idem.StateCompleted && rec.Response != nil
+		found := "no record"
+		if ok {
+			found = fmt.Sprintf("state %v, token %d", rec.State, rec.Token)
+			if rec.Response != nil {
+				found += fmt.Sprintf(", body %q", bodyRun(rec.Response.Body))
+			}
+		}
+		gone, same := false, false
+		for _, a := range acks[k] {
+			if completed && bytes.Equal(rec.Response.Body, a.body) {
+				continue
+			}
+			gone = true
+			// The store holds another run under this run's token, and
+			// that run had started before this one's Do returned: its
+			// completion may have been written before this one's
+			// Complete ran, which redisstore then takes for its own (a
+			// false acknowledgement; see the notes in run).
+			if completed && rec.Token == a.token && l.startedBefore(k, rec.Response.Body, a.end) {
+				same = true
+			}
+		}
+		l.mu.Lock()
+		l.verified[k] = fmt.Sprintf("%s (acknowledged %q)", found, bodyRun(acks[k][0].body))
+		if same {
+			l.sameToken[k] = true
+		}
+		l.mu.Unlock()
+		if gone {
 			mu.Lock()
 			missing[k] = true
 			mu.Unlock()
-			l.send(ctx, k) // a client's retry
+		}
+		if !completed || !bytes.Equal(rec.Response.Body, acks[k][0].body) {
+			l.send(ctx, k, "verify") // a client's retry
 		}
 	})
 	l.mu.Lock()
@@ -232,7 +330,86 @@ func (l *ledger) verify(t *testing.T, ctx context.Context) (lost int) {
 	for k := range l.badReplay {
 		missing[k] = true
 	}
+	l.missing = missing
 	return len(missing)
+}
+
+// startedBefore reports whether the run of key that returned body started
+// before at.
+func (l *ledger) startedBefore(key idem.Key, body []byte, at time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.runs[key] {
+		if bytes.Equal(r.body, body) {
+			return r.start < at
+		}
+	}
+	return false
+}
+
+// ms rounds d for the diagnostics.
+func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// bodyRun is the run a body names ("#3"), short for the diagnostics.
+func bodyRun(b []byte) string {
+	if i := bytes.LastIndexByte(b, '#'); i >= 0 {
+		return string(b[i:])
+	}
+	return string(b)
+}
+
+// explain logs, for every key whose runs the accounting does not
+// explain or that verify found under the same token, what the ledger saw
+// of it:
+// each run (its lease, token, when it ran, what Do returned) and each
+// send.
+func (l *ledger) explain(t *testing.T) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("the fault ran from %v to %v", ms(l.faultAt), ms(l.faultEnd))
+	for k, n := range l.execs {
+		unacked := 0
+		for _, r := range l.runs[k] {
+			if strings.HasPrefix(r.outcome, "unacked") {
+				unacked++
+			}
+		}
+		lost := 0
+		if l.missing[k] {
+			lost = 1
+		}
+		if n-1 <= unacked+lost && !l.sameToken[k] {
+			continue
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "key %v: %d runs, %d unacknowledged, lost %v, rerun after ack %v, bad replay %v, same token %v; verify found %s\n",
+			k, n, unacked, l.missing[k], l.rerunAck[k], l.badReplay[k], l.sameToken[k], l.verified[k])
+		for _, r := range l.runs[k] {
+			fmt.Fprintf(&b, "  run #%d via %s, token %d, lease %x, ran at %v, Do returned at %v: %s\n", r.n, r.via, r.token, r.lease[:4], ms(r.start), ms(r.end), r.outcome)
+		}
+		for _, h := range l.history[k] {
+			fmt.Fprintf(&b, "  send %s\n", h)
+		}
+		t.Log(b.String())
+	}
+}
+
+// logSends logs every send in the order they started.
+func (l *ledger) logSends(t *testing.T) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var all []string
+	for k, hs := range l.history {
+		for _, h := range hs {
+			all = append(all, h+" key "+k.String()[:6])
+		}
+	}
+	slices.SortFunc(all, func(a, b string) int {
+		da, _ := time.ParseDuration(a[:strings.Index(a, "..")])
+		db, _ := time.ParseDuration(b[:strings.Index(b, "..")])
+		return int(da - db)
+	})
+	t.Logf("the fault ran from %v to %v; sends:\n%s", ms(l.faultAt), ms(l.faultEnd), strings.Join(all, "\n"))
 }
 
 // parallel runs fn over keys with a few goroutines.
@@ -256,6 +433,7 @@ func parallel(keys []idem.Key, fn func(idem.Key)) {
 // result is what a scenario found.
 type result struct {
 	requests, keys, duplicates, unacked, lost, stuck, badReplay, replays int
+	loadSent, sameToken                                                  int
 	okAfter, sentAfter                                                   int
 	errs                                                                 map[string]int
 	samples                                                              map[string]string
@@ -267,6 +445,7 @@ func (l *ledger) result() result {
 	defer l.mu.Unlock()
 	r := result{requests: l.requests, keys: len(l.sent), unacked: l.unacked,
 		badReplay: len(l.badReplay), replays: l.replays, okAfter: l.okAfter, sentAfter: l.sentAfter,
+		loadSent: l.loadSent, sameToken: len(l.sameToken),
 		errs: map[string]int{}, samples: l.samples, lastErrs: l.lastErrs}
 	for _, n := range l.execs {
 		r.duplicates += max(n-1, 0)
@@ -298,6 +477,9 @@ func (sc scenario) run(t *testing.T, store idem.Store, fault func(t *testing.T))
 	time.Sleep(sc.warmup)
 	l.setPhase(1)
 	start := time.Now()
+	l.mu.Lock()
+	l.faultAt = l.since()
+	l.mu.Unlock()
 	func() {
 		defer func() {
 			if t.Failed() {
@@ -311,6 +493,9 @@ func (sc scenario) run(t *testing.T, store idem.Store, fault func(t *testing.T))
 		t.FailNow()
 	}
 	faultTook := time.Since(start)
+	l.mu.Lock()
+	l.faultEnd = l.since()
+	l.mu.Unlock()
 	l.setPhase(2)
 	time.Sleep(sc.after)
 	close(stop)
@@ -336,9 +521,24 @@ func (sc scenario) run(t *testing.T, store idem.Store, fault func(t *testing.T))
 		t.Errorf("CROSSSLOT %d, mismatch %d: want 0", r.errs["CROSSSLOT"], r.errs["mismatch"])
 	}
 	// A duplicate needs a run whose result was not acknowledged, or a
-	// lost record.
+	// lost record (verify counts a key lost when any of its acknowledged
+	// runs is gone, not only the first).
 	if r.duplicates > r.unacked+r.lost {
 		t.Errorf("%d duplicates, but only %d unacknowledged runs and %d lost records", r.duplicates, r.unacked, r.lost)
+		l.explain(t)
+	}
+	// An acknowledged run missing from the store, which holds another run
+	// under the same fencing token (the two leases were taken in the same
+	// millisecond, on the old and on the new primary), is either a
+	// completion written on the old primary and lost with it, or one
+	// never written: redisstore's complete.lua takes a completed record
+	// with the lease's token for a repeat of its own Complete and
+	// answers success (seen in the servers' command logs: the second
+	// Complete ran on the new primary, over the other lease's record).
+	// From here the two look alike, so it counts as lost; with WAIT it
+	// would be a confirmed completion lost, which the Sentinel test fails.
+	if r.sameToken > 0 {
+		t.Logf("%d keys with an acknowledged run missing from the store, which holds another run under its token (lost on the old primary, or acknowledged unwritten)", r.sameToken)
 	}
 	if r.stuck > 0 {
 		t.Errorf("%d keys stuck after lease + grace", r.stuck)
@@ -346,8 +546,16 @@ func (sc scenario) run(t *testing.T, store idem.Store, fault func(t *testing.T))
 	if r.okAfter == 0 {
 		t.Errorf("no send succeeded after the fault (%d sent); last errors: %q", r.sentAfter, tail(r.lastErrs, 3))
 	}
-	if r.requests < 100 {
-		t.Errorf("only %d requests: the load did not run", r.requests)
+	// The load ran: it sent at least copies rounds per worker. A healthy
+	// run sends thousands; on a loaded machine with WaitReplicas, where a
+	// completion can wait its whole WaitTimeout, fewer than 100 have been
+	// seen (93). A load that does not run at all (each worker stuck in its
+	// first send until the 5s timeout) stays at one or two per worker.
+	// Settle's and verify's sends do not count: they run whatever the load
+	// did.
+	if floor := sc.spec.workers * sc.spec.copies; r.loadSent < floor {
+		t.Errorf("only %d requests from the load (%d in all), fewer than %d: the load did not run", r.loadSent, r.requests, floor)
+		l.logSends(t)
 	}
 	return r
 }

@@ -448,8 +448,12 @@ func assertTiered(t *testing.T, tl tally) {
 	if tl.errs["mismatch"] != 0 {
 		t.Errorf("%d mismatches: want 0", tl.errs["mismatch"])
 	}
-	if tl.requests < 200 {
-		t.Errorf("only %d requests: the load did not run", tl.requests)
+	// The load ran: at least three requests per worker. A healthy run sends
+	// thousands; a loaded machine has been seen to fall below 100 (in
+	// reliability/failover, whose check this is too); a load stuck in its
+	// first requests stays at about one per worker.
+	if tl.requests < 3*workers {
+		t.Errorf("only %d requests, fewer than %d: the load did not run", tl.requests, 3*workers)
 	}
 }
 
