@@ -34,8 +34,9 @@ func init() {
 // stops reading is gone once a write to it (32 KiB at most) has not been
 // taken for --client-write-timeout (idemhttp Config.ClientWriteTimeout, a
 // deadline per write), so it does not hold its key; any other client that
-// stops reading only holds its own connection. ReadTimeout bounds slow request bodies; ReadHeaderTimeout
-// and MaxHeaderBytes stop slowloris clients.
+// stops reading only holds its own connection. ReadTimeout bounds slow
+// request bodies; ReadHeaderTimeout and MaxHeaderBytes stop slowloris
+// clients.
 const (
 	readHeaderTimeout = 5 * time.Second
 	maxHeaderBytes    = 1 << 20
