@@ -32,7 +32,12 @@ type Store interface {
 	Renew(ctx context.Context, l Lease, ttl time.Duration) error
 
 	// Complete stores resp as the key's result, kept for retention, and
-	// ends the lease. Repeating a successful Complete returns nil. The
+	// ends the lease. Repeating a successful Complete with the same resp
+	// returns nil; with another resp it returns nil or ErrLeaseLost (the
+	// Redis store's answer: its completed record keeps the token, not the
+	// lease id, and two leases can share a token after a failover, so it
+	// takes a Complete for a repeat only when the record holds that very
+	// response) and changes nothing. The
 	// whole of resp is kept, Blob included (Response.AppendBinary keeps
 	// it, and the stores of this module store that encoding): a store that
 	// kept responses in a format of its own and dropped Blob would replay

@@ -122,8 +122,11 @@ func testFill(t *testing.T, s *redisstore.Store) {
 	if err := s.Renew(ctx, l, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Renew after Fill: got %v, want ErrLeaseLost", err)
 	}
-	if err := s.Complete(ctx, l, &idem.Response{Status: 200}, time.Hour); err != nil {
-		t.Fatalf("Complete of the same token after Fill: got %v, want nil (a repeat)", err)
+	if err := s.Complete(ctx, l, &idem.Response{Status: 201, Body: []byte("relayed")}, time.Hour); err != nil {
+		t.Fatalf("Complete of the same token and response after Fill: got %v, want nil (a repeat)", err)
+	}
+	if err := s.Complete(ctx, l, &idem.Response{Status: 200}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete of the same token with another response after Fill: got %v, want ErrLeaseLost (the record does not hold it)", err)
 	}
 
 	// Over another lease's record whose token is ahead of the clock (and

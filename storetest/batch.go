@@ -103,6 +103,18 @@ func (e *env) wantErrs(what string, got []error, want ...error) {
 	}
 }
 
+// wantNilOrLeaseLost checks that every answer is nil or ErrLeaseLost: a
+// Complete of a lease that completed the key with another response (see
+// idem.Store's Complete).
+func (e *env) wantNilOrLeaseLost(what string, got []error) {
+	e.t.Helper()
+	for i, err := range got {
+		if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+			e.t.Errorf("%s: answer %d: got error %v, want nil or ErrLeaseLost", what, i, err)
+		}
+	}
+}
+
 // testBatchOutcomes: every outcome, in mixed batches.
 func (s *suite) testBatchOutcomes(t *testing.T) {
 	e := s.env(t)
@@ -220,13 +232,16 @@ func (s *suite) testBatchRepeated(t *testing.T) {
 	e.wantErrs("CompleteMany", e.completeMany(cs...), nil, nil)
 	before0 := e.wantRecord("k0 completed", keys[0], completed(first[0].Lease, fpA, resp, retention), retention/2)
 	before1 := e.wantRecord("k1 completed", keys[1], completed(first[1].Lease, fpA, resp, retention), retention/2)
-	other := &idem.Response{Status: 500, Body: []byte("second")}
-	e.wantErrs("repeated CompleteMany", e.completeMany(
-		idem.Completion{Lease: first[0].Lease, Response: other, Retention: retention},
-		idem.Completion{Lease: first[1].Lease, Response: other, Retention: retention},
-	), nil, nil)
+	e.wantErrs("repeated CompleteMany", e.completeMany(cs...), nil, nil)
 	e.wantUnchanged("k0 after the repeated CompleteMany", keys[0], before0)
 	e.wantUnchanged("k1 after the repeated CompleteMany", keys[1], before1)
+	other := &idem.Response{Status: 500, Body: []byte("second")}
+	e.wantNilOrLeaseLost("CompleteMany again with another response", e.completeMany(
+		idem.Completion{Lease: first[0].Lease, Response: other, Retention: retention},
+		idem.Completion{Lease: first[1].Lease, Response: other, Retention: retention},
+	))
+	e.wantUnchanged("k0 after CompleteMany again with another response", keys[0], before0)
+	e.wantUnchanged("k1 after CompleteMany again with another response", keys[1], before1)
 
 	l := first[2].Lease
 	e.wantErrs("ReleaseMany", e.releaseMany(l), nil)
@@ -250,10 +265,12 @@ func (s *suite) testBatchDuplicates(t *testing.T) {
 	l := got[0].Lease
 	r1 := &idem.Response{Status: 200, Body: []byte("one")}
 	r2 := &idem.Response{Status: 200, Body: []byte("two")}
-	e.wantErrs("CompleteMany with a lease twice", e.completeMany(
+	twice := e.completeMany(
 		idem.Completion{Lease: l, Response: r1, Retention: retention},
 		idem.Completion{Lease: l, Response: r2, Retention: retention},
-	), nil, nil)
+	)
+	e.wantErrs("CompleteMany with a lease twice", twice[:1], nil)
+	e.wantNilOrLeaseLost("CompleteMany with a lease twice, the second", twice[1:])
 	e.wantRecord("completed once", k, completed(l, fpA, r1, retention), retention/2)
 
 	// Release then acquire in one batch cannot be: a batch is of one

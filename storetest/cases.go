@@ -313,10 +313,17 @@ func (s *suite) testRepeatedCalls(t *testing.T) {
 	resp := &idem.Response{Status: 200, Body: []byte("first")}
 	e.complete(l, resp, retention)
 	before := e.wantRecord("completed", key, completed(l, fpA, resp, retention), retention/2)
-	if err := e.Store.Complete(e.ctx, l, &idem.Response{Status: 500, Body: []byte("second")}, retention); err != nil {
+	if err := e.Store.Complete(e.ctx, l, resp, retention); err != nil {
 		t.Errorf("repeated Complete: got error %v, want none", err)
 	}
 	e.wantUnchanged("after the repeated Complete", key, before)
+	// The same lease with another response is not a repeat of the call
+	// that succeeded: nil or ErrLeaseLost (see idem.Store's Complete), and
+	// nothing changes.
+	if err := e.Store.Complete(e.ctx, l, &idem.Response{Status: 500, Body: []byte("second")}, retention); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Complete again with another response: got error %v, want nil or ErrLeaseLost", err)
+	}
+	e.wantUnchanged("after Complete again with another response", key, before)
 
 	key = newKey()
 	l = e.lease(key, fpA, longTTL)

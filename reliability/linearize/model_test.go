@@ -29,7 +29,10 @@ import (
 //     fingerprint differs, else InFlight (in_flight) or Replay with the
 //     stored response byte for byte (completed).
 //   - Complete(lease): ok on in_flight with that lease id, and again (a
-//     repeat) on completed with the lease's token; else LeaseLost, no change.
+//     repeat) on completed with the lease's token and the same response;
+//     with the lease's token and another response, ok or LeaseLost (the
+//     Redis store answers LeaseLost: see idem.Store's Complete), no change;
+//     else LeaseLost, no change.
 //   - Release(lease): ok on in_flight with that lease id, and again on
 //     released with the lease's token; else LeaseLost, no change.
 //   - Renew(lease): ok on in_flight with that lease id; else LeaseLost.
@@ -246,8 +249,10 @@ func (m stepper) complete(s state, in input, out output) (bool, state) {
 			n.exp = expiry(n.now, in.ttl, n.token)
 		}
 		return out.unknown || out.ok, n
-	case s.kind == kCompleted && s.token == in.token:
+	case s.kind == kCompleted && s.token == in.token && s.resp == in.resp:
 		return out.unknown || out.ok, s
+	case s.kind == kCompleted && s.token == in.token:
+		return true, s // another response: either answer, nothing changes
 	}
 	return out.unknown || !out.ok, s
 }
