@@ -10,7 +10,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -23,28 +22,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/nettest"
 	"github.com/idemkit/idem/memstore"
 )
-
-// dialStalled opens a TCP connection with a small receive buffer, sends
-// request on it, and never reads: the server's writes block once the
-// socket buffers are full. The connection is closed at the end of the test.
-func dialStalled(t *testing.T, addr, request string) net.Conn {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A small buffer, which also caps the window it advertises.
-	if err := conn.(*net.TCPConn).SetReadBuffer(4096); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	if _, err := io.WriteString(conn, request); err != nil {
-		t.Fatal(err)
-	}
-	return conn
-}
 
 // replayOf repeats the keyed POST for a body of size bytes, as a client
 // honouring 409 would, until the answer is something else (bounded), and
@@ -87,7 +67,7 @@ func TestClientStopsReading(t *testing.T) {
 		t.Cleanup(srv.Close)
 
 		key := "stall-" + t.Name()
-		dialStalled(t, srv.Listener.Addr().String(), fmt.Sprintf(
+		nettest.DialStalled(t, srv.Listener.Addr().String(), fmt.Sprintf(
 			"POST /report?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", size, key))
 		// The stalled request holds the key once the handler runs.
 		deadline := time.Now().Add(10 * time.Second)

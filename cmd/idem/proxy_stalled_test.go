@@ -6,34 +6,14 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-)
 
-// dialStalled opens a TCP connection with a small receive buffer, sends
-// request on it, and never reads: the proxy's writes block once the socket
-// buffers are full. The connection is closed at the end of the test.
-func dialStalled(t *testing.T, addr, request string) net.Conn {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A small buffer, which also caps the window it advertises.
-	if err := conn.(*net.TCPConn).SetReadBuffer(4096); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	if _, err := io.WriteString(conn, request); err != nil {
-		t.Fatal(err)
-	}
-	return conn
-}
+	"github.com/idemkit/idem/internal/nettest"
+)
 
 // fetchFinal repeats fetch, as a client honouring 409 would, until the
 // answer is something else (bounded).
@@ -69,7 +49,7 @@ func TestProxyClientStopsReading(t *testing.T) {
 
 		key := "stall-" + strings.ReplaceAll(t.Name(), "/", "-")
 		body := `{"report":"q3"}` // as fetch sends it: the fingerprint covers it
-		dialStalled(t, p.addr, fmt.Sprintf("POST /export?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"+
+		nettest.DialStalled(t, p.addr, fmt.Sprintf("POST /export?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"+
 			"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", size, key, len(body), body))
 		// The stalled request holds the key once it reached the upstream.
 		deadline := time.Now().Add(10 * time.Second)
