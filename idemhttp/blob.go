@@ -262,7 +262,7 @@ type replayRead struct {
 // a blob found corrupt or unreadable after that aborts the response
 // (http.ErrAbortHandler), so the client sees a broken response, never a
 // short or wrong one that looks whole.
-func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *idem.Response) {
+func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *idem.Response, cw clientWrites) {
 	if m.cfg.Blobs == nil {
 		m.replayFailed(w, r, resp.Blob, errNoBlobStore)
 		return
@@ -312,6 +312,7 @@ func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *id
 	}()
 
 	sent := false // the header went out
+	rc := http.NewResponseController(w)
 	send := func(p []byte) bool {
 		if !sent {
 			sent = true
@@ -322,7 +323,7 @@ func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *id
 		if len(p) == 0 {
 			return true
 		}
-		_, err := w.Write(p)
+		_, err := cw.write(w, rc, p)
 		return err == nil
 	}
 	var pending *replayRead

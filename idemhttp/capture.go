@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -52,20 +53,14 @@ type capture struct {
 	// toBlob starts the blob a body that outgrows max goes to; nil, or a
 	// nil answer (a status not to be stored), makes it overflow instead.
 	toBlob   func() *spill
-	spill    *spill // the blob the body goes to, once it outgrew max
-	hijacked bool   // the handler took the connection: nothing to store
-	gone     error  // the first failed write to the client: it left
-	// writeTimeout, when positive, bounds each write to the client (see
-	// above); writeLimit is the server's own write deadline
-	// (http.Server.WriteTimeout), which is never extended: zero for none.
-	// noDeadline: the ResponseWriter does not take write deadlines.
-	writeTimeout time.Duration
-	writeLimit   time.Time
-	noDeadline   bool
+	spill    *spill       // the blob the body goes to, once it outgrew max
+	hijacked bool         // the handler took the connection: nothing to store
+	gone     error        // the first failed write to the client: it left
+	cw       clientWrites // the write deadlines (see above)
 }
 
-func newCapture(w http.ResponseWriter, max int) *capture {
-	c := &capture{w: w, rc: *http.NewResponseController(w), max: max}
+func newCapture(w http.ResponseWriter, max int, cw clientWrites) *capture {
+	c := &capture{w: w, rc: *http.NewResponseController(w), max: max, cw: cw}
 	if h := w.Header(); len(h) > 0 {
 		c.before = h.Clone()
 	}
@@ -73,48 +68,73 @@ func newCapture(w http.ResponseWriter, max int) *capture {
 }
 
 // bounded reports whether writes to the client run under a deadline.
-func (c *capture) bounded() bool {
-	return c.writeTimeout > 0 && !c.noDeadline && !c.hijacked && c.gone == nil
-}
+func (c *capture) bounded() bool { return c.cw.on() && !c.hijacked && c.gone == nil }
 
-// arm sets the deadline of a write to the client that starts now.
 func (c *capture) arm() {
-	if !c.bounded() {
-		return
+	if c.bounded() {
+		c.cw.arm(&c.rc)
 	}
-	d := time.Now().Add(c.writeTimeout)
-	if !c.writeLimit.IsZero() && c.writeLimit.Before(d) {
-		d = c.writeLimit
-	}
-	c.setDeadline(d)
 }
 
-// disarm lifts the deadline once a write returned: a handler that works
-// between two writes is not a client that stopped reading. The server's
-// own deadline, if any, stays.
 func (c *capture) disarm() {
 	if c.bounded() {
-		c.setDeadline(c.writeLimit)
+		c.cw.disarm(&c.rc)
 	}
 }
 
-func (c *capture) setDeadline(d time.Time) {
-	if err := c.rc.SetWriteDeadline(d); errors.Is(err, http.ErrNotSupported) {
-		c.noDeadline = true // writes stay unbounded, as without a timeout
-	}
-}
-
-// send writes p to the client; with a write timeout, in pieces of at most
-// writePiece bytes, each under its own deadline.
+// send writes p to the client (see clientWrites.write).
 func (c *capture) send(p []byte) (int, error) {
 	if !c.bounded() {
 		return c.w.Write(p)
 	}
+	return c.cw.write(c.w, &c.rc, p)
+}
+
+// clientWrites bounds writes to a client: with a positive timeout, each
+// write (in pieces of at most writePiece bytes) runs under a write
+// deadline that is lifted once it returns, never past limit, the server's
+// own write deadline (http.Server.WriteTimeout, counted from when the
+// middleware got the request; zero for none), which stays. A write the
+// client does not take in time fails: the client is gone. A
+// ResponseWriter that takes no deadlines (off) writes unbounded.
+type clientWrites struct {
+	timeout time.Duration
+	limit   time.Time
+	off     bool
+}
+
+// on reports whether writes run under a deadline.
+func (b *clientWrites) on() bool { return b.timeout > 0 && !b.off }
+
+// arm sets the deadline of a write that starts now.
+func (b *clientWrites) arm(rc *http.ResponseController) {
+	d := time.Now().Add(b.timeout)
+	if !b.limit.IsZero() && b.limit.Before(d) {
+		d = b.limit
+	}
+	b.set(rc, d)
+}
+
+// disarm lifts the deadline once a write returned: a handler that works
+// between two writes is not a client that stopped reading.
+func (b *clientWrites) disarm(rc *http.ResponseController) { b.set(rc, b.limit) }
+
+func (b *clientWrites) set(rc *http.ResponseController, d time.Time) {
+	if err := rc.SetWriteDeadline(d); errors.Is(err, http.ErrNotSupported) {
+		b.off = true // writes stay unbounded, as without a timeout
+	}
+}
+
+// write writes p to w, in pieces under their own deadlines when on.
+func (b *clientWrites) write(w io.Writer, rc *http.ResponseController, p []byte) (int, error) {
+	if !b.on() {
+		return w.Write(p)
+	}
 	n := 0
 	for {
-		c.arm()
-		m, err := c.w.Write(p[n:min(len(p), n+writePiece)])
-		c.disarm()
+		b.arm(rc)
+		m, err := w.Write(p[n:min(len(p), n+writePiece)])
+		b.disarm(rc)
 		n += m
 		if err != nil || n >= len(p) {
 			return n, err

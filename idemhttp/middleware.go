@@ -146,7 +146,9 @@ type Config struct {
 	// the middleware got the request) and is not extended.
 	// It needs a ResponseWriter that takes write deadlines (net/http's, on
 	// HTTP/1 and HTTP/2, and wrappers with an Unwrap method); through
-	// others, writes are unbounded. Requests without a key, replays and the
+	// others, writes are unbounded. Replays are bounded the same way (a
+	// client that stops reading a large replay holds no blob reader and no
+	// goroutine past the timeout). Requests without a key and the
 	// middleware's own answers are not affected, nor are the bytes net/http
 	// still holds when the handler has returned (at most a few KiB; the
 	// response is stored by then). Default DefaultClientWriteTimeout (30s);
@@ -508,7 +510,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			m.execute(w, r, body, next, att, fp, toBlob, start)
 		case idem.Replay:
-			m.replayStored(w, r, acq.Response)
+			m.replayStored(w, r, acq.Response, start)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
 			m.problem(w, r, problemMismatch)
@@ -530,7 +532,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if stored := done.For(fp); stored != nil {
 				// A holder in this process stored it: the store's answer,
 				// without asking it.
-				m.replayStored(w, r, stored)
+				m.replayStored(w, r, stored, start)
 				return
 			}
 			pause = min(2*pause, waiters.MaxPause)
@@ -587,13 +589,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	outer := r
 	r = withBody(r, ctx, body)
 	finish := context.WithoutCancel(ctx)
-	c := newCapture(w, m.cfg.MaxResponseSize)
-	if m.cfg.ClientWriteTimeout > 0 {
-		c.writeTimeout = m.cfg.ClientWriteTimeout
-		if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok && srv.WriteTimeout > 0 {
-			c.writeLimit = start.Add(srv.WriteTimeout)
-		}
-	}
+	c := newCapture(w, m.cfg.MaxResponseSize, m.clientWrites(r, start))
 	if toBlob {
 		c.toBlob = func() *spill {
 			if !m.cfg.ShouldStore(r, c.status) {
@@ -685,22 +681,31 @@ func (m *middleware) storable(h http.Header) http.Header {
 	return h
 }
 
+// clientWrites bounds the writes to r's client by ClientWriteTimeout,
+// never past the server's WriteTimeout counted from start.
+func (m *middleware) clientWrites(r *http.Request, start time.Time) clientWrites {
+	cw := clientWrites{timeout: m.cfg.ClientWriteTimeout}
+	if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok && srv.WriteTimeout > 0 && cw.on() {
+		cw.limit = start.Add(srv.WriteTimeout)
+	}
+	return cw
+}
+
 // replayStored answers with a stored response, from the record or, in a
-// blob store, streamed from there.
-func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, resp *idem.Response) {
+// blob store, streamed from there. Its writes are bounded as the
+// handler's are (ClientWriteTimeout): a client that stops reading a
+// replay holds no blob reader and no goroutine for longer.
+func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, resp *idem.Response, start time.Time) {
+	cw := m.clientWrites(r, start)
 	if resp.Blob != nil {
-		m.replayBlob(w, r, resp)
+		m.replayBlob(w, r, resp, cw)
 		return
 	}
 	m.cfg.OnOutcome(r, OutcomeReplayed)
 	telemetry.Event(r.Context(), telemetry.EventReplay)
-	m.replay(w, resp)
-}
-
-func (m *middleware) replay(w http.ResponseWriter, resp *idem.Response) {
 	m.replayHeader(w, resp)
 	w.WriteHeader(resp.Status)
-	w.Write(resp.Body)
+	cw.write(w, http.NewResponseController(w), resp.Body)
 }
 
 // replayHeader sets the stored header of resp on w, and idem's own.

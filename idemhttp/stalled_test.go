@@ -237,3 +237,47 @@ func TestClientWriteTimeoutWithoutDeadlines(t *testing.T) {
 		}
 	}
 }
+
+// A client that stops reading a replay of a large stored body is gone
+// after ClientWriteTimeout too: the replay ends and frees its blob reader
+// and goroutine, instead of waiting for as long as the client keeps the
+// connection open.
+func TestClientStopsReadingReplay(t *testing.T) {
+	const size = 16 << 20 // far more than the socket buffers hold
+	var replays atomic.Int64
+	app := newBigApp()
+	cfg := idemhttp.Config{Blobs: newMemBlobs(), Logger: quietLogger(), ClientWriteTimeout: 300 * time.Millisecond,
+		OnOutcome: func(_ *http.Request, o idemhttp.Outcome) {
+			if o == idemhttp.OutcomeReplayed {
+				replays.Add(1)
+			}
+		}}
+	srv := httptest.NewUnstartedServer(idemhttp.Middleware(memstore.New(memstore.Options{}), cfg)(app))
+	srv.Config.ErrorLog = quietStdLogger()
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	key := "stalled-replay"
+	if g := replayOf(t, srv.URL, key, size); g.status != http.StatusOK || g.err != nil || g.n != size {
+		t.Fatalf("first request: %d, %d bytes, %v", g.status, g.n, g.err)
+	}
+	// Once a replay came back, the key is completed: the stalled
+	// request's answer is a replay too.
+	for replays.Load() == 0 {
+		if g := replayOf(t, srv.URL, key, size); g.status != http.StatusOK || g.err != nil || g.n != size {
+			t.Fatalf("replay: %d, %d bytes, %v", g.status, g.n, g.err)
+		}
+	}
+	nettest.DialStalled(t, srv.Listener.Addr().String(), fmt.Sprintf(
+		"POST /report?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", size, key))
+	deadline := time.Now().Add(10 * time.Second)
+	for replays.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the replay to a client that stopped reading still runs after 10s (ClientWriteTimeout 300ms)")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := app.count(key); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
