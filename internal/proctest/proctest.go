@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -197,4 +198,23 @@ func StartProxy(t TB, args ...string) *Proxy {
 		t.Fatal("idem proxy did not listen within 15s")
 	}
 	return p
+}
+
+// Pause stops p with SIGSTOP and returns once every thread of it is
+// stopped (see Stopped), or an error after timeout.
+func Pause(p *os.Process, timeout time.Duration) error {
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := Stopped(p.Pid)
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("proctest: process %d not stopped %v after SIGSTOP", p.Pid, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

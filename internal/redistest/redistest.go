@@ -345,7 +345,19 @@ func (s *Server) Restart() error {
 
 // Pause freezes the server with SIGSTOP: it keeps its port, and connections
 // are accepted by the kernel, but nothing is answered until Resume.
-func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+// It returns once the server has stopped (proctest.Pause): until then a
+// busy server may still answer.
+func (s *Server) Pause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil || s.proc.exited() {
+		return fmt.Errorf("redistest: server %s is not running", s.Addr())
+	}
+	if err := proctest.Pause(s.proc.cmd.Process, 10*time.Second); err != nil {
+		return fmt.Errorf("redistest: pausing %s: %w", s.Addr(), err)
+	}
+	return nil
+}
 
 // Resume continues a paused server with SIGCONT.
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }

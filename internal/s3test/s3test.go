@@ -251,7 +251,16 @@ func (s *Server) MustBucket() string {
 
 // Pause stops the server process (SIGSTOP): connections hang, as with a
 // server that stopped answering. Resume continues it.
-func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+// It returns once every thread of the server has stopped: until then it
+// may still answer (proctest.Pause).
+func (s *Server) Pause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("s3test: server not running")
+	}
+	return proctest.Pause(s.cmd.Process, 10*time.Second)
+}
 
 // Resume continues a paused server (SIGCONT).
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }

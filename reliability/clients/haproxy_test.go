@@ -578,35 +578,10 @@ func killHolderFirst(t *testing.T, s *haSetup, key, body string) result {
 // then it may still read from its sockets). The test's end resumes it.
 func pause(t *testing.T, p *proctest.Proxy) {
 	t.Helper()
-	if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { p.Cmd.Process.Signal(syscall.SIGCONT) })
-	if !waitFor(10*time.Second, func() bool { return stopped(t, p.Cmd.Process.Pid) }) {
-		t.Fatalf("got idem proxy %s not stopped 10s after SIGSTOP, want every thread stopped", p.Addr)
+	if err := proctest.Pause(p.Cmd.Process, 10*time.Second); err != nil {
+		t.Fatalf("idem proxy %s: %v", p.Addr, err)
 	}
-}
-
-// stopped reports whether every thread of pid is stopped (state T in
-// /proc/PID/task/TID/stat; Linux).
-func stopped(t *testing.T, pid int) bool {
-	t.Helper()
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		t.Fatalf("reading /proc/%d/task: %v (the HAProxy cases watch processes there; Linux only)", pid, err)
-	}
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		if err != nil {
-			return false
-		}
-		// pid (comm) state ...: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-			return false
-		}
-	}
-	return len(tasks) > 0
 }
 
 func resume(t *testing.T, p *proctest.Proxy) {
