@@ -141,8 +141,10 @@ type Config struct {
 	Logger *slog.Logger
 
 	// OnOutcome, when set, is called once for every call of a covered
-	// method with what the interceptor did with it (for metrics). It must
-	// not block.
+	// method with what the interceptor did with it (for metrics); for a
+	// call that ran the handler, once the handler has returned:
+	// OutcomeReleased after the key was released, OutcomeExecuted just
+	// before the outcome is stored. It must not block.
 	OnOutcome func(ctx context.Context, fullMethod string, o Outcome)
 
 	// OnRenew: see idem.Config.

@@ -174,9 +174,10 @@ type Config struct {
 
 	// OnOutcome, when set, is called once for every request of a covered
 	// method with what the middleware did with it (for metrics); for a
-	// request that ran the handler (OutcomeExecuted, OutcomeReleased),
-	// once the handler has returned and the key was completed or
-	// released. It must not block.
+	// request that ran the handler, once the handler has returned:
+	// OutcomeReleased after the key was released, OutcomeExecuted just
+	// before the response is stored (so that a retry replaying it finds
+	// the execution counted). It must not block.
 	OnOutcome func(r *http.Request, o Outcome)
 
 	// OnRenew: see idem.Config.
