@@ -285,7 +285,8 @@ func (s *suite) crashBeforeAck(t *testing.T, concurrency int) {
 	}
 	// In batch mode the handlers of a whole fetched batch may have run
 	// before the first of them is settled.
-	if got := len(e.ledger.Snapshot()); e.batch && got < 3 {
+	before := e.ledger.Snapshot()
+	if got := len(before); e.batch && got < 3 {
 		t.Fatalf("before the restart the ledger holds %d keys, want at least 3 (batch mode)", got)
 	} else if got != 3 && !e.batch && (concurrency <= 1 || got < 3 || got == len(keys)) {
 		t.Fatalf("before the restart the ledger holds %d keys, want 3 (or, with concurrency %d, at least 3 and not all %d)",
@@ -301,7 +302,17 @@ func (s *suite) crashBeforeAck(t *testing.T, concurrency int) {
 	}
 	e.waitSettled("every message settled after the restart")
 	e.stopAll(stops...)
-	e.ledger.WantOneEach(t, keys)
+	if e.batch {
+		// A batch records its completions in groups: the crash may cut
+		// the recording of handlers that had run (their effect is in
+		// before), and those run again once their leases end, which is
+		// the documented at-least-once of a crash after the effect and
+		// before the record. Each runs at most twice; every other key
+		// exactly once.
+		e.ledger.WantOneEachBut(t, keys, before)
+	} else {
+		e.ledger.WantOneEach(t, keys)
+	}
 	if d := got.get(idemmsg.Duplicate); d < 1 {
 		t.Errorf("%d duplicates after the restart, want at least 1 (the message whose ack was lost)", d)
 	}
