@@ -358,7 +358,10 @@ func TestGRPCClientsRetry(t *testing.T) {
 					t.Errorf("key %s: got %d executions of the handler, want 1", r.key, len(effects))
 					continue
 				}
-				if len(r.Seen) == 0 || r.Seen[0] != "DEADLINE_EXCEEDED" {
+				// grpcio may see the deadline as CANCELLED: the server's
+				// RST_STREAM, sent when the deadline passed, can beat its
+				// own timer (see testdata/grpc_client.py).
+				if len(r.Seen) == 0 || (r.Seen[0] != "DEADLINE_EXCEEDED" && r.Seen[0] != "CANCELLED") {
 					t.Errorf("%s, key %s: got calls %v, want the first to pass its deadline during the work", r.Client, r.key, r.Seen)
 				}
 				if r.Status != "OK" || r.Replayed != "true" || r.Value != effects[0] {

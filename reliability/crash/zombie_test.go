@@ -250,11 +250,14 @@ func TestZombieStoreCalls(t *testing.T) {
 			name := fmt.Sprintf("zombie-store-%x", rand.Uint32())
 			key, _ := scope.Key(name)
 			fp := idem.SumFingerprint([]byte(name))
-			const ttl = 300 * time.Millisecond
+			// The zombie's lease is short, to expire; the new holder's is
+			// long, so that it outlives the checks on a loaded machine.
+			const ttl, holderTTL = 300 * time.Millisecond, time.Minute
 			calls := 0
+			lease := ttl
 			acquire := func() idem.Acquisition {
 				calls++
-				acq, err := store.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: ttl})
+				acq, err := store.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: lease})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -265,6 +268,7 @@ func TestZombieStoreCalls(t *testing.T) {
 				t.Fatalf("first acquire: %v", a1.Outcome)
 			}
 			zombie := a1.Lease
+			lease = holderTTL
 			var a2 idem.Acquisition
 			for deadline := time.Now().Add(10 * time.Second); ; {
 				if a2 = acquire(); a2.Outcome == idem.Acquired {
