@@ -191,9 +191,13 @@ func TestWaitCluster(t *testing.T) {
 			// still says the source.
 			mv.finish(t)
 			// (A replica answers for the slots its primary owns: this
-			// check has to wait for the end of the move.)
-			if !onReplicaOf(t, mv.dst, s.KeyName(key)) {
-				t.Fatal("the record completed during the migration is not on the target's replica")
+			// check has to wait for the end of the move, and for the
+			// replica to hear of it: it answers MOVED until then.)
+			for deadline := time.Now().Add(10 * time.Second); !onReplicaOf(t, mv.dst, s.KeyName(key)); {
+				if time.Now().After(deadline) {
+					t.Fatal("the record completed during the migration is not on the target's replica after 10s")
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
 			if err := s.Complete(ctx, l2, resp, time.Minute); err != nil {
 				t.Fatalf("complete after the slot moved (MOVED): %v", err)

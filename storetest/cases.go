@@ -239,9 +239,22 @@ func (s *suite) testFencingTokens(t *testing.T) {
 	// 1ms leases whose records outlive their TTL, because the clock has to
 	// pass their token before they may go.
 	for i := range 50 {
-		l := e.lease(key, fpA, time.Millisecond)
+		// The lease before may have ended before its Release (a slow
+		// machine): its record then stays in flight until the clock has
+		// passed its token, and the key is taken over after that.
+		var acq idem.Acquisition
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			acq = e.acquire(key, fpA, idem.NewLeaseID(), time.Millisecond)
+			if acq.Outcome != idem.InFlight || time.Now().After(deadline) {
+				break
+			}
+			e.Sleep(max(acq.RetryAfter, time.Millisecond))
+		}
+		e.wantOutcome(fmt.Sprintf("Acquire %d of a 1ms lease", i), acq, idem.Acquired)
+		l := acq.Lease
 		next(fmt.Sprintf("Acquire %d of a 1ms lease", i), l)
-		// The lease may have ended already: then the key is free anyway.
+		// The lease may have ended already: then the key is free once its
+		// record goes (above).
 		if err := e.Store.Release(e.ctx, l); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("Release of a 1ms lease: got error %v, want none or ErrLeaseLost", err)
 		}
