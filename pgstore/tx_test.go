@@ -66,11 +66,12 @@ func TestBeginFunc(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (key bytea PRIMARY KEY, token bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	// A short lease, renewed every 10ms, and a commit that takes 100ms:
+	// A short lease, renewed every 100ms, and a commit that takes 600ms:
 	// without StopRenewal, renewals wait on the row CompleteTx locked, find
-	// the record completed and report the lease lost.
+	// the record completed and report the lease lost. (Long enough that a
+	// loaded machine still renews in time.)
 	var lost atomic.Int64
-	g, err := idem.New(s, idem.Config{Lease: 30 * time.Millisecond, OnRenew: func(_ idem.Key, err error) {
+	g, err := idem.New(s, idem.Config{Lease: 300 * time.Millisecond, OnRenew: func(_ idem.Key, err error) {
 		if errors.Is(err, idem.ErrLeaseLost) {
 			lost.Add(1)
 		}
@@ -84,14 +85,14 @@ func TestBeginFunc(t *testing.T) {
 			t.Fatalf("Begin: got %v, %v, want Acquired", acq.Outcome, err)
 		}
 		var workCtx context.Context
-		resp, err := s.BeginFunc(ctx, slowCommit{pool, 100 * time.Millisecond}, att,
+		resp, err := s.BeginFunc(ctx, slowCommit{pool, 600 * time.Millisecond}, att,
 			func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
 				workCtx = ctx
 				lease, _ := idem.LeaseFromContext(ctx)
 				if _, err := tx.Exec(ctx, `INSERT INTO charges VALUES ($1, $2)`, lease.Key[:], lease.Token); err != nil {
 					return nil, err
 				}
-				time.Sleep(50 * time.Millisecond) // renewals run meanwhile
+				time.Sleep(250 * time.Millisecond) // renewals run meanwhile
 				return resp, fail
 			})
 		return resp, workCtx, err
