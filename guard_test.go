@@ -254,14 +254,21 @@ func TestOnRenew(t *testing.T) {
 	mem := memstore.New(memstore.Options{})
 	var mu sync.Mutex
 	var results []error
-	g, _ := idem.New(mem, idem.Config{Lease: 30 * time.Millisecond, OnRenew: func(_ idem.Key, err error) {
+	g, _ := idem.New(mem, idem.Config{Lease: 300 * time.Millisecond, OnRenew: func(_ idem.Key, err error) {
 		mu.Lock()
 		results = append(results, err)
 		mu.Unlock()
 	}})
 	key, _ := idem.Scope{}.Key("k")
 	att, _, _ := g.Begin(context.Background(), key, idem.Fingerprint{})
-	time.Sleep(45 * time.Millisecond)     // past at least one renewal
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) { // past one renewal
+		mu.Lock()
+		n := len(results)
+		mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	mem.Delete(context.Background(), key) // the lease is gone
 	<-att.Context().Done()
 	mu.Lock()
