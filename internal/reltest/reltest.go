@@ -89,3 +89,22 @@ func FormatErrors(m map[string]int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// Parallel runs fn over items with workers goroutines and returns when
+// every item is done.
+func Parallel[T any](items []T, workers int, fn func(T)) {
+	ch := make(chan T)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for it := range ch {
+				fn(it)
+			}
+		})
+	}
+	for _, it := range items {
+		ch <- it
+	}
+	close(ch)
+	wg.Wait()
+}

@@ -413,22 +413,7 @@ func (l *ledger) logSends(t *testing.T) {
 }
 
 // parallel runs fn over keys with a few goroutines.
-func parallel(keys []idem.Key, fn func(idem.Key)) {
-	ch := make(chan idem.Key)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for k := range ch {
-				fn(k)
-			}
-		})
-	}
-	for _, k := range keys {
-		ch <- k
-	}
-	close(ch)
-	wg.Wait()
-}
+func parallel(keys []idem.Key, fn func(idem.Key)) { reltest.Parallel(keys, 8, fn) }
 
 // result is what a scenario found.
 type result struct {

@@ -338,22 +338,7 @@ func (h *harness) settle() (stuck int) {
 	return len(keys)
 }
 
-func parallel(keys []string, fn func(string)) {
-	ch := make(chan string)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for k := range ch {
-				fn(k)
-			}
-		})
-	}
-	for _, k := range keys {
-		ch <- k
-	}
-	close(ch)
-	wg.Wait()
-}
+func parallel(keys []string, fn func(string)) { reltest.Parallel(keys, workers, fn) }
 
 // tally is what a scenario found.
 type tally struct {
