@@ -571,10 +571,19 @@ func (m *middleware) workContext(parent context.Context) (ctx context.Context, s
 }
 
 // withBody returns a copy of r with ctx and the body that was read for
-// the fingerprint.
+// the fingerprint. The body is now of known length: ContentLength says
+// it, and the client's Transfer-Encoding is gone, so that a handler that
+// forwards r (httputil.ReverseProxy, an http.Client) sends it with its
+// Content-Length, never as a chunked body the next server may not read.
 func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 	r = r.WithContext(ctx)
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	if len(body) == 0 {
+		r.Body = http.NoBody
+	} else {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
 	return r
 }
 

@@ -297,3 +297,45 @@ func TestOnOutcomeReleased(t *testing.T) {
 		t.Fatalf("retry of a released key: got %d and %d more runs, want 500 and 1", a.status, s.runs.Load()-before)
 	}
 }
+
+// The handler of a keyed request gets the body the middleware read with
+// its length: ContentLength set and no Transfer-Encoding, whether the
+// client sent it chunked or with a Content-Length, so that a handler that
+// forwards the request (a reverse proxy) sends a Content-Length; a request
+// without a body has ContentLength 0 and http.NoBody.
+func TestHandlerSeesBodyLength(t *testing.T) {
+	type seen struct {
+		length int64
+		te     []string
+		body   string
+		noBody bool
+	}
+	got := make(chan seen, 1)
+	h := idemhttp.Middleware(memstore.New(memstore.Options{}), idemhttp.Config{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.ContentLength, r.TransferEncoding, string(b), r.Body == http.NoBody}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, tc := range []struct {
+		name string
+		body io.Reader
+		want seen
+	}{
+		{"chunked", io.MultiReader(strings.NewReader(`{"a":1}`)), seen{7, nil, `{"a":1}`, false}},
+		{"content-length", strings.NewReader(`{"a":2}`), seen{7, nil, `{"a":2}`, false}},
+		{"none", nil, seen{0, nil, "", true}},
+	} {
+		req, _ := http.NewRequest("POST", srv.URL, tc.body)
+		req.Header.Set(idemhttp.HeaderKey, "len-"+tc.name)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if s := <-got; !reflect.DeepEqual(s, tc.want) {
+			t.Errorf("%s: the handler saw %+v, want %+v", tc.name, s, tc.want)
+		}
+	}
+}

@@ -20,15 +20,6 @@ import (
 // the proxy passes them on without looking at them.
 const outcomeNotCovered = "not_covered"
 
-// outcomeUpstreamAborted is logged (not counted: the middleware already
-// counted the request) when the upstream failed in the middle of a body.
-const outcomeUpstreamAborted = "upstream_aborted"
-
-// outcomeClientGone is logged in place of "executed" when the client left
-// (disconnected, timed out) while its request ran: the upstream's response
-// was still read to its end and stored, for the client's retry to replay.
-const outcomeClientGone = "client_gone"
-
 // proxyMetrics are the proxy's Prometheus metrics, on a registry of their
 // own (never the global one).
 type proxyMetrics struct {
@@ -37,8 +28,10 @@ type proxyMetrics struct {
 	renewals *prometheus.CounterVec   // idem_lease_renewals_total{result}
 	store    *prometheus.HistogramVec // idem_store_duration_seconds{op}
 	upstream prometheus.Histogram     // idem_upstream_duration_seconds
-	// clientGone: idem_client_gone_total
-	clientGone prometheus.Counter
+	// clientGone: idem_client_gone_total{outcome}
+	clientGone *prometheus.CounterVec
+	// upstreamAborted: idem_upstream_aborted_total
+	upstreamAborted prometheus.Counter
 	// blobErrors: idem_blob_errors_total{op,reason}
 	blobErrors *prometheus.CounterVec
 	// sweeps and sweepDeleted: idem_blob_sweeps_total{result},
@@ -52,7 +45,7 @@ func newProxyMetrics() *proxyMetrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (client left), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered).",
+			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, conflict, mismatch, rejected, store_error, passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered). The log line of each request has the same outcome.",
 		}, []string{"outcome"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",
@@ -63,9 +56,13 @@ func newProxyMetrics() *proxyMetrics {
 			Help:    "Latency of idempotency store calls by operation.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op"}),
-		clientGone: prometheus.NewCounter(prometheus.CounterOpts{
+		clientGone: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_client_gone_total",
-			Help: "Executed requests whose client left (disconnected, timed out) before the answer was written; the upstream's response was stored for the retry. Also counted as executed in idem_requests_total.",
+			Help: "Requests whose client left (disconnected, or did not take a write within --client-write-timeout) before it had the whole response, by outcome (also counted under that outcome in idem_requests_total); with outcome executed, the upstream's response was read to its end and stored for the client's retry. Logged as client_gone=true.",
+		}, []string{"outcome"}),
+		upstreamAborted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_upstream_aborted_total",
+			Help: "Requests whose upstream failed in the middle of its response body: the client's connection is cut (a keyed request's key is released, outcome released). Logged as upstream_aborted=true.",
 		}),
 		blobErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_blob_errors_total",
@@ -85,7 +82,7 @@ func newProxyMetrics() *proxyMetrics {
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
 	}
-	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.blobErrors, m.sweeps, m.sweepDeleted,
+	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.upstreamAborted, m.blobErrors, m.sweeps, m.sweepDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.
@@ -95,6 +92,7 @@ func newProxyMetrics() *proxyMetrics {
 		m.requests.WithLabelValues(string(o))
 	}
 	m.requests.WithLabelValues(outcomeNotCovered)
+	m.clientGone.WithLabelValues(string(idemhttp.OutcomeExecuted))
 	for _, r := range []string{"ok", "lost", "error"} {
 		m.renewals.WithLabelValues(r)
 	}

@@ -131,6 +131,11 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	if err != nil {
 		return err
 	}
+	// What net/http writes with the log package (its Transport's
+	// "Unsolicited response received on idle HTTP channel", for one) goes
+	// to the structured log too, at WARN, never as raw text beside it.
+	slog.SetDefault(logger)
+	slog.SetLogLoggerLevel(slog.LevelWarn)
 
 	rawStore, closeStore, err := openStore(ctx, o.store, o.prefix)
 	if errors.As(err, new(usageError)) {
@@ -370,7 +375,7 @@ type route struct {
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.ServeHTTP(w, r) }
 
 // reqInfo carries what the middleware reported about a request to the
-// proxy's log line.
+// proxy's log line: its outcome, the same word as in idem_requests_total.
 type reqInfo struct{ outcome string }
 
 type reqInfoKey struct{}
@@ -399,8 +404,11 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 			if errors.Is(cause, context.Canceled) {
 				level = slog.LevelDebug // the client left, on a route with cancel-on-disconnect
 			}
-			logger.LogAttrs(r.Context(), level, "upstream request failed", slog.String("method", r.Method), slog.Any("error", err),
-				slog.Any("cause", cause))
+			attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.EscapedPath()), slog.Any("error", err)}
+			if cause != nil && cause != err {
+				attrs = append(attrs, slog.Any("cause", cause))
+			}
+			logger.LogAttrs(r.Context(), level, "upstream request failed", attrs...)
 			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
 				Status: http.StatusBadGateway, Detail: "The upstream service could not be reached or did not answer."})
 		},
@@ -561,36 +569,37 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		info.outcome = outcomeNotCovered
 		p.metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, ctx: r.Context()}
 	defer func() {
 		// ReverseProxy panics with http.ErrAbortHandler when the upstream
 		// fails in the middle of a body: log that request too, then let
-		// the panic abort the connection.
+		// the panic abort the connection. A replay that broke off
+		// (replay_failed) is not the upstream's doing.
 		if v := recover(); v != nil {
-			if info.outcome != string(idemhttp.OutcomeReplayFailed) { // a replay that broke off keeps its outcome
-				info.outcome = outcomeUpstreamAborted
+			aborted := info.outcome != string(idemhttp.OutcomeReplayFailed)
+			if aborted {
+				p.metrics.upstreamAborted.Inc()
 			}
-			p.logRequest(r, rt, info, sw, start)
+			p.logRequest(r, rt, info, sw, start, aborted)
 			panic(v)
 		}
 	}()
 	rt.handler.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info)))
-	if info.outcome == string(idemhttp.OutcomeExecuted) && (sw.failed || r.Context().Err() != nil) {
-		// The client left while the upstream worked: the response was
-		// read to its end and stored for the client's retry.
-		info.outcome = outcomeClientGone
-		p.metrics.clientGone.Inc()
+	if sw.gone {
+		p.metrics.clientGone.WithLabelValues(info.outcome).Inc()
 	}
-	p.logRequest(r, rt, info, sw, start)
+	p.logRequest(r, rt, info, sw, start, false)
 }
 
-// logRequest writes the request's log line.
-func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *statusWriter, start time.Time) {
+// logRequest writes the request's log line. Its outcome is the label the
+// request was counted under in idem_requests_total; client_gone and
+// upstream_aborted are facts beside it, each with a counter of its own.
+func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *statusWriter, start time.Time, upstreamAborted bool) {
 	if !p.logger.Enabled(r.Context(), slog.LevelInfo) {
 		return
 	}
 	status := sw.status
-	if info.outcome == outcomeUpstreamAborted {
+	if upstreamAborted {
 		status = http.StatusBadGateway
 	}
 	attrs := []slog.Attr{
@@ -600,7 +609,13 @@ func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *status
 		slog.String("outcome", info.outcome),
 		slog.Int("status", cmp.Or(status, http.StatusOK)),
 		slog.Int64("bytes", sw.written),
-		slog.Duration("duration", time.Since(start)),
+		durationMS(time.Since(start)),
+	}
+	if sw.gone {
+		attrs = append(attrs, slog.Bool("client_gone", true))
+	}
+	if upstreamAborted {
+		attrs = append(attrs, slog.Bool("upstream_aborted", true))
 	}
 	if rt.covered[r.Method] {
 		// The key as its stored digest (what idem inspect --stored-key
@@ -626,21 +641,32 @@ func (p *proxy) wait(d time.Duration) bool {
 	}
 }
 
+// durationMS is a request's duration for the log, in milliseconds.
+func durationMS(d time.Duration) slog.Attr {
+	return slog.Float64("duration_ms", float64(d.Microseconds())/1000)
+}
+
 // statusWriter records the status and size of a response for the log,
-// and whether writing to the client failed. Unwrap gives
-// http.ResponseController (and so ReverseProxy's flushes and upgrades) the
-// connection's writer.
+// and whether the client was gone before it had the whole response: a
+// write to it failed (it disconnected, or did not take a write within
+// --client-write-timeout), or it had left (ctx ended) before a part of
+// the response was handed to the connection. A client that leaves after
+// the last write, as curl does once it has read the whole body, is not
+// gone. Unwrap gives http.ResponseController (and so ReverseProxy's
+// flushes and upgrades) the connection's writer.
 type statusWriter struct {
 	http.ResponseWriter
+	ctx     context.Context // the client's request context
 	status  int
 	written int64
-	failed  bool
+	gone    bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 {
 		w.status = code
 	}
+	w.gone = w.gone || w.ctx.Err() != nil
 	w.ResponseWriter.WriteHeader(code)
 }
 
@@ -648,21 +674,32 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	w.gone = w.gone || w.ctx.Err() != nil
 	n, err := w.ResponseWriter.Write(b)
 	w.written += int64(n)
-	w.failed = w.failed || err != nil
+	w.gone = w.gone || err != nil
 	return n, err
 }
 
 // sendOnce is the upstream transport of the proxy. It sends a request
-// that runs under a lease exactly once: net/http's Transport resends a
-// request on its own when a reused connection breaks after the request was
-// written, if the request looks safe to resend, and a request that carries
-// an Idempotency-Key header, or has no body, looks so to it. The upstream
-// may have acted on the first copy. sendOnce hides GetBody and wraps the
-// body so that the request never looks replayable; a keyed request without
-// a body then reaches the upstream with an empty chunked body. Other
-// requests are sent as they are.
+// that runs under a lease exactly once, framed as the client framed it.
+//
+// net/http's Transport resends a request on its own when a reused
+// connection breaks after the request was written, if the request looks
+// safe to resend: it has no body (or can rewind it with GetBody), and
+// its method is safe or it carries an Idempotency-Key header. The
+// upstream may have acted on the first copy. So a leased request goes
+// without GetBody; its body, if any, is wrapped so that its type does not
+// look replayable, and goes with its Content-Length (the middleware read
+// it whole and set ContentLength); a request without a body goes without
+// one (Content-Length: 0 for POST, PUT and PATCH), and its Idempotency-Key
+// and X-Idempotency-Key headers are sent under their lower-case names,
+// which the upstream reads the same (header names are case-insensitive)
+// but Transport does not take for a sign that it may resend. An empty
+// chunked body would have done the same for the Transport, but servers
+// that do not read chunked request bodies (Python's http.server) take its
+// last chunk for the next request and answer it: a response desync.
+// Requests without a lease are sent as they are.
 type sendOnce struct{ base http.RoundTripper }
 
 func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -671,16 +708,47 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	out := *r
 	out.GetBody = nil
-	if out.Body == nil || out.Body == http.NoBody {
-		out.Body = onceBody{http.NoBody}
-	} else {
+	switch {
+	case out.ContentLength == 0:
+		if out.Body != nil {
+			out.Body.Close()
+		}
+		out.Body = nil
+		out.Header = hideReplayHints(out.Header)
+	case out.Body != nil:
 		out.Body = onceBody{out.Body}
 	}
 	return t.base.RoundTrip(&out)
 }
 
+// replayHints are the headers that make net/http's Transport resend a
+// request without a body (Request.isReplayable).
+var replayHints = []string{"Idempotency-Key", "X-Idempotency-Key"}
+
+// hideReplayHints returns h, or a copy of h with each of replayHints
+// under its lower-case name.
+func hideReplayHints(h http.Header) http.Header {
+	var out http.Header
+	for _, name := range replayHints {
+		v, ok := h[name]
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = h.Clone()
+		}
+		delete(out, name)
+		lower := strings.ToLower(name)
+		out[lower] = append(out[lower], v...)
+	}
+	if out == nil {
+		return h
+	}
+	return out
+}
+
 // onceBody hides the type of a request body from net/http, which would
-// otherwise treat http.NoBody as safe to resend.
+// otherwise know that some body types can be read again.
 type onceBody struct{ io.ReadCloser }
 
 // declaredBody ends a request body of known length at that length: once

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +22,9 @@ import (
 type requestLine struct {
 	Msg, Method, Path, Outcome string
 	Status                     int
+	ClientGone                 bool    `json:"client_gone"`
+	UpstreamAborted            bool    `json:"upstream_aborted"`
+	DurationMS                 float64 `json:"duration_ms"`
 }
 
 // awaitRequestLine waits (bounded) for the log line of a request to path
@@ -84,8 +91,12 @@ func TestProxyReleasedOutcome(t *testing.T) {
 			t.Error("upstream failing mid-body: the client got a whole response")
 		}
 	}
-	if l := p.awaitRequestLine(t, "/abort"); l.Outcome != outcomeUpstreamAborted {
-		t.Errorf("log of an upstream failing mid-body: got outcome %q, want %s", l.Outcome, outcomeUpstreamAborted)
+	if l := p.awaitRequestLine(t, "/abort"); l.Outcome != "released" || !l.UpstreamAborted || l.Status != http.StatusBadGateway {
+		t.Errorf("log of an upstream failing mid-body: got outcome %q upstream_aborted %v status %d, want released, true, 502",
+			l.Outcome, l.UpstreamAborted, l.Status)
+	}
+	if got := p.metric("idem_upstream_aborted_total"); got != 1 {
+		t.Errorf("idem_upstream_aborted_total: got %v, want 1", got)
 	}
 	wantStatus(t, "upstream 201", mustSend(t, "POST", p.url("/created"), "ok-1", "{}"), http.StatusCreated, "")
 	if l := p.awaitRequestLine(t, "/created"); l.Outcome != "executed" {
@@ -127,5 +138,42 @@ func (p *proxyProc) awaitLines(t *testing.T, n int) {
 			t.Fatalf("fewer than %d request lines in the log after 10s", n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A client that read the whole response and then closed its connection,
+// as curl does writing a large body to a file, is not gone: the request
+// is logged executed without client_gone, and idem_client_gone_total
+// stays at zero.
+func TestProxyWholeResponseReadIsNotClientGone(t *testing.T) {
+	t.Parallel()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Fatalf("curl is not installed (scripts/test.sh installs it): %v", err)
+	}
+	const size = 5 << 20
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(bytes.Repeat([]byte("x"), size))
+	}))
+	t.Cleanup(up.Close)
+	rd := proxyRedis(t) // a store call that takes a round trip after the body went out
+	p := startProxy(t, nil, "--upstream", up.URL, "--store", "redis://"+rd.Addr(), "--max-response", "8MiB")
+	out := filepath.Join(t.TempDir(), "body")
+	for i := range 5 {
+		cmd := exec.Command(curl, "-sS", "-o", out, "-w", "%{http_code} %{size_download}", "-H", "Content-Type: application/json",
+			"-H", fmt.Sprintf("Idempotency-Key: whole-%d", i), "--data", "{}", p.url(fmt.Sprintf("/big/%d", i)))
+		got, err := cmd.Output()
+		if err != nil || string(got) != fmt.Sprintf("201 %d", size) {
+			t.Fatalf("curl: got %q (%v), want 201 and %d bytes", got, err, size)
+		}
+		if l := p.awaitRequestLine(t, fmt.Sprintf("/big/%d", i)); l.Outcome != "executed" || l.ClientGone {
+			t.Errorf("log of a response read to its end: got outcome %q client_gone %v, want executed, false", l.Outcome, l.ClientGone)
+		}
+	}
+	if got := p.metric(`idem_client_gone_total{outcome="executed"}`); got != 0 {
+		t.Errorf(`idem_client_gone_total{outcome="executed"}: got %v, want 0`, got)
 	}
 }
