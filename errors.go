@@ -56,7 +56,9 @@ func (e *StoreError) Unwrap() error { return e.Err }
 // InFlightError is returned by Guard.Do when another holder has the key.
 type InFlightError struct {
 	// RetryAfter is the time until the current holder's lease ends, as the
-	// store saw it. The holder may complete, renew or release before then.
+	// store saw it: an upper bound (Acquisition.RetryAfter). The holder may
+	// complete, renew or release before then, usually long before; retry
+	// sooner (the HTTP layer says Retry-After: 1) and give up after it.
 	RetryAfter time.Duration
 }
 

@@ -120,7 +120,12 @@ type Acquisition struct {
 	// Response is set when Outcome is Replay.
 	Response *Response
 	// RetryAfter is set when Outcome is InFlight: the time until the
-	// current lease ends on the store's clock.
+	// current lease ends on the store's clock. It is an upper bound, the
+	// wait for a holder that crashed (the lease, 30s by default): a live
+	// holder usually completes or releases long before, and its renewals
+	// push the end further. Callers that retry should poll sooner and use
+	// RetryAfter as a limit; idemhttp and idemgrpc answer Retry-After: 1
+	// (and, with Config.Wait, poll 5 ms to 250 ms apart).
 	RetryAfter time.Duration
 }
 
