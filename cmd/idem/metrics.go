@@ -49,7 +49,7 @@ func newProxyMetrics() *proxyMetrics {
 		}, []string{"outcome"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",
-			Help: "Background lease renewals by result: ok, lost (another holder may run the key), error (store failed; retried).",
+			Help: "Background lease renewals by result: ok, lease_lost (another holder may run the key), error (store failed; retried).",
 		}, []string{"result"}),
 		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_store_duration_seconds",
@@ -93,7 +93,7 @@ func newProxyMetrics() *proxyMetrics {
 	}
 	m.requests.WithLabelValues(outcomeNotCovered)
 	m.clientGone.WithLabelValues(string(idemhttp.OutcomeExecuted))
-	for _, r := range []string{"ok", "lost", "error"} {
+	for _, r := range []string{"ok", "lease_lost", "error"} {
 		m.renewals.WithLabelValues(r)
 	}
 	return m
@@ -145,7 +145,7 @@ func (m *proxyMetrics) onRenew(_ idem.Key, err error) {
 	case err == nil:
 		m.renewals.WithLabelValues("ok").Inc()
 	case errors.Is(err, idem.ErrLeaseLost):
-		m.renewals.WithLabelValues("lost").Inc()
+		m.renewals.WithLabelValues("lease_lost").Inc()
 	default:
 		m.renewals.WithLabelValues("error").Inc()
 	}

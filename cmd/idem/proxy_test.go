@@ -498,16 +498,16 @@ func TestProxyDuplicatesReplayConflictMismatch(t *testing.T) {
 
 	// The counters moved accordingly.
 	for series, want := range map[string]float64{
-		`idem_requests_total{outcome="executed"}`:       2,
-		`idem_requests_total{outcome="replayed"}`:       float64(replayed + 1),
-		`idem_requests_total{outcome="conflict"}`:       float64(conflicts + 1),
-		`idem_requests_total{outcome="mismatch"}`:       1,
-		`idem_requests_total{outcome="rejected"}`:       1,
-		`idem_requests_total{outcome="store_error"}`:    0,
-		`idem_requests_total{outcome="passed_through"}`: 1,
-		`idem_requests_total{outcome="not_covered"}`:    2,
-		`idem_lease_renewals_total{result="lost"}`:      0,
-		`idem_upstream_duration_seconds_count`:          5,
+		`idem_requests_total{outcome="executed"}`:        2,
+		`idem_requests_total{outcome="replayed"}`:        float64(replayed + 1),
+		`idem_requests_total{outcome="conflict"}`:        float64(conflicts + 1),
+		`idem_requests_total{outcome="mismatch"}`:        1,
+		`idem_requests_total{outcome="rejected"}`:        1,
+		`idem_requests_total{outcome="store_error"}`:     0,
+		`idem_requests_total{outcome="passed_through"}`:  1,
+		`idem_requests_total{outcome="not_covered"}`:     2,
+		`idem_lease_renewals_total{result="lease_lost"}`: 0,
+		`idem_upstream_duration_seconds_count`:           5,
 	} {
 		if got := p.metric(series); got != want {
 			t.Errorf("%s: got %v, want %v", series, got, want)
