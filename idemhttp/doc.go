@@ -34,9 +34,15 @@
 //
 // The record is scoped by tenant, method, route and key, so one tenant
 // never receives another's replay. The tenant defaults to a hash of the
-// Authorization header: a client that refreshes its bearer token between
-// two retries becomes a new tenant and runs the operation again, so set
-// Config.Tenant to a stable account id where tokens rotate. The route
+// Authorization header, else of the TLS client certificate (DefaultTenant):
+// a client that refreshes its bearer token between two retries becomes a
+// new tenant and runs the operation again, so set Config.Tenant to a
+// stable account id where tokens rotate. Clients that authenticate with a
+// session cookie: set Config.Tenant to TenantFromCookie("session") (or
+// TenantFromHeader for an account header set by a trusted gateway). A
+// request that no source identifies but that carries cookies has its
+// Cookie header in its fingerprint: the same key from another browser is
+// a 422, never a replay of someone else's response. The route
 // defaults to the ServeMux pattern when the middleware wraps a
 // *http.ServeMux or runs inside one (Request.Pattern), and to the escaped
 // path otherwise (chi, echo, gin, gorilla: set Config.Route to use their

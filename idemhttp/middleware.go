@@ -3,8 +3,6 @@ package idemhttp
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -47,7 +45,19 @@ type Config struct {
 
 	// Tenant says whose request this is; keys of different tenants never
 	// share a record. Default DefaultTenant (a hash of the Authorization
-	// header, when there is one).
+	// header, else of the TLS client certificate, else ""). See also
+	// TenantFromCookie and TenantFromHeader.
+	//
+	// When it returns "" and the request carries cookies (a browser whose
+	// session cookie no source names), the middleware adds a hash of the
+	// whole Cookie header to the fingerprint, after Config.Fingerprint: a
+	// retry with the same cookies replays, a request with the same key and
+	// other cookies gets 422 and never another client's response. A Tenant
+	// that returns a non-empty value opts out: it names the client, and
+	// other cookies no longer matter. The whole Cookie header is not used
+	// as the tenant itself because a tracking cookie that changed between
+	// two retries would then make a new tenant and run the request twice;
+	// as part of the fingerprint it makes a 422 instead.
 	Tenant func(*http.Request) string
 
 	// Route names the operation. Default: the ServeMux pattern when one
@@ -224,19 +234,6 @@ var (
 	ErrStopped      = errors.New("idemhttp: the server stopped (Config.StopContext)")
 )
 
-// DefaultTenant scopes keys by the caller's credentials: a hash of the
-// Authorization header, or "" when there is none. Replace it when callers
-// authenticate otherwise (cookies, mTLS): two callers with the same tenant
-// can replay each other's results.
-func DefaultTenant(r *http.Request) string {
-	auth := r.Header.Get("Authorization")
-	if auth == "" {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(auth))
-	return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
-}
-
 // DefaultFingerprint hashes the method, path, query, Content-Type and body.
 func DefaultFingerprint(r *http.Request, body []byte) idem.Fingerprint {
 	return idem.SumFingerprint(body, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
@@ -391,9 +388,16 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			m.cfg.OnOutcome(r, OutcomeRejected)
 			return
 		}
+		tenant, rt := m.cfg.Tenant(r), route(r)
 		// ParseKey validated the key, so Key cannot fail.
-		key, _ := idem.Scope{Tenant: m.cfg.Tenant(r), Method: r.Method, Route: route(r)}.Key(clientKey)
-		m.serve(w, r, next, key, m.cfg.Fingerprint(r, body), body, start)
+		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt}.Key(clientKey)
+		fp, byCookies := m.cfg.Fingerprint(r, body), false
+		if tenant == "" {
+			// Nothing names the client: its cookies, if any, must match
+			// for a replay (see Config.Tenant).
+			fp, byCookies = cookieFingerprint(r, fp)
+		}
+		m.serve(w, r, next, request{key: key, fp: fp, route: rt, byCookies: byCookies}, body, start)
 	})
 }
 
@@ -450,10 +454,19 @@ func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 	m.problem(w, r, p)
 }
 
+// request is what the middleware derived from a keyed request.
+type request struct {
+	key       idem.Key
+	fp        idem.Fingerprint
+	route     string // Config.Route's answer
+	byCookies bool   // fp includes the Cookie header (no tenant)
+}
+
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
 // 503; with Config.Wait, an in-flight key is waited for first. start is
 // when the middleware got the request.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint, body []byte, start time.Time) {
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, req request, body []byte, start time.Time) {
+	key, fp := req.key, req.fp
 	deadline := time.Now().Add(m.cfg.Wait)
 	pause := waiters.FirstPause
 	// The work's context keeps the request's values, not its cancellation:
@@ -514,7 +527,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.replayStored(w, r, acq.Response, start)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
-			m.problem(w, r, problemMismatch)
+			if req.byCookies {
+				m.problem(w, r, problemMismatchCookies)
+			} else {
+				m.problem(w, r, problemMismatch)
+			}
 		case idem.InFlight:
 			left := time.Until(deadline)
 			if left <= 0 {

@@ -55,6 +55,8 @@ var (
 		Detail: "A request with this Idempotency-Key is being processed. Retry later with the same key to get its result."}
 	problemMismatch = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body)."}
+	problemMismatchCookies = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body) or from another client (other cookies)."}
 	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The request was not processed. Retry later with the same key."}
 	problemBlobStore = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
