@@ -121,8 +121,15 @@
 // The middleware keeps a copy of up to MaxResponseSize bytes (default 1
 // MiB), the inline limit. A longer response is still completed, so the
 // handler never runs again for that key. Without a blob store its body is
-// not stored: a replay carries the status and headers, an empty body and
-// Idempotent-Replay-Body-Omitted: true. A handler that hijacks the
+// not stored, and a replay must not look like a complete answer: it is a
+// 500 application/problem+json of type ProblemResponseNotKept, with
+// Idempotent-Replayed: true, Idempotent-Replay-Body-Omitted: true and
+// Idempotent-Original-Status (also the problem's status_executed member),
+// whose detail says that the request ran and why its body is gone; every
+// retry gets it until the record expires. The first such response of each
+// route is logged at WARN, naming the limit and the fix (Config.Blobs, or
+// a larger MaxResponseSize), and OnBodyOmitted counts every one. A
+// handler that hijacks the
 // connection is not stored; the key is released.
 //
 // With Config.Blobs (package blobstore: S3, a directory, memory), a body
@@ -146,7 +153,7 @@
 // second): when it does not answer, the request gets 503
 // (ProblemBlobStoreUnavailable) and the key is released, as for a failing
 // store; with FailOpen the handler runs, and a body over the inline limit
-// is not stored (Idempotent-Replay-Body-Omitted on replay). A write that
+// is not stored (ProblemResponseNotKept on replay). A write that
 // fails, or makes no progress for BlobTimeout (30s), midway through a
 // body also completes the key without its body: the client got the whole
 // response, and the work is never run again. A status that ShouldStore
