@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -375,6 +376,7 @@ type middleware struct {
 	// omittedRoutes holds the routes whose omitted body was logged (once
 	// per route).
 	omittedRoutes sync.Map
+	omittedCount  atomic.Int64
 	waiters       waiters.Set
 }
 
@@ -793,6 +795,10 @@ func (m *middleware) replayNotKept(w http.ResponseWriter, r *http.Request, resp 
 	m.problem(w, r, p)
 }
 
+// maxOmittedRoutes bounds the routes whose omitted bodies are logged; past
+// it, OnBodyOmitted still counts every one.
+const maxOmittedRoutes = 1000
+
 // bodyOmitted reports a response stored without its body: OnBodyOmitted,
 // and, without a blob store, a warning once per route (a failed blob
 // store logs each of its failures itself).
@@ -802,6 +808,12 @@ func (m *middleware) bodyOmitted(ctx context.Context, r *http.Request, route str
 	}
 	if m.cfg.Blobs != nil {
 		return
+	}
+	if _, logged := m.omittedRoutes.Load(route); logged {
+		return
+	}
+	if m.omittedCount.Add(1) > maxOmittedRoutes {
+		return // routes may be paths (the default without a ServeMux): the set stays bounded
 	}
 	if _, logged := m.omittedRoutes.LoadOrStore(route, true); logged {
 		return
