@@ -103,7 +103,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
-	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body")
+	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body and its replays answer 500 response-not-kept (counted in idem_responses_not_kept_total)")
 	fs.StringVar(&o.blob, "blob", "", blobFlagHelp)
 	fs.DurationVar(&o.blobTimeout, "blob-timeout", idemhttp.DefaultBlobTimeout, "give up a blob write or read that makes no progress for this long (a write: the key completes without its body; a replay: 503 or an aborted response)")
 	fs.DurationVar(&o.blobSweep, "blob-sweep", 0, "with --blob: delete orphaned and expired blobs this often (as idem gc does); 0: never (use idem gc or an S3 lifecycle rule)")
