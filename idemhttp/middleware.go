@@ -373,11 +373,11 @@ type middleware struct {
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
+	waiters waiters.Set
 	// omittedRoutes holds the routes whose omitted body was logged (once
-	// per route).
+	// per route), omittedCount their number.
 	omittedRoutes sync.Map
 	omittedCount  atomic.Int64
-	waiters       waiters.Set
 }
 
 func (m *middleware) wrap(next http.Handler) http.Handler {

@@ -23,12 +23,10 @@ import (
 // flags give the defaults, and each route of the --config file overrides
 // some of them.
 type routeSettings struct {
-	methods      []string // covered methods; empty: none (the route is not covered)
-	requireKey   bool
-	tenantHeader string // "": idemhttp.DefaultTenant
-	// tenantCookie: scope keys by this cookie (idemhttp.TenantFromCookie);
-	// at most one of it and tenantHeader is set.
-	tenantCookie  string
+	methods       []string // covered methods; empty: none (the route is not covered)
+	requireKey    bool
+	tenantHeader  string // "": idemhttp.DefaultTenant
+	tenantCookie  string // idemhttp.TenantFromCookie; at most one of it and tenantHeader is set
 	lease         time.Duration
 	retention     time.Duration
 	wait          time.Duration
@@ -129,13 +127,11 @@ type proxyFile struct {
 // settings that differ from the flags there. An absent field keeps the
 // flag's value.
 type routeOverride struct {
-	Match        string    `yaml:"match"`
-	Methods      *[]string `yaml:"methods"`
-	RequireKey   *bool     `yaml:"require_key"`
-	TenantHeader *string   `yaml:"tenant_header"`
-	// TenantCookie: see --tenant-cookie. A route that sets one of
-	// tenant_header and tenant_cookie replaces the flags' tenant source.
-	TenantCookie  *string       `yaml:"tenant_cookie"`
+	Match         string        `yaml:"match"`
+	Methods       *[]string     `yaml:"methods"`
+	RequireKey    *bool         `yaml:"require_key"`
+	TenantHeader  *string       `yaml:"tenant_header"`
+	TenantCookie  *string       `yaml:"tenant_cookie"` // either replaces the flags' tenant source
 	Lease         *fileDuration `yaml:"lease"`
 	Retention     *fileDuration `yaml:"retention"`
 	Wait          *fileDuration `yaml:"wait"`
