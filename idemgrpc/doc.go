@@ -42,12 +42,12 @@
 //
 // The record is scoped by tenant, full method name and key. The tenant is
 // AuthorizationTenant by default, a hash of the authorization metadata, as
-// idemhttp does with the Authorization header; calls without it share one
-// scope, so such a caller that sends a key another caller used gets that
-// caller's stored response. Set Config.Tenant from the authenticated
-// identity where that is not in the metadata (mTLS) or where tokens rotate
-// between retries (the interceptor that authenticates must run before this
-// one). The fingerprint (DefaultFingerprint)
+// idemhttp does with the Authorization header, else of the peer's TLS
+// client certificate; calls with neither share one scope, so such a
+// caller that sends a key another caller used gets that caller's stored
+// response. Set Config.Tenant from the authenticated identity where that
+// is elsewhere or where tokens rotate between retries (the interceptor
+// that authenticates must run before this one). The fingerprint (DefaultFingerprint)
 // is the method and the deterministic proto encoding of the request, so
 // maps in any order are one request; requests must be proto messages
 // unless Config.Fingerprint says otherwise.

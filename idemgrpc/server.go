@@ -14,7 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
@@ -64,12 +66,12 @@ type Config struct {
 
 	// Tenant says whose call this is; keys of different tenants never
 	// share a record. Default AuthorizationTenant: a hash of the
-	// authorization metadata, "" for calls without one (which then share
-	// one scope: a caller who sends a key another such caller used gets
-	// that caller's stored response). Set it from the authenticated
-	// identity where credentials rotate or are not in the metadata (mTLS),
-	// e.g. the account id your authentication interceptor (which must run
-	// before this one) put in the context.
+	// authorization metadata, else of the peer's TLS client certificate,
+	// "" for calls with neither (which then share one scope: a caller who
+	// sends a key another such caller used gets that caller's stored
+	// response). Set it from the authenticated identity where credentials
+	// rotate or are elsewhere, e.g. the account id your authentication
+	// interceptor (which must run before this one) put in the context.
 	Tenant func(ctx context.Context) string
 
 	// Fingerprint summarises the request; a repeat with the same key and
@@ -220,16 +222,28 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 
 // AuthorizationTenant scopes keys by the caller's credentials, as
 // idemhttp.DefaultTenant does: a hash of the single authorization metadata
-// value, or "" when there is none (or more than one). A client that
-// refreshes its token between two retries becomes a new tenant and runs the
-// call again; prefer a stable account id where tokens rotate.
+// value ("authz:..."); without one, a hash of the TLS client certificate
+// the peer presented ("cert:...", with credentials.NewTLS and ClientAuth
+// at RequestClientCert or above); else "" (also for more than one
+// authorization value). A client that refreshes its token between two
+// retries becomes a new tenant and runs the call again; prefer a stable
+// account id where tokens rotate.
 func AuthorizationTenant(ctx context.Context) string {
 	vs := metadata.ValueFromIncomingContext(ctx, "authorization")
-	if len(vs) != 1 {
+	if len(vs) == 1 {
+		sum := sha256.Sum256([]byte(vs[0]))
+		return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+	}
+	if len(vs) > 1 {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(vs[0]))
-	return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+			sum := sha256.Sum256(info.State.PeerCertificates[0].Raw)
+			return "cert:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+		}
+	}
+	return ""
 }
 
 // messageV2Of returns v as a proto message, or nil.

@@ -525,9 +525,10 @@ func TestBlobStoreDown(t *testing.T) {
 			checkBody(t, key+" replay", g, key, size)
 			continue
 		}
-		if g.status != http.StatusOK || g.n != 0 || g.header.Get(idemhttp.HeaderBodyOmitted) != "true" {
-			t.Errorf("%s replay: got %d, %d bytes, %s %q; want 200, no body, %s: true", key, g.status, g.n,
-				idemhttp.HeaderBodyOmitted, g.header.Get(idemhttp.HeaderBodyOmitted), idemhttp.HeaderBodyOmitted)
+		if g.status != http.StatusInternalServerError || g.header.Get(idemhttp.HeaderBodyOmitted) != "true" ||
+			!bytes.Contains(g.body, []byte(idemhttp.ProblemResponseNotKept)) || !bytes.Contains(g.body, []byte("blob store")) {
+			t.Errorf("%s replay: got %d %q, %s %q; want 500 %s naming the blob store, %s: true", key, g.status, g.body,
+				idemhttp.HeaderBodyOmitted, g.header.Get(idemhttp.HeaderBodyOmitted), idemhttp.ProblemResponseNotKept, idemhttp.HeaderBodyOmitted)
 		}
 	}
 }
@@ -555,7 +556,7 @@ func TestBlobStoreFailsMidWrite(t *testing.T) {
 			sw.down.Store(false)
 			sw.hang.Store(false)
 			g := e.post(t, "k", 4*mib, "")
-			if g.status != http.StatusOK || g.header.Get(idemhttp.HeaderBodyOmitted) != "true" || e.app.count("k") != 1 {
+			if g.status != http.StatusInternalServerError || g.header.Get(idemhttp.HeaderBodyOmitted) != "true" || e.app.count("k") != 1 {
 				t.Errorf("replay: got %d, %s %q, %d runs; want the body omitted, 1 run", g.status, idemhttp.HeaderBodyOmitted,
 					g.header.Get(idemhttp.HeaderBodyOmitted), e.app.count("k"))
 			}

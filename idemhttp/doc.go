@@ -34,9 +34,15 @@
 //
 // The record is scoped by tenant, method, route and key, so one tenant
 // never receives another's replay. The tenant defaults to a hash of the
-// Authorization header: a client that refreshes its bearer token between
-// two retries becomes a new tenant and runs the operation again, so set
-// Config.Tenant to a stable account id where tokens rotate. The route
+// Authorization header, else of the TLS client certificate (DefaultTenant):
+// a client that refreshes its bearer token between two retries becomes a
+// new tenant and runs the operation again, so set Config.Tenant to a
+// stable account id where tokens rotate. Clients that authenticate with a
+// session cookie: set Config.Tenant to TenantFromCookie("session") (or
+// TenantFromHeader for an account header set by a trusted gateway). A
+// request that no source identifies but that carries cookies has its
+// Cookie header in its fingerprint: the same key from another browser is
+// a 422, never a replay of someone else's response. The route
 // defaults to the ServeMux pattern when the middleware wraps a
 // *http.ServeMux or runs inside one (Request.Pattern), and to the escaped
 // path otherwise (chi, echo, gin, gorilla: set Config.Route to use their
@@ -115,8 +121,15 @@
 // The middleware keeps a copy of up to MaxResponseSize bytes (default 1
 // MiB), the inline limit. A longer response is still completed, so the
 // handler never runs again for that key. Without a blob store its body is
-// not stored: a replay carries the status and headers, an empty body and
-// Idempotent-Replay-Body-Omitted: true. A handler that hijacks the
+// not stored, and a replay must not look like a complete answer: it is a
+// 500 application/problem+json of type ProblemResponseNotKept, with
+// Idempotent-Replayed: true, Idempotent-Replay-Body-Omitted: true and
+// Idempotent-Original-Status (also the problem's status_executed member),
+// whose detail says that the request ran and why its body is gone; every
+// retry gets it until the record expires. The first such response of each
+// route is logged at WARN, naming the limit and the fix (Config.Blobs, or
+// a larger MaxResponseSize), and OnBodyOmitted counts every one. A
+// handler that hijacks the
 // connection is not stored; the key is released.
 //
 // With Config.Blobs (package blobstore: S3, a directory, memory), a body
@@ -140,7 +153,7 @@
 // second): when it does not answer, the request gets 503
 // (ProblemBlobStoreUnavailable) and the key is released, as for a failing
 // store; with FailOpen the handler runs, and a body over the inline limit
-// is not stored (Idempotent-Replay-Body-Omitted on replay). A write that
+// is not stored (ProblemResponseNotKept on replay). A write that
 // fails, or makes no progress for BlobTimeout (30s), midway through a
 // body also completes the key without its body: the client got the whole
 // response, and the work is never run again. A status that ShouldStore

@@ -3,15 +3,16 @@ package idemhttp
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -29,9 +30,15 @@ const (
 	DefaultClientWriteTimeout = 30 * time.Second
 )
 
-// HeaderBodyOmitted is set to "true" on a replay whose body was larger than
-// Config.MaxResponseSize when it was first produced and was not stored.
+// HeaderBodyOmitted is set to "true" on the replay of a response whose
+// body was not kept: larger than Config.MaxResponseSize when it was first
+// produced, with no blob store (or one that failed). Such a replay answers
+// 500 with the problem ProblemResponseNotKept, never the stored status.
 const HeaderBodyOmitted = "Idempotent-Replay-Body-Omitted"
+
+// HeaderOriginalStatus carries, on a replay answered with
+// ProblemResponseNotKept, the status the request was executed with.
+const HeaderOriginalStatus = "Idempotent-Original-Status"
 
 // Config tunes the middleware. The zero value means the defaults.
 type Config struct {
@@ -47,7 +54,19 @@ type Config struct {
 
 	// Tenant says whose request this is; keys of different tenants never
 	// share a record. Default DefaultTenant (a hash of the Authorization
-	// header, when there is one).
+	// header, else of the TLS client certificate, else ""). See also
+	// TenantFromCookie and TenantFromHeader.
+	//
+	// When it returns "" and the request carries cookies (a browser whose
+	// session cookie no source names), the middleware adds a hash of the
+	// whole Cookie header to the fingerprint, after Config.Fingerprint: a
+	// retry with the same cookies replays, a request with the same key and
+	// other cookies gets 422 and never another client's response. A Tenant
+	// that returns a non-empty value opts out: it names the client, and
+	// other cookies no longer matter. The whole Cookie header is not used
+	// as the tenant itself because a tracking cookie that changed between
+	// two retries would then make a new tenant and run the request twice;
+	// as part of the fingerprint it makes a 422 instead.
 	Tenant func(*http.Request) string
 
 	// Route names the operation. Default: the ServeMux pattern when one
@@ -69,9 +88,13 @@ type Config struct {
 	// MaxResponseSize is the largest response body stored in the record
 	// (the inline limit). A larger body still goes to the client; with
 	// Blobs set it streams to the blob store as the handler writes it and
-	// is replayed from there, else the key is completed without it and a
-	// replay carries the status and headers, an empty body and
-	// Idempotent-Replay-Body-Omitted: true. Default 1 MiB.
+	// is replayed from there, else the key is completed without it: the
+	// request is not run again, and its replays answer 500
+	// application/problem+json of type ProblemResponseNotKept (with
+	// Idempotent-Replayed: true, Idempotent-Replay-Body-Omitted: true and
+	// Idempotent-Original-Status), until the record expires. The first
+	// such response of each route is logged at WARN, and each is passed
+	// to OnBodyOmitted. Default 1 MiB.
 	MaxResponseSize int
 
 	// Blobs, when set, keeps the bodies larger than MaxResponseSize (see
@@ -90,6 +113,14 @@ type Config struct {
 	// idem.ErrBlobNotFound or idem.ErrBlobCorrupt when the blob is missing
 	// or corrupt (for metrics). It must not block.
 	OnBlobError func(r *http.Request, op string, err error)
+
+	// OnBodyOmitted, when set, is called for every response stored
+	// without its body (larger than MaxResponseSize, and no Blobs or a
+	// blob store that failed), just before it is stored; its replays
+	// answer ProblemResponseNotKept. The request's outcome is still
+	// OutcomeExecuted, and its replays' OutcomeReplayed. For metrics; it
+	// must not block.
+	OnBodyOmitted func(r *http.Request)
 
 	// ShouldStore decides from the final status whether a response is
 	// stored (and replayed from then on) or the key is released so the
@@ -224,19 +255,6 @@ var (
 	ErrStopped      = errors.New("idemhttp: the server stopped (Config.StopContext)")
 )
 
-// DefaultTenant scopes keys by the caller's credentials: a hash of the
-// Authorization header, or "" when there is none. Replace it when callers
-// authenticate otherwise (cookies, mTLS): two callers with the same tenant
-// can replay each other's results.
-func DefaultTenant(r *http.Request) string {
-	auth := r.Header.Get("Authorization")
-	if auth == "" {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(auth))
-	return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
-}
-
 // DefaultFingerprint hashes the method, path, query, Content-Type and body.
 func DefaultFingerprint(r *http.Request, body []byte) idem.Fingerprint {
 	return idem.SumFingerprint(body, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
@@ -356,6 +374,10 @@ type middleware struct {
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
 	waiters waiters.Set
+	// omittedRoutes holds the routes whose omitted body was logged (once
+	// per route), omittedCount their number.
+	omittedRoutes sync.Map
+	omittedCount  atomic.Int64
 }
 
 func (m *middleware) wrap(next http.Handler) http.Handler {
@@ -391,9 +413,16 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			m.cfg.OnOutcome(r, OutcomeRejected)
 			return
 		}
+		tenant, rt := m.cfg.Tenant(r), route(r)
 		// ParseKey validated the key, so Key cannot fail.
-		key, _ := idem.Scope{Tenant: m.cfg.Tenant(r), Method: r.Method, Route: route(r)}.Key(clientKey)
-		m.serve(w, r, next, key, m.cfg.Fingerprint(r, body), body, start)
+		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt}.Key(clientKey)
+		fp, byCookies := m.cfg.Fingerprint(r, body), false
+		if tenant == "" {
+			// Nothing names the client: its cookies, if any, must match
+			// for a replay (see Config.Tenant).
+			fp, byCookies = cookieFingerprint(r, fp)
+		}
+		m.serve(w, r, next, request{key: key, fp: fp, route: rt, byCookies: byCookies}, body, start)
 	})
 }
 
@@ -450,10 +479,19 @@ func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 	m.problem(w, r, p)
 }
 
+// request is what the middleware derived from a keyed request.
+type request struct {
+	key       idem.Key
+	fp        idem.Fingerprint
+	route     string // Config.Route's answer
+	byCookies bool   // fp includes the Cookie header (no tenant)
+}
+
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
 // 503; with Config.Wait, an in-flight key is waited for first. start is
 // when the middleware got the request.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, fp idem.Fingerprint, body []byte, start time.Time) {
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, req request, body []byte, start time.Time) {
+	key, fp := req.key, req.fp
 	deadline := time.Now().Add(m.cfg.Wait)
 	pause := waiters.FirstPause
 	// The work's context keeps the request's values, not its cancellation:
@@ -509,12 +547,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 					toBlob = false
 				}
 			}
-			m.execute(w, r, body, next, att, fp, toBlob, start)
+			m.execute(w, r, body, next, att, req, toBlob, start)
 		case idem.Replay:
 			m.replayStored(w, r, acq.Response, start)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
-			m.problem(w, r, problemMismatch)
+			if req.byCookies {
+				m.problem(w, r, problemMismatchCookies)
+			} else {
+				m.problem(w, r, problemMismatch)
+			}
 		case idem.InFlight:
 			left := time.Until(deadline)
 			if left <= 0 {
@@ -592,7 +634,7 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 // the key according to ShouldStore. A panic releases the key and goes on.
 // It reports the outcome once the handler has returned: executed, or
 // released.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, fp idem.Fingerprint, toBlob bool, start time.Time) {
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, req request, toBlob bool, start time.Time) {
 	key := att.Lease().Key
 	ctx, stop := m.workContext(att.Context())
 	defer stop()
@@ -642,9 +684,12 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 			resp.Header.Del("Content-Length") // a replay sends the blob's size
 		}
 	}
+	if resp.BodyOmitted {
+		m.bodyOmitted(finish, outer, req.route, key)
+	}
 	switch err := att.Complete(finish, resp); {
 	case err == nil:
-		handed = &waiters.Result{Fingerprint: fp, Response: resp}
+		handed = &waiters.Result{Fingerprint: req.fp, Response: resp}
 	case errors.Is(err, idem.ErrNotReplicated):
 		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
 			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
@@ -711,6 +756,10 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, resp *
 		m.replayBlob(w, r, resp, cw)
 		return
 	}
+	if resp.BodyOmitted {
+		m.replayNotKept(w, r, resp)
+		return
+	}
 	m.cfg.OnOutcome(r, OutcomeReplayed)
 	telemetry.Event(r.Context(), telemetry.EventReplay)
 	m.replayHeader(w, resp)
@@ -730,9 +779,58 @@ func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 		h["Content-Type"] = nil // the original had none: net/http must not sniff one
 	}
 	h.Set(HeaderReplayed, "true")
-	if resp.BodyOmitted {
-		h.Set(HeaderBodyOmitted, "true")
+}
+
+// replayNotKept answers for a stored response whose body was not kept:
+// 500 problem+json saying that the request ran, with what status, and why
+// its body cannot be replayed. Its outcome is OutcomeReplayed: the work
+// ran once and this is the key's answer.
+func (m *middleware) replayNotKept(w http.ResponseWriter, r *http.Request, resp *idem.Response) {
+	m.cfg.OnOutcome(r, OutcomeReplayed)
+	telemetry.Event(r.Context(), telemetry.EventReplay)
+	h := w.Header()
+	h.Set(HeaderReplayed, "true")
+	h.Set(HeaderBodyOmitted, "true")
+	h.Set(HeaderOriginalStatus, strconv.Itoa(resp.Status))
+	why := "no blob store is configured to keep larger bodies"
+	if m.cfg.Blobs != nil {
+		why = "the blob store for larger bodies failed or did not answer when it was written"
 	}
+	p := problemNotKept
+	p.StatusExecuted = resp.Status
+	p.Detail = fmt.Sprintf("This request was executed (status %d) and will not be executed again, but its response body was larger "+
+		"than the limit for stored responses and was not kept: %s. It cannot be replayed; a retry with this key gets this answer until the record expires.",
+		resp.Status, why)
+	m.problem(w, r, p)
+}
+
+// maxOmittedRoutes bounds the routes whose omitted bodies are logged; past
+// it, OnBodyOmitted still counts every one.
+const maxOmittedRoutes = 1000
+
+// bodyOmitted reports a response stored without its body: OnBodyOmitted,
+// and, without a blob store, a warning once per route (a failed blob
+// store logs each of its failures itself).
+func (m *middleware) bodyOmitted(ctx context.Context, r *http.Request, route string, key idem.Key) {
+	if m.cfg.OnBodyOmitted != nil {
+		m.cfg.OnBodyOmitted(r)
+	}
+	if m.cfg.Blobs != nil {
+		return
+	}
+	if _, logged := m.omittedRoutes.Load(route); logged {
+		return
+	}
+	if m.omittedCount.Add(1) > maxOmittedRoutes {
+		return // routes may be paths (the default without a ServeMux): the set stays bounded
+	}
+	if _, logged := m.omittedRoutes.LoadOrStore(route, true); logged {
+		return
+	}
+	m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: a response larger than the limit was stored without its body: "+
+		"its replays answer 500 (response-not-kept); set a blob store (Config.Blobs, idem proxy --blob) or raise the limit "+
+		"(Config.MaxResponseSize, --max-response); logged once per route",
+		slog.String("route", route), slog.Int("max_response_size", m.cfg.MaxResponseSize), slog.String("key", key.String()))
 }
 
 func (m *middleware) problem(w http.ResponseWriter, r *http.Request, p Problem) {

@@ -3,13 +3,17 @@ package idemhttp_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -478,23 +482,127 @@ func TestCapture(t *testing.T) {
 	}
 }
 
+// A response larger than MaxResponseSize, without a blob store: the first
+// client gets all of it; the work never runs again; a replay is a 500
+// problem that says the request ran, with what status, and why its body
+// is gone (never a 2xx with an empty body); the omission is logged once
+// per route and counted for every response.
 func TestLargeResponseNotRerun(t *testing.T) {
-	big := strings.Repeat("z", 2000)
-	s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{MaxResponseSize: 1000}, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, big)
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		big := strings.Repeat("z", 2000)
+		var logs logRecorder
+		var omitted atomic.Int64
+		var outcomes sync.Map // idemhttp.Outcome -> *atomic.Int64
+		cfg := idemhttp.Config{MaxResponseSize: 1000, Logger: slog.New(&logs),
+			OnBodyOmitted: func(*http.Request) { omitted.Add(1) },
+			OnOutcome: func(_ *http.Request, o idemhttp.Outcome) {
+				n, _ := outcomes.LoadOrStore(o, new(atomic.Int64))
+				n.(*atomic.Int64).Add(1)
+			}}
+		mux := http.NewServeMux()
+		var runs atomic.Int64
+		mux.HandleFunc("POST /reports/{id}", func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Content-Type", "text/plain")
+			w.Header().Set("Location", "/reports/"+r.PathValue("id"))
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, big)
+		})
+		s := &server{Server: httptest.NewServer(idemhttp.Middleware(store, cfg)(mux))}
+		t.Cleanup(s.Close)
+
+		for _, id := range []string{"1", "2"} { // two omissions on one route
+			if first := s.do(t, "POST", "/reports/"+id, "k"+id, ""); first.status != http.StatusCreated || first.body != big ||
+				first.header.Get(idemhttp.HeaderBodyOmitted) != "" {
+				t.Fatalf("first answer: got %d, %d bytes, %v; want 201 with the full %d bytes", first.status, len(first.body), first.header, len(big))
+			}
+		}
+		for range 2 { // a retry gets the same answer every time
+			again := s.do(t, "POST", "/reports/1", "k1", "")
+			if again.status != http.StatusInternalServerError || again.header.Get("Content-Type") != "application/problem+json" ||
+				again.header.Get(idemhttp.HeaderReplayed) != "true" || again.header.Get(idemhttp.HeaderBodyOmitted) != "true" ||
+				again.header.Get(idemhttp.HeaderOriginalStatus) != "201" {
+				t.Fatalf("replay: got %d %v; want 500 problem+json, replayed, body omitted, original status 201", again.status, again.header)
+			}
+			var p map[string]any
+			if err := json.Unmarshal([]byte(again.body), &p); err != nil {
+				t.Fatalf("replay body %q: %v", again.body, err)
+			}
+			detail, _ := p["detail"].(string)
+			if p["type"] != idemhttp.ProblemResponseNotKept || p["status"] != 500.0 || p["status_executed"] != 201.0 ||
+				!strings.Contains(detail, "executed") || !strings.Contains(detail, "no blob store") || !strings.Contains(detail, "larger than the limit") {
+				t.Errorf("replay problem: got %s, want type %s, status 500, status_executed 201 and a detail saying it ran and why", again.body,
+					idemhttp.ProblemResponseNotKept)
+			}
+		}
+		if n := runs.Load(); n != 2 {
+			t.Errorf("executions: got %d, want 2 (one per key)", n)
+		}
+		if n := omitted.Load(); n != 2 {
+			t.Errorf("OnBodyOmitted: called %d times, want 2", n)
+		}
+		count := func(o idemhttp.Outcome) int64 {
+			if n, ok := outcomes.Load(o); ok {
+				return n.(*atomic.Int64).Load()
+			}
+			return 0
+		}
+		if count(idemhttp.OutcomeExecuted) != 2 || count(idemhttp.OutcomeReplayed) != 2 {
+			t.Errorf("outcomes: executed %d, replayed %d; want 2 and 2", count(idemhttp.OutcomeExecuted), count(idemhttp.OutcomeReplayed))
+		}
+		warns := logs.matching(slog.LevelWarn, "stored without its body")
+		if len(warns) != 1 {
+			t.Fatalf("got %d warnings of an omitted body, want 1 for the route: %v", len(warns), logs.all())
+		}
+		if w := warns[0]; w["route"] != "POST /reports/{id}" || w["max_response_size"] != "1000" ||
+			!strings.Contains(w["msg"], "Blobs") || !strings.Contains(w["msg"], "--blob") || !strings.Contains(w["msg"], "MaxResponseSize") {
+			t.Errorf("warning: got %v, want the route, the limit and the fix", w)
+		}
 	})
-	if first := s.do(t, "POST", "/", "k", ""); first.body != big {
-		t.Fatalf("first answer: got %d bytes, want the full %d", len(first.body), len(big))
+}
+
+// logRecorder is a slog.Handler that keeps every record, its attributes
+// as strings.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []map[string]string
+	lvls []slog.Level
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{"msg": r.Message}
+	r.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.String()
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, m)
+	l.lvls = append(l.lvls, r.Level)
+	return nil
+}
+
+// matching returns the records of level whose message contains msg.
+func (l *logRecorder) matching(level slog.Level, msg string) []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]string
+	for i, r := range l.recs {
+		if l.lvls[i] == level && strings.Contains(r["msg"], msg) {
+			out = append(out, r)
+		}
 	}
-	again := s.do(t, "POST", "/", "k", "")
-	if again.status != 201 || again.body != "" || again.header.Get(idemhttp.HeaderBodyOmitted) != "true" || again.header.Get(idemhttp.HeaderReplayed) != "true" {
-		t.Fatalf("replay: got %d, %d bytes, %v; want 201, empty body, body-omitted and replayed headers", again.status, len(again.body), again.header)
-	}
-	if s.runs.Load() != 1 {
-		t.Fatalf("executions: got %d, want 1", s.runs.Load())
-	}
+	return out
+}
+
+func (l *logRecorder) all() []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.recs)
 }
 
 func TestWaitForInFlight(t *testing.T) {

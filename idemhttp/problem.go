@@ -21,6 +21,12 @@ const (
 	// from the blob store (missing, corrupt, or the store does not answer);
 	// it is not run again
 	ProblemStoredBodyUnavailable = "urn:idem:problem:stored-body-unavailable"
+	// 500: the request completed before, but its response body was larger
+	// than Config.MaxResponseSize and was not kept (no blob store, or the
+	// blob store failed); it is not run again. The member status_executed
+	// (Problem.StatusExecuted) and the header Idempotent-Original-Status
+	// give the status it was executed with.
+	ProblemResponseNotKept = "urn:idem:problem:response-not-kept"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -29,6 +35,9 @@ type Problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// StatusExecuted is the status a request answered with
+	// ProblemResponseNotKept was executed with (an extension member).
+	StatusExecuted int `json:"status_executed,omitempty"`
 	// RetryAfter, in seconds, is sent as the Retry-After header when
 	// positive (409 and 503).
 	RetryAfter int `json:"-"`
@@ -55,10 +64,13 @@ var (
 		Detail: "A request with this Idempotency-Key is being processed. Retry later with the same key to get its result."}
 	problemMismatch = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body)."}
+	problemMismatchCookies = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
+		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body) or from another client (other cookies)."}
 	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The request was not processed. Retry later with the same key."}
 	problemBlobStore = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The store for large responses does not answer. The request was not processed. Retry later with the same key."}
+	problemNotKept    = Problem{Type: ProblemResponseNotKept, Title: "Response executed but not kept", Status: http.StatusInternalServerError}
 	problemStoredBody = Problem{Type: ProblemStoredBodyUnavailable, Title: "Stored response unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "This request was processed before, but its stored response body cannot be read now. It was not processed again."}
 )

@@ -63,8 +63,10 @@ method is the HTTP method; the route is the ServeMux pattern that matched
 (such as "POST /charges") in a middleware on a ServeMux, and for the proxy
 its --config route's match, or else the path (a proxy without --config:
 --route /charges). The tenant is empty when the request had no
-Authorization header; otherwise it is a digest of that header: take the
-stored key from the proxy's log line (key=…) and use --stored-key.
+Authorization header, client certificate or --tenant-cookie cookie;
+otherwise it is a digest of it (--tenant-header's is hdr: and the raw
+value): take the stored key from the proxy's log line (key=…) and use
+--stored-key.
 
 STORE is Redis or PostgreSQL: --store memory (the default) is an empty
 store private to this process, so it never holds a record.
@@ -104,7 +106,7 @@ func newInspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *insp
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	fs.StringVar(&f.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&f.prefix, "prefix", "", `Redis key prefix (empty: redisstore's default, "idem:") or PostgreSQL namespace (empty: the default namespace)`)
-	fs.Var(&f.tenant, "tenant", "the key's `tenant` (idemhttp's default: empty when the request had no Authorization header)")
+	fs.Var(&f.tenant, "tenant", "the key's `tenant` (idemhttp's default: empty when the request had no Authorization header nor client certificate)")
 	fs.Var(&f.method, "method", "the key's `method`, as sent (upper case for HTTP)")
 	fs.Var(&f.route, "route", "the key's `route`: the ServeMux pattern such as \"POST /charges\", or the path")
 	fs.Var(&f.key, "key", "the client's idempotency `key` (the Idempotency-Key header's value)")

@@ -38,6 +38,8 @@ type proxyMetrics struct {
 	// idem_blob_sweep_deleted_total
 	sweeps       *prometheus.CounterVec
 	sweepDeleted prometheus.Counter
+	// notKept: idem_responses_not_kept_total
+	notKept prometheus.Counter
 }
 
 func newProxyMetrics() *proxyMetrics {
@@ -82,7 +84,11 @@ func newProxyMetrics() *proxyMetrics {
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
 	}
-	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.upstreamAborted, m.blobErrors, m.sweeps, m.sweepDeleted,
+	m.notKept = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idem_responses_not_kept_total",
+		Help: "Responses stored without their body: larger than --max-response, and no --blob (or the blob store failed). Their requests ran once; their replays answer 500 (urn:idem:problem:response-not-kept) and count as replayed. Set --blob or raise --max-response.",
+	})
+	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.upstreamAborted, m.notKept, m.blobErrors, m.sweeps, m.sweepDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.

@@ -94,6 +94,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.BoolVar(&o.settings.requireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
 	fs.StringVar(&o.methods, "methods", "POST,PATCH", "comma-separated methods covered; others pass through untouched")
 	fs.StringVar(&o.settings.tenantHeader, "tenant-header", "", "scope keys by this request header's value (set by a trusted gateway); default a hash of Authorization")
+	fs.StringVar(&o.settings.tenantCookie, "tenant-cookie", "", "scope keys by a hash of this cookie (the session cookie of a web app); a request without it: a hash of Authorization; not with --tenant-header")
 	fs.DurationVar(&o.settings.lease, "lease", idem.DefaultLease, "how long a crashed proxy blocks a key; renewed while the upstream works")
 	fs.DurationVar(&o.settings.retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
 	fs.DurationVar(&o.settings.wait, "wait", 0, "wait up to this long for an in-flight duplicate's result instead of answering 409 at once")
@@ -102,7 +103,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
-	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body")
+	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body and its replays answer 500 response-not-kept (counted in idem_responses_not_kept_total)")
 	fs.StringVar(&o.blob, "blob", "", blobFlagHelp)
 	fs.DurationVar(&o.blobTimeout, "blob-timeout", idemhttp.DefaultBlobTimeout, "give up a blob write or read that makes no progress for this long (a write: the key completes without its body; a replay: 503 or an aborted response)")
 	fs.DurationVar(&o.blobSweep, "blob-sweep", 0, "with --blob: delete orphaned and expired blobs this often (as idem gc does); 0: never (use idem gc or an S3 lifecycle rule)")
@@ -441,7 +442,7 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 }
 
 func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem.Store, p *proxy) (*route, error) {
-	rt := &route{name: pattern, covered: map[string]bool{}, tenant: tenantFunc(s.tenantHeader), handler: upstream}
+	rt := &route{name: pattern, covered: map[string]bool{}, tenant: tenantFunc(s.tenantHeader, s.tenantCookie), handler: upstream}
 	if pattern == "" {
 		rt.routeOf = func(r *http.Request) string { return r.URL.EscapedPath() }
 	} else {
@@ -479,6 +480,8 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		},
 		OnRenew:     p.metrics.onRenew,
 		BlobTimeout: p.blob.timeout,
+		// idem_responses_not_kept_total: replays of these answer 500.
+		OnBodyOmitted: func(*http.Request) { p.metrics.notKept.Inc() },
 	}
 	if p.blob.blobs != nil {
 		cfg.Blobs = p.blob.blobs
@@ -505,8 +508,14 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 
 // tenantFunc scopes keys by the named header, "hdr:" + its value, or by
 // idemhttp.DefaultTenant when there is no header name or the request
-// lacks the header.
-func tenantFunc(header string) func(*http.Request) string {
+// lacks the header; or, with a cookie name, by idemhttp.TenantFromCookie.
+// The header's raw value (not idemhttp.TenantFromHeader's hash) keeps the
+// records of earlier releases reachable and idem inspect --tenant hdr:ID
+// usable; Scope.Key hashes it, so no raw value reaches the store.
+func tenantFunc(header, cookie string) func(*http.Request) string {
+	if cookie != "" {
+		return idemhttp.TenantFromCookie(cookie) // validated: one source per route
+	}
 	if header == "" {
 		return idemhttp.DefaultTenant
 	}

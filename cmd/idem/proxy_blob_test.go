@@ -574,9 +574,12 @@ func TestProxyBlobServerDown(t *testing.T) {
 	wantWhole(t, "fail-open, small, replay", fetch(t, open.base(), "open-small", 100*kib), "open-small", 100*kib)
 	wantWhole(t, "fail-open, large", fetch(t, open.base(), "open-large", 3*mib), "open-large", 3*mib)
 	f = fetch(t, open.base(), "open-large", 3*mib)
-	if f.status != http.StatusOK || f.n != 0 || f.header.Get(idemhttp.HeaderBodyOmitted) != "true" {
-		t.Errorf("fail-open, large, replay: got %d, %d bytes, %v; want 200 without a body and %s", f.status, f.n, f.header,
-			idemhttp.HeaderBodyOmitted)
+	wantProblem(t, "fail-open, large, replay", f, http.StatusInternalServerError, idemhttp.ProblemResponseNotKept)
+	if f.header.Get(idemhttp.HeaderBodyOmitted) != "true" || f.header.Get(idemhttp.HeaderOriginalStatus) != "200" {
+		t.Errorf("fail-open, large, replay: got %v, want %s and %s: 200", f.header, idemhttp.HeaderBodyOmitted, idemhttp.HeaderOriginalStatus)
+	}
+	if n := open.metric(t, "idem_responses_not_kept_total"); n != 1 {
+		t.Errorf("idem_responses_not_kept_total: got %v, want 1", n)
 	}
 	if up.runsOf("open-small") != 1 || up.runsOf("open-large") != 1 {
 		t.Errorf("fail-open: the upstream ran %d and %d times, want 1 and 1", up.runsOf("open-small"), up.runsOf("open-large"))

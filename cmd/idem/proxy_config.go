@@ -26,6 +26,7 @@ type routeSettings struct {
 	methods       []string // covered methods; empty: none (the route is not covered)
 	requireKey    bool
 	tenantHeader  string // "": idemhttp.DefaultTenant
+	tenantCookie  string // idemhttp.TenantFromCookie; at most one of it and tenantHeader is set
 	lease         time.Duration
 	retention     time.Duration
 	wait          time.Duration
@@ -69,6 +70,13 @@ func (s routeSettings) validate(name func(string) string) error {
 	}
 	if s.tenantHeader != "" && !validToken(s.tenantHeader) {
 		return fmt.Errorf("%s %q: not a header name", name("tenant-header"), s.tenantHeader)
+	}
+	if s.tenantCookie != "" && !validToken(s.tenantCookie) {
+		return fmt.Errorf("%s %q: not a cookie name", name("tenant-cookie"), s.tenantCookie)
+	}
+	if s.tenantHeader != "" && s.tenantCookie != "" {
+		return fmt.Errorf("%s %q and %s %q: set one tenant source, not both", name("tenant-header"), s.tenantHeader,
+			name("tenant-cookie"), s.tenantCookie)
 	}
 	for _, st := range s.storeStatuses {
 		if st < 200 || st > 599 {
@@ -123,6 +131,7 @@ type routeOverride struct {
 	Methods       *[]string     `yaml:"methods"`
 	RequireKey    *bool         `yaml:"require_key"`
 	TenantHeader  *string       `yaml:"tenant_header"`
+	TenantCookie  *string       `yaml:"tenant_cookie"` // either replaces the flags' tenant source
 	Lease         *fileDuration `yaml:"lease"`
 	Retention     *fileDuration `yaml:"retention"`
 	Wait          *fileDuration `yaml:"wait"`
@@ -138,7 +147,7 @@ type routeOverride struct {
 }
 
 // routeFields lists routeOverride's fields for error messages.
-const routeFields = "match, methods, require_key, tenant_header, lease, retention, wait, fail_open, max_body, max_response, store_statuses, max_execution, client_write_timeout, cancel_on_disconnect"
+const routeFields = "match, methods, require_key, tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, max_execution, client_write_timeout, cancel_on_disconnect"
 
 // routeConfig is a validated route of the file.
 type routeConfig struct {
@@ -224,8 +233,15 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 	if o.RequireKey != nil {
 		s.requireKey = *o.RequireKey
 	}
-	if o.TenantHeader != nil {
-		s.tenantHeader = *o.TenantHeader
+	if o.TenantHeader != nil || o.TenantCookie != nil {
+		// One source per route: the route's replaces the flags'.
+		s.tenantHeader, s.tenantCookie = "", ""
+		if o.TenantHeader != nil {
+			s.tenantHeader = *o.TenantHeader
+		}
+		if o.TenantCookie != nil {
+			s.tenantCookie = *o.TenantCookie
+		}
 	}
 	if o.Lease != nil {
 		s.lease = time.Duration(*o.Lease)
