@@ -255,3 +255,21 @@ func TestProxyOutboxPending(t *testing.T) {
 		t.Fatalf("repeat after the relay: got %d %s (replayed %t), want the replay", again.status, again.body, again.replayed())
 	}
 }
+
+// --reap-interval and --memory-limit refuse values that mean nothing.
+func TestProxyStoreFlagErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--reap-interval", "-1s"}, "--reap-interval -1s: must not be negative (0: never)"},
+		{[]string{"--memory-limit", "lots"}, "memory-limit"},
+		{[]string{"--memory-limit", "-1"}, "memory-limit"},
+	} {
+		code, stderr := runIdem(t, nil, append([]string{"proxy", "--upstream", "http://u"}, c.args...)...)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("%q: got exit status %d, stderr %q; want 2 and %q", c.args, code, stderr, c.want)
+		}
+	}
+}
