@@ -28,7 +28,9 @@
 // record, and a min-heap of the same records ordered by expiry. Keys are
 // SHA-256 digests, so their bytes pick the shard evenly. Every method is one
 // critical section on one shard and reads the clock inside it, so the
-// operations on a key are linearizable.
+// operations on a key are linearizable. (An Acquire that finds a bounded
+// store full takes two, with the sweep of expired records between them;
+// the second decides.)
 //
 // Expiry needs no background goroutine and nothing to close. A method that
 // meets an expired record treats it as absent and drops it, and every
