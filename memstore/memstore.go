@@ -102,7 +102,9 @@ type Options struct {
 	// record does not fit, and dropping the expired records does not make
 	// room, Acquire fails with ErrFull; records are never evicted, and
 	// nothing but the grant of a new lease is refused (see Bound in the
-	// package documentation). Default 0: no bound.
+	// package documentation). Default 0 (or negative): no bound, as
+	// before the option existed; an embedding program that takes keys
+	// from its clients should set one.
 	MaxBytes int64
 }
 
