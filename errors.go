@@ -36,6 +36,14 @@ var (
 	// replays; only its survival of a failover is in doubt. It arrives
 	// wrapped in a *StoreError.
 	ErrNotReplicated = errors.New("idem: completion written but not acknowledged by enough replicas")
+
+	// ErrStoreFull reports an Acquire that the store refused because it
+	// holds as much as it is allowed to (memstore's Options.MaxBytes). It
+	// is refused only where a lease would be granted; nothing was written
+	// and the work has not run. Keys that are in flight or completed still
+	// answer as usual: their repeats are replayed, and their holders renew,
+	// complete and release. It arrives wrapped in a *StoreError.
+	ErrStoreFull = errors.New("idem: store full")
 )
 
 // StoreError is a failure of the backing store: a network error, a timeout,

@@ -25,7 +25,9 @@ import (
 // released either way). Backend failures are returned as *StoreError.
 type Store interface {
 	// Acquire takes the key when it is absent, released, or its lease has
-	// expired, and otherwise reports why not. See Outcome.
+	// expired, and otherwise reports why not. See Outcome. A store with a
+	// bound on what it holds may refuse to take a key: a *StoreError
+	// matching ErrStoreFull, with nothing written.
 	Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error)
 
 	// Renew extends the lease to ttl from now (store clock).

@@ -22,6 +22,9 @@
 //	body over MaxBodySize            413; nothing is stored
 //	store failing                    503 with Retry-After: 1; the handler does not run
 //	                                 (unless Config.FailOpen)
+//	store full (idem.ErrStoreFull:   503 store-full with Retry-After: 1; the handler does
+//	a bounded store refuses a        not run (unless Config.FailOpen); keys already in
+//	new key)                         flight or completed answer as usual
 //	handler panics, or ShouldStore   the key is released: a retry runs the handler
 //	says no (default: 5xx, 408,      again (a panic is passed on)
 //	409, 425, 429)

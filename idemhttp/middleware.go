@@ -235,7 +235,7 @@ const (
 	OutcomeConflict      Outcome = "conflict"       // 409: in flight (after the wait, if any)
 	OutcomeMismatch      Outcome = "mismatch"       // 422
 	OutcomeRejected      Outcome = "rejected"       // 400 or 413: key missing or invalid, body too large or unreadable
-	OutcomeStoreError    Outcome = "store_error"    // the store failed: 503, or the handler ran unprotected (FailOpen)
+	OutcomeStoreError    Outcome = "store_error"    // the store failed or is full (idem.ErrStoreFull): 503, or the handler ran unprotected (FailOpen)
 	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
 	// OutcomeReleased: the handler ran under a lease, and the key was
 	// released rather than completed: ShouldStore refused its status (by
@@ -514,6 +514,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				slog.String("key", key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
 			if m.cfg.FailOpen {
 				next.ServeHTTP(w, withBody(r, r.Context(), body))
+				return
+			}
+			if errors.Is(err, idem.ErrStoreFull) {
+				m.problem(w, r, problemStoreFull)
 				return
 			}
 			m.problem(w, r, problemStore)

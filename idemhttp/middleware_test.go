@@ -681,6 +681,51 @@ func TestStoreDown(t *testing.T) {
 	}
 }
 
+// A bounded memstore that is full refuses new keys: 503 with the
+// store-full problem, the handler not run; completed keys still replay.
+// With FailOpen the handler runs unprotected, as for any store failure.
+func TestStoreFull(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FailOpen=%t", failOpen), func(t *testing.T) {
+			store := memstore.New(memstore.Options{MaxBytes: 2 * memstore.RecordOverhead})
+			var outcomes []idemhttp.Outcome
+			var mu sync.Mutex
+			s := newServer(t, store, idemhttp.Config{FailOpen: failOpen, Logger: quietLogger(), OnOutcome: func(_ *http.Request, o idemhttp.Outcome) {
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				mu.Unlock()
+			}}, charge)
+			first := s.do(t, "POST", "/charges", "first", "{}")
+			if first.status != 201 {
+				t.Fatalf("first key: got %d, want 201", first.status)
+			}
+			runs := s.runs.Load()
+			a := s.do(t, "POST", "/charges", "second", "{}")
+			switch {
+			case failOpen && (a.status != 201 || s.runs.Load() != runs+1):
+				t.Fatalf("store full, fail-open: got %d, want the handler's 201", a.status)
+			case !failOpen && (a.status != 503 || a.header.Get("Retry-After") != "1" || !strings.Contains(a.body, idemhttp.ProblemStoreFull) ||
+				!strings.Contains(a.body, "takes no new key")):
+				t.Fatalf("store full: got %d %v %q, want 503 store-full with Retry-After", a.status, a.header, a.body)
+			case !failOpen && s.runs.Load() != runs:
+				t.Fatal("store full: the handler ran")
+			}
+			again := s.do(t, "POST", "/charges", "first", "{}")
+			if again.status != 201 || again.header.Get(idemhttp.HeaderReplayed) != "true" || again.body != first.body {
+				t.Fatalf("completed key in a full store: got %d %q, want the replay of %q", again.status, again.body, first.body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(outcomes) != 3 || outcomes[1] != idemhttp.OutcomeStoreError {
+				t.Fatalf("outcomes: got %v, want store_error for the refused key", outcomes)
+			}
+			if st := store.Stats(); st.Refused != 1 {
+				t.Fatalf("refusals: got %d, want 1", st.Refused)
+			}
+		})
+	}
+}
+
 func TestHandlerContext(t *testing.T) {
 	type seen struct {
 		lease idem.Lease

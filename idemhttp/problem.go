@@ -15,6 +15,9 @@ const (
 	ProblemInFlight         = "urn:idem:problem:in-flight"         // 409: the same key is being processed
 	ProblemMismatch         = "urn:idem:problem:mismatch"          // 422: the key was used with a different request
 	ProblemStoreUnavailable = "urn:idem:problem:store-unavailable" // 503: the idempotency store failed; nothing ran
+	// 503: the idempotency store is full (idem.ErrStoreFull) and takes no
+	// new key until records expire; nothing ran
+	ProblemStoreFull = "urn:idem:problem:store-full"
 	// 503: the blob store (Config.Blobs) does not answer; the request did not run
 	ProblemBlobStoreUnavailable = "urn:idem:problem:blob-store-unavailable"
 	// 503: the request completed before, but its stored body cannot be read
@@ -68,6 +71,8 @@ var (
 		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body) or from another client (other cookies)."}
 	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The request was not processed. Retry later with the same key."}
+	problemStoreFull = Problem{Type: ProblemStoreFull, Title: "Idempotency store full", Status: http.StatusServiceUnavailable, RetryAfter: 1,
+		Detail: "The idempotency store holds all the records it may, and takes no new key until older ones expire. The request was not processed. Retry later with the same key."}
 	problemBlobStore = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The store for large responses does not answer. The request was not processed. Retry later with the same key."}
 	problemNotKept    = Problem{Type: ProblemResponseNotKept, Title: "Response executed but not kept", Status: http.StatusInternalServerError}

@@ -12,7 +12,8 @@ var _ idem.BatchStore = (*Store)(nil)
 
 // AcquireMany implements idem.BatchStore: one pass over reqs, each key in
 // its own critical section, in input order. Replayed responses are
-// decoded outside the locks.
+// decoded outside the locks. With Options.MaxBytes, each request is
+// admitted or refused (ErrFull) as Acquire would.
 func (s *Store) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []idem.AcquireResult {
 	out := make([]idem.AcquireResult, len(reqs))
 	if err := ctx.Err(); err != nil {
@@ -27,7 +28,7 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []i
 			out[i].Err = err
 			continue
 		}
-		out[i].Acquisition, encs[i] = s.acquire(req)
+		out[i].Acquisition, encs[i], out[i].Err = s.acquireRoom(req)
 	}
 	for i, enc := range encs {
 		if out[i].Outcome != idem.Replay {

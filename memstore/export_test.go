@@ -13,13 +13,20 @@ import (
 // storetest.Fixture.Corrupt for this store.
 func (s *Store) Corrupt(key idem.Key) error {
 	sh, now := s.lock(key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(key, now)
 	if r == nil {
 		r = &record{key: key, index: -1}
+		s.u.bytes.Add(RecordOverhead)
+		s.u.records.Add(1)
 	}
 	// 0xFF sets the version bits of the response encoding: no such version.
-	r.state, r.lease, r.resp = idem.StateCompleted, idem.LeaseID{}, []byte{0xFF}
+	bad := []byte{0xFF}
+	s.u.bytes.Add(int64(cap(bad) - cap(r.resp)))
+	r.state, r.lease, r.resp = idem.StateCompleted, idem.LeaseID{}, bad
 	sh.setExpiry(r, expiry(now, time.Hour, r.token))
 	return nil
 }
+
+// ShardOf returns the index of key's shard.
+func (s *Store) ShardOf(key idem.Key) int { return int(s.shardIndex(key)) }

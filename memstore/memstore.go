@@ -28,7 +28,9 @@
 // record, and a min-heap of the same records ordered by expiry. Keys are
 // SHA-256 digests, so their bytes pick the shard evenly. Every method is one
 // critical section on one shard and reads the clock inside it, so the
-// operations on a key are linearizable.
+// operations on a key are linearizable. (An Acquire that finds a bounded
+// store full takes two, with the sweep of expired records between them;
+// the second decides.)
 //
 // Expiry needs no background goroutine and nothing to close. A method that
 // meets an expired record treats it as absent and drops it, and every
@@ -39,6 +41,29 @@
 // shard that is not used keeps its expired records until it is, and, Go
 // maps never shrinking, a shard keeps the capacity of its largest
 // population.
+//
+// # Bound
+//
+// With Options.MaxBytes, the store holds at most about that many bytes of
+// records, and refuses new work rather than grow past it: it never evicts
+// a record to make room. Each record counts RecordOverhead bytes plus the
+// capacity of its encoded response; Stats reports the total, kept in an
+// atomic counter. The bound is checked only where a lease would be
+// granted: an Acquire of a key that holds no live in-flight or completed
+// record (absent, expired or released). When one more record's overhead
+// does not fit, the store first drops the expired records of every shard
+// (until there is room), and if there is still none, the Acquire fails
+// with a *idem.StoreError matching ErrFull and writes nothing. Everything
+// else always works, full or not: repeats of in-flight and completed keys
+// (in flight, replay, mismatch, the same lease again), and Renew,
+// Complete, Release, Get and Delete. A Complete never fails because the
+// store is full, since the work has run by then, so the response of a
+// record in flight is added whatever the total: the store exceeds
+// MaxBytes by at most the responses of the records in flight when it
+// filled (with idemhttp, at most the requests in flight times
+// Config.MaxResponseSize plus their headers). The overheads of admitted
+// records never exceed the bound: a new record reserves its overhead with
+// a compare-and-swap.
 package memstore
 
 import (
@@ -46,8 +71,10 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -69,6 +96,46 @@ type Options struct {
 	// Shards is the number of independently locked partitions, rounded up
 	// to a power of two and capped at MaxShards. Default DefaultShards.
 	Shards int
+
+	// MaxBytes bounds the memory the records hold, approximately: each
+	// counts RecordOverhead plus its encoded response. When a new key's
+	// record does not fit, and dropping the expired records does not make
+	// room, Acquire fails with ErrFull; records are never evicted, and
+	// nothing but the grant of a new lease is refused (see Bound in the
+	// package documentation). Default 0 (or negative): no bound, as
+	// before the option existed; an embedding program that takes keys
+	// from its clients should set one.
+	MaxBytes int64
+}
+
+// RecordOverhead is what a record counts for in Options.MaxBytes and
+// Stats.Bytes besides its encoded response: the record itself (key,
+// fingerprint, lease id, token, expiry: 96 bytes), its map entry and its
+// expiry heap entry. It was measured on linux/amd64 with Go 1.26 as the
+// growth of the live heap per record, responses apart: 149 to 171 bytes
+// over 10,000 to 1,500,000 records, depending on how full the map is
+// (TestRecordOverhead checks that Stats.Bytes stays within 25% of the
+// heap's growth). The process's resident memory is larger: Go's collector
+// lets the heap grow to about twice the live data (GOGC=100) before it
+// collects.
+const RecordOverhead = 160
+
+// ErrFull is idem.ErrStoreFull: an Acquire refused because the records
+// would exceed Options.MaxBytes. It arrives wrapped in a *idem.StoreError.
+var ErrFull = idem.ErrStoreFull
+
+// Stats describes what a Store holds.
+type Stats struct {
+	// Records is the number of records held: the live ones and the
+	// expired ones not dropped yet (as Len, without taking the locks).
+	Records int64
+	// Bytes is their approximate size: RecordOverhead each plus their
+	// encoded responses.
+	Bytes int64
+	// MaxBytes is Options.MaxBytes; 0 when there is no bound.
+	MaxBytes int64
+	// Refused counts the Acquires refused with ErrFull since New.
+	Refused int64
 }
 
 // Store is an in-memory idem.Store. It is safe for concurrent use. The zero
@@ -77,6 +144,18 @@ type Store struct {
 	clock  func() time.Time
 	shards []shard
 	mask   uint64
+	max    int64  // Options.MaxBytes; 0: none
+	u      *usage // written by every shard: its own cache lines
+}
+
+// usage is what the store holds, kept up to date by the shards' critical
+// sections.
+type usage struct {
+	_       [64]byte
+	bytes   atomic.Int64
+	records atomic.Int64
+	refused atomic.Int64
+	_       [64]byte
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -90,11 +169,20 @@ func New(opts Options) *Store {
 	if opts.Shards > 0 {
 		n = 1 << bits.Len(uint(min(opts.Shards, MaxShards)-1))
 	}
-	s := &Store{clock: opts.Clock, shards: make([]shard, n), mask: uint64(n - 1)}
+	s := &Store{clock: opts.Clock, shards: make([]shard, n), mask: uint64(n - 1), max: max(opts.MaxBytes, 0), u: new(usage)}
 	for i := range s.shards {
-		s.shards[i].recs = make(map[idem.Key]*record)
+		sh := &s.shards[i]
+		sh.recs = make(map[idem.Key]*record)
+		sh.u = s.u
+		sh.next.Store(math.MaxInt64)
 	}
 	return s
+}
+
+// Stats returns what the store holds. It reads counters, takes no lock,
+// and may be called at any rate.
+func (s *Store) Stats() Stats {
+	return Stats{Records: s.u.records.Load(), Bytes: s.u.bytes.Load(), MaxBytes: s.max, Refused: s.u.refused.Load()}
 }
 
 // Acquire implements idem.Store. A request that fails Validate is an error
@@ -106,9 +194,9 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := req.Validate(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	acq, enc := s.acquire(req)
-	if acq.Outcome != idem.Replay {
-		return acq, nil
+	acq, enc, err := s.acquireRoom(req)
+	if err != nil || acq.Outcome != idem.Replay {
+		return acq, err
 	}
 	// Stored bytes are never modified, so they are decoded unlocked.
 	resp, err := decode(enc)
@@ -119,32 +207,108 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	return acq, nil
 }
 
+// acquireRoom is acquire; when the store is full, it drops the expired
+// records of every shard and tries once more, and then refuses.
+func (s *Store) acquireRoom(req idem.AcquireRequest) (idem.Acquisition, []byte, error) {
+	acq, enc, full := s.acquire(req)
+	if !full {
+		return acq, enc, nil
+	}
+	s.sweepExpired()
+	if acq, enc, full = s.acquire(req); !full {
+		return acq, enc, nil
+	}
+	s.u.refused.Add(1)
+	return idem.Acquisition{}, nil, &idem.StoreError{Op: "acquire", Key: req.Key,
+		Err: fmt.Errorf("memstore: the records hold %d bytes of MaxBytes %d and none has expired; new keys are refused until some expire: %w",
+			s.u.bytes.Load(), s.max, ErrFull)}
+}
+
 // acquire is the critical section of Acquire. For a replay it returns the
-// encoded response instead of setting acq.Response.
-func (s *Store) acquire(req idem.AcquireRequest) (acq idem.Acquisition, enc []byte) {
+// encoded response instead of setting acq.Response. It reports full, and
+// changes nothing, when a lease would be granted but the store has no room
+// for one more record.
+func (s *Store) acquire(req idem.AcquireRequest) (acq idem.Acquisition, enc []byte, full bool) {
 	sh, now := s.lock(req.Key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(req.Key, now)
 	switch {
 	case r == nil:
+		if !s.admit() {
+			return idem.Acquisition{}, nil, true
+		}
 		r = &record{key: req.Key, index: -1}
 	case r.state == idem.StateReleased:
-		// Absent to Acquire; only its token counts.
+		// Absent to Acquire; only its token counts. Its overhead is
+		// counted already, but its response would not be.
+		if !s.fits() {
+			return idem.Acquisition{}, nil, true
+		}
 	case r.state == idem.StateInFlight && r.lease == req.LeaseID:
 		// The same call again, after a lost reply.
 		l := idem.Lease{Key: req.Key, ID: r.lease, Token: r.token, TTL: time.Duration(r.expires - now)}
-		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, nil
+		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, nil, false
 	case r.fp != req.Fingerprint:
-		return idem.Acquisition{Outcome: idem.Mismatch}, nil
+		return idem.Acquisition{Outcome: idem.Mismatch}, nil, false
 	case r.state == idem.StateInFlight:
-		return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: time.Duration(r.expires - now)}, nil
+		return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: time.Duration(r.expires - now)}, nil, false
 	default: // completed
-		return idem.Acquisition{Outcome: idem.Replay}, r.resp
+		return idem.Acquisition{Outcome: idem.Replay}, r.resp, false
 	}
 	r.state, r.token, r.fp, r.lease = idem.StateInFlight, nextToken(r.token, now), req.Fingerprint, req.LeaseID
 	sh.setExpiry(r, expiry(now, req.TTL, r.token))
 	l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: r.token, TTL: req.TTL}
-	return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, nil
+	return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, nil, false
+}
+
+// admit counts a new record, unless Options.MaxBytes is set and the
+// record's overhead does not fit; then it reports false and counts
+// nothing. The compare-and-swap makes the check and the count one step, so
+// concurrent acquirers never take the overheads past the bound together.
+func (s *Store) admit() bool {
+	if s.max == 0 {
+		s.u.bytes.Add(RecordOverhead)
+		s.u.records.Add(1)
+		return true
+	}
+	for {
+		b := s.u.bytes.Load()
+		if b+RecordOverhead > s.max {
+			return false
+		}
+		if s.u.bytes.CompareAndSwap(b, b+RecordOverhead) {
+			s.u.records.Add(1)
+			return true
+		}
+	}
+}
+
+// fits reports whether one more record's overhead fits in MaxBytes.
+func (s *Store) fits() bool {
+	return s.max == 0 || s.u.bytes.Load()+RecordOverhead <= s.max
+}
+
+// sweepChunk is how many expired records sweepExpired drops from a shard
+// per critical section.
+const sweepChunk = 1024
+
+// sweepExpired drops expired records, shard after shard, until there is
+// room for one more record or no shard has an expired record left. It
+// locks only the shards whose heap's top has expired, and holds a lock for
+// at most sweepChunk records.
+func (s *Store) sweepExpired() {
+	now := s.clock().UnixNano()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		for sh.next.Load() <= now {
+			if s.fits() {
+				return
+			}
+			sh.mu.Lock()
+			sh.sweepN(now, sweepChunk)
+			sh.unlock()
+		}
+	}
 }
 
 // Renew implements idem.Store. A ttl shorter than a millisecond is an
@@ -157,7 +321,7 @@ func (s *Store) Renew(ctx context.Context, l idem.Lease, ttl time.Duration) erro
 		return fmt.Errorf("memstore: renew: lease TTL %v is shorter than 1ms", ttl)
 	}
 	sh, now := s.lock(l.Key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(l.Key, now)
 	if r == nil || r.state != idem.StateInFlight || r.lease != l.ID {
 		return idem.ErrLeaseLost
@@ -187,12 +351,14 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 // complete is the critical section of Complete.
 func (s *Store) complete(l idem.Lease, enc []byte, retention time.Duration) error {
 	sh, now := s.lock(l.Key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(l.Key, now)
 	switch {
 	case r == nil:
 	case r.state == idem.StateInFlight && r.lease == l.ID:
+		// Never refused, whatever MaxBytes: the work has run.
 		r.state, r.lease, r.resp = idem.StateCompleted, idem.LeaseID{}, enc
+		s.u.bytes.Add(int64(cap(enc)))
 		sh.setExpiry(r, expiry(now, retention, r.token))
 		return nil
 	case r.state == idem.StateCompleted && r.token == l.Token:
@@ -213,7 +379,7 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 // release is the critical section of Release.
 func (s *Store) release(l idem.Lease) error {
 	sh, now := s.lock(l.Key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(l.Key, now)
 	switch {
 	case r == nil:
@@ -249,7 +415,7 @@ func (s *Store) Get(ctx context.Context, key idem.Key) (idem.Record, bool, error
 // instead of setting Record.Response.
 func (s *Store) get(key idem.Key) (rec idem.Record, enc []byte, ok bool) {
 	sh, now := s.lock(key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(key, now)
 	if r == nil {
 		return idem.Record{}, nil, false
@@ -271,7 +437,7 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 		return false, err
 	}
 	sh, now := s.lock(key)
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	r := sh.live(key, now)
 	if r == nil {
 		return false, nil
@@ -288,20 +454,24 @@ func (s *Store) Len() int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n += len(sh.recs)
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 	return n
 }
 
 // lock locks key's shard, reads the clock (Unix nanoseconds) and sweeps
-// the shard. The caller unlocks sh.mu.
+// the shard. The caller unlocks it with sh.unlock.
 func (s *Store) lock(key idem.Key) (sh *shard, now int64) {
-	h := binary.LittleEndian.Uint64(key[:8]) ^ binary.LittleEndian.Uint64(key[8:])
-	sh = &s.shards[h&s.mask]
+	sh = &s.shards[s.shardIndex(key)]
 	sh.mu.Lock()
 	now = s.clock().UnixNano()
 	sh.sweep(now)
 	return sh, now
+}
+
+// shardIndex returns the index of key's shard.
+func (s *Store) shardIndex(key idem.Key) uint64 {
+	return (binary.LittleEndian.Uint64(key[:8]) ^ binary.LittleEndian.Uint64(key[8:])) & s.mask
 }
 
 func ctxErr(ctx context.Context, op string, key idem.Key) error {

@@ -253,3 +253,45 @@ func BenchmarkReplay(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkAcquireCompleteBounded is BenchmarkAcquireComplete on a store
+// with a bound it never reaches: the cost of the check.
+func BenchmarkAcquireCompleteBounded(b *testing.B) {
+	s := memstore.New(memstore.Options{MaxBytes: 1 << 40})
+	ctx := context.Background()
+	var worker atomic.Uint64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		w := worker.Add(1) << 40
+		for i := w; pb.Next(); i++ {
+			acq, err := s.Acquire(ctx, idem.AcquireRequest{Key: key(i), LeaseID: idem.LeaseID{1}, TTL: time.Minute})
+			if err != nil || acq.Outcome != idem.Acquired {
+				b.Fatalf("Acquire: got %v, %v; want acquired", acq.Outcome, err)
+			}
+			if err := s.Complete(ctx, acq.Lease, benchResp, 50*time.Millisecond); err != nil {
+				b.Fatalf("Complete: %v", err)
+			}
+		}
+	})
+}
+
+// BenchmarkAcquireFull acquires new keys in a full store of live records:
+// the cost of a refusal (two critical sections, and a look at every
+// shard's earliest expiry).
+func BenchmarkAcquireFull(b *testing.B) {
+	s := memstore.New(memstore.Options{MaxBytes: 1024 * memstore.RecordOverhead})
+	ctx := context.Background()
+	for i := range uint64(1024) {
+		acquire(b, s, key(i), time.Hour)
+	}
+	var worker atomic.Uint64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		w := worker.Add(1) << 40
+		for i := w; pb.Next(); i++ {
+			if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: key(i), LeaseID: idem.LeaseID{1}, TTL: time.Minute}); !errors.Is(err, memstore.ErrFull) {
+				b.Fatalf("Acquire: got %v, want ErrFull", err)
+			}
+		}
+	})
+}

@@ -1,7 +1,9 @@
 package memstore
 
 import (
+	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/idemkit/idem"
 )
@@ -33,7 +35,23 @@ type shard struct {
 	mu   sync.Mutex
 	recs map[idem.Key]*record
 	heap expiryHeap
+	u    *usage // the store's counters
+	// next is the earliest expiry in heap (math.MaxInt64 when empty), as
+	// of the last unlock: sweepExpired reads it without the lock.
+	next atomic.Int64
 	_    [64]byte // keeps neighbouring shards' hot fields off one cache line
+}
+
+// unlock publishes the earliest expiry and unlocks the shard.
+func (sh *shard) unlock() {
+	next := int64(math.MaxInt64)
+	if len(sh.heap) > 0 {
+		next = sh.heap[0].expires
+	}
+	if sh.next.Load() != next {
+		sh.next.Store(next)
+	}
+	sh.mu.Unlock()
 }
 
 // live returns key's record, or nil when there is none or it has expired
@@ -48,8 +66,11 @@ func (sh *shard) live(key idem.Key, now int64) *record {
 }
 
 // sweep drops up to sweepBatch expired records.
-func (sh *shard) sweep(now int64) {
-	for i := 0; i < sweepBatch && len(sh.heap) > 0 && sh.heap[0].expires <= now; i++ {
+func (sh *shard) sweep(now int64) { sh.sweepN(now, sweepBatch) }
+
+// sweepN drops up to n expired records.
+func (sh *shard) sweepN(now int64, n int) {
+	for i := 0; i < n && len(sh.heap) > 0 && sh.heap[0].expires <= now; i++ {
 		sh.remove(sh.heap[0].r)
 	}
 }
@@ -65,9 +86,12 @@ func (sh *shard) setExpiry(r *record, expires int64) {
 	sh.heap.fix(int(r.index))
 }
 
+// remove drops r and uncounts it.
 func (sh *shard) remove(r *record) {
 	delete(sh.recs, r.key)
 	sh.heap.remove(int(r.index))
+	sh.u.bytes.Add(-int64(RecordOverhead + cap(r.resp)))
+	sh.u.records.Add(-1)
 }
 
 // expiryHeap is a binary min-heap of records ordered by expiry. Entries

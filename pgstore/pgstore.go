@@ -141,17 +141,26 @@ type Options struct {
 	// Logger receives the failures of RunReaper's batches. Default
 	// slog.Default().
 	Logger *slog.Logger
+
+	// OnReap, when set, is called after each pass of RunReaper with the
+	// number of records the pass deleted, how long it took, and its error
+	// (nil when it finished; a failure is also logged to Logger). A pass
+	// cut short because RunReaper's context ended is not reported. It is
+	// called on RunReaper's goroutine, which waits for it: it should not
+	// block.
+	OnReap func(deleted int, took time.Duration, err error)
 }
 
 // Store is an idem.Store on a PostgreSQL table. It is safe for concurrent
 // use. Create one with New.
 type Store struct {
-	pool  *pgxpool.Pool
-	ns    string
-	grace time.Duration
-	log   *slog.Logger
-	names names
-	sql   statements
+	pool   *pgxpool.Pool
+	ns     string
+	grace  time.Duration
+	log    *slog.Logger
+	onReap func(deleted int, took time.Duration, err error)
+	names  names
+	sql    statements
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -265,11 +274,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 		opts.ReapGrace = DefaultReapGrace
 	}
 	return &Store{
-		pool:  pool,
-		grace: opts.ReapGrace,
-		ns:    opts.Namespace,
-		log:   opts.Logger,
-		names: n,
+		pool:   pool,
+		grace:  opts.ReapGrace,
+		ns:     opts.Namespace,
+		log:    opts.Logger,
+		onReap: opts.OnReap,
+		names:  n,
 		sql: statements{
 			acquire:    n.fill(acquireSQL),
 			renew:      n.fill(renewSQL),
@@ -494,8 +504,9 @@ func (s *Store) Reap(ctx context.Context, batch int) (deleted int, err error) {
 // RunReaper calls Reap(ctx, batch) at every tick of every until ctx ends,
 // then returns nil; it returns an error at once if every or batch is not
 // positive. A failed pass is logged to Options.Logger and tried again at
-// the next tick. One reaper per table is enough, whatever the namespaces;
-// more do no harm.
+// the next tick; each pass is reported to Options.OnReap. One reaper per
+// table is enough, whatever the namespaces; more do no harm. To stop it
+// before closing the pool, cancel ctx and wait for RunReaper to return.
 func (s *Store) RunReaper(ctx context.Context, every time.Duration, batch int) error {
 	if every <= 0 || batch < 1 {
 		return fmt.Errorf("pgstore: RunReaper: interval %v and batch %d must be positive", every, batch)
@@ -508,8 +519,16 @@ func (s *Store) RunReaper(ctx context.Context, every time.Duration, batch int) e
 			return nil
 		case <-t.C:
 		}
-		if _, err := s.Reap(ctx, batch); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		n, err := s.Reap(ctx, batch)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
 			s.log.LogAttrs(ctx, slog.LevelWarn, "pgstore: reap failed", slog.String("table", s.names.table), slog.Any("error", err))
+		}
+		if s.onReap != nil {
+			s.onReap(n, time.Since(start), err)
 		}
 	}
 }

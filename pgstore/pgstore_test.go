@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -425,24 +426,37 @@ func TestReap(t *testing.T) {
 		t.Error("Reap with batch 0: got nil error, want one")
 	}
 
-	// RunReaper reaps on its ticks until its context ends.
+	// RunReaper reaps on its ticks until its context ends, and reports
+	// each pass to OnReap.
 	lease(t, s, newKey(3000), time.Millisecond)
+	lease(t, s, newKey(3001), time.Millisecond)
+	var passes, reaped, failed atomic.Int64
+	reaper := newStore(t, pool, pgstore.Options{ReapGrace: time.Millisecond, OnReap: func(deleted int, took time.Duration, err error) {
+		passes.Add(1)
+		reaped.Add(int64(deleted))
+		if err != nil || took <= 0 {
+			failed.Add(1)
+		}
+	}})
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
-		if err := s.RunReaper(rctx, 10*time.Millisecond, 100); err != nil {
+		if err := reaper.RunReaper(rctx, 10*time.Millisecond, 100); err != nil {
 			t.Errorf("RunReaper: %v", err)
 		}
 		close(done)
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for countRows() != live+1 && time.Now().Before(deadline) {
+	for (countRows() != live+1 || reaped.Load() < 2) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	stop()
 	<-done
 	if n := countRows(); n != live+1 {
 		t.Errorf("rows with RunReaper running: got %d, want %d", n, live+1)
+	}
+	if passes.Load() == 0 || reaped.Load() != 2 || failed.Load() != 0 {
+		t.Errorf("OnReap: got %d passes, %d deleted, %d failed or untimed; want passes that deleted 2, none failed", passes.Load(), reaped.Load(), failed.Load())
 	}
 	if err := s.RunReaper(ctx, 0, 100); err == nil {
 		t.Error("RunReaper with interval 0: got nil error, want one")

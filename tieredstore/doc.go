@@ -81,7 +81,13 @@
 // the hot path, and a listener misses what is sent while it is
 // disconnected, so a poll would be needed anyway. The poll reads the
 // partial index, so it costs nothing when the outbox is empty; processes
-// sharing a table split the outbox with FOR UPDATE SKIP LOCKED.
+// sharing a table split the outbox with FOR UPDATE SKIP LOCKED. Pending
+// counts what the poll has to copy: a backlog that grows means the relay
+// cannot reach Redis.
+//
+// The same loop reaps: every Options.ReapInterval (a minute; negative:
+// never) it deletes the rows, of every namespace, expired for
+// Options.ReapGrace, and reports each pass to Options.OnReap.
 //
 // A copy to Redis never moves a key backwards: it writes the completed
 // record over nothing, a released record, an in-flight record (of any

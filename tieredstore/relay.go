@@ -47,6 +47,10 @@ const (
 	markEvery = 50 * time.Millisecond
 )
 
+// reapBatch is the number of rows one statement of the background reaper
+// deletes at most.
+const reapBatch = 1000
+
 // pollBatch is the number of outbox rows one poll transaction copies, and
 // pollConcurrency how many of them it copies at once.
 const (
@@ -117,8 +121,12 @@ func (s *Store) background(ctx context.Context) {
 	defer markT.Stop()
 	pollT := time.NewTicker(s.relayEvery)
 	defer pollT.Stop()
-	reapT := time.NewTicker(s.reapEvery)
-	defer reapT.Stop()
+	var reapC <-chan time.Time // nil: no reaper (a negative ReapInterval)
+	if s.reapEvery > 0 {
+		reapT := time.NewTicker(s.reapEvery)
+		defer reapT.Stop()
+		reapC = reapT.C
+	}
 	var batch []mark
 	flush := func(ctx context.Context) {
 		if len(batch) == 0 {
@@ -153,9 +161,17 @@ func (s *Store) background(ctx context.Context) {
 			if _, err := s.RelayPending(ctx); err != nil && ctx.Err() == nil {
 				s.log.LogAttrs(ctx, slogWarn, "tieredstore: relay of the outbox failed; retrying at the next poll", slogErr(err))
 			}
-		case <-reapT.C:
-			if _, err := s.Reap(ctx, 1000); err != nil && ctx.Err() == nil {
+		case <-reapC:
+			start := time.Now()
+			n, err := s.Reap(ctx, reapBatch)
+			if ctx.Err() != nil {
+				continue // closing: the next iteration returns
+			}
+			if err != nil {
 				s.log.LogAttrs(ctx, slogWarn, "tieredstore: reap failed", slogErr(err))
+			}
+			if s.onReap != nil {
+				s.onReap(n, time.Since(start), err)
 			}
 		}
 	}
@@ -192,6 +208,24 @@ func (s *Store) RelayPending(ctx context.Context) (int, error) {
 			return total, err
 		}
 	}
+}
+
+// Pending returns how many completions of the store's namespace are in
+// the outbox and due for the background relay: committed at least
+// Options.RelayDelay ago and not relayed to Redis yet. (A completion the
+// synchronous relay copied leaves the outbox within about 50 ms, when its
+// mark is written; until RelayDelay has passed it is not counted.) It
+// stays near zero while Redis answers; a number that grows means the
+// relay cannot copy to Redis, and until it does, repeats of those keys
+// find them in flight or, after their lease, run again and get the first
+// completion back from PostgreSQL. It is one count over the outbox's
+// partial index: its cost grows with the backlog, not with the table.
+func (s *Store) Pending(ctx context.Context) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, s.sql.count, s.ns, interval(s.relayDelay)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("tieredstore: pending: %w", err)
+	}
+	return n, nil
 }
 
 // relayBatch copies one batch of the outbox in one transaction, which
@@ -287,7 +321,7 @@ func commitThen(ctx context.Context, tx pgx.Tx) error {
 // Reap deletes the table's rows, of every namespace, expired for at least
 // Options.ReapGrace, in statements of at most batch rows, until one finds
 // fewer. It returns how many it deleted. The background relay calls it
-// every Options.ReapInterval.
+// every Options.ReapInterval (unless that is negative).
 func (s *Store) Reap(ctx context.Context, batch int) (int, error) {
 	if batch < 1 {
 		return 0, fmt.Errorf("tieredstore: reap: batch %d is less than 1", batch)

@@ -90,6 +90,12 @@ ORDER BY completed_at
 LIMIT $3
 FOR UPDATE SKIP LOCKED`
 
+// countPendingSQL counts the rows pendingSQL would read, without a limit
+// or locks: $1 namespace, $2 RelayDelay. It reads the outbox index.
+const countPendingSQL = `
+SELECT count(*) FROM {table}
+WHERE namespace = $1 AND NOT relayed AND completed_at <= statement_timestamp() - $2::interval`
+
 // markSQL marks rows as relayed: $1 namespace, $2 keys, $3 their tokens.
 // A row whose token changed since (a newer completion) is left alone.
 const markSQL = `

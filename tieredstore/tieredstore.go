@@ -72,7 +72,9 @@ type Options struct {
 	RelayDelay time.Duration
 
 	// ReapInterval is how often the background relay deletes rows expired
-	// for ReapGrace. Default DefaultReapInterval.
+	// for ReapGrace. Default DefaultReapInterval. Negative: the background
+	// relay runs without reaping (call Reap yourself, or run another
+	// process's reaper on the table).
 	ReapInterval time.Duration
 
 	// ReapGrace is how long an expired completion is kept: until then its
@@ -83,6 +85,14 @@ type Options struct {
 	// Logger receives the background relay's failures. Default
 	// slog.Default().
 	Logger *slog.Logger
+
+	// OnReap, when set, is called after each pass of the background
+	// reaper with the number of rows the pass deleted, how long it took,
+	// and its error (nil when it finished; a failure is also logged to
+	// Logger). A pass cut short by Close is not reported. It is called on
+	// the background relay's goroutine, which waits for it: it should not
+	// block.
+	OnReap func(deleted int, took time.Duration, err error)
 }
 
 // Store is an idem.Store with leases and replays on Redis and completions
@@ -94,6 +104,7 @@ type Store struct {
 	ns     string
 	verify bool
 	log    *slog.Logger
+	onReap func(deleted int, took time.Duration, err error)
 	sql    statements
 
 	relayDelay   time.Duration
@@ -110,7 +121,7 @@ type Store struct {
 var _ idem.Store = (*Store)(nil)
 
 type statements struct {
-	complete, row, del, pending, mark, reap string
+	complete, row, del, pending, mark, reap, count string
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
@@ -186,8 +197,8 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 	if !utf8.ValidString(opts.Namespace) || strings.ContainsRune(opts.Namespace, 0) {
 		return nil, errors.New("tieredstore: New: Options.Namespace must be valid UTF-8 without NUL bytes")
 	}
-	if opts.RelayDelay < 0 || opts.ReapGrace < 0 || opts.ReapInterval < 0 {
-		return nil, errors.New("tieredstore: New: negative Options.RelayDelay, ReapGrace or ReapInterval")
+	if opts.RelayDelay < 0 || opts.ReapGrace < 0 {
+		return nil, errors.New("tieredstore: New: negative Options.RelayDelay or ReapGrace")
 	}
 	if opts.Migrate {
 		if err := Migrate(ctx, pool, opts.Table); err != nil {
@@ -200,6 +211,7 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		ns:         opts.Namespace,
 		verify:     opts.VerifyAcquire,
 		log:        opts.Logger,
+		onReap:     opts.OnReap,
 		relayDelay: orDefault(opts.RelayDelay, DefaultRelayDelay),
 		reapGrace:  orDefault(opts.ReapGrace, DefaultReapGrace),
 		relayEvery: orDefault(opts.RelayInterval, DefaultRelayInterval),
@@ -211,6 +223,7 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 			pending:  r.Replace(pendingSQL),
 			mark:     r.Replace(markSQL),
 			reap:     r.Replace(reapSQL),
+			count:    r.Replace(countPendingSQL),
 		},
 		marks: make(chan mark, markQueue),
 		done:  make(chan struct{}),

@@ -450,10 +450,16 @@ func TestRelayDown(t *testing.T) {
 	if got := e.unrelayed(); got != n {
 		t.Fatalf("outbox while Redis is down: got %d rows, want %d", got, n)
 	}
+	if got, err := e.store.Pending(e.ctx); got != n || err != nil {
+		t.Fatalf("Pending while Redis is down: got %d, %v; want %d", got, err, n)
+	}
 	if err := e.srv.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the outbox did not drain", func() bool { return e.unrelayed() == 0 })
+	if got, err := e.store.Pending(e.ctx); got != 0 || err != nil {
+		t.Fatalf("Pending once the outbox drained: got %d, %v; want 0", got, err)
+	}
 	for i, l := range leases {
 		rec, ok := e.redisRecord(fmt.Sprint("k", i))
 		if !ok || rec.State != idem.StateCompleted || rec.Token != l.Token {

@@ -69,11 +69,14 @@ type proxyOptions struct {
 	blob                            string        // --blob URL; "" for none
 	blobTimeout                     time.Duration
 	blobSweep, blobSweepMinAge      time.Duration
+	memoryLimit                     byteSize      // --memory-limit: memstore.Options.MaxBytes
+	reapInterval                    time.Duration // --reap-interval; 0: no reaper
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o proxyOptions
 	o.maxBody, o.maxResponse = idemhttp.DefaultMaxBodySize, idemhttp.DefaultMaxResponseSize
+	o.memoryLimit = defaultMemoryLimit
 	fs := flag.NewFlagSet("idem proxy", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--listen ADDR] [--store STORE] [flags]
@@ -91,6 +94,8 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy, http://host:port[/path] (required)")
 	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
+	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full) until records expire, and stored keys still replay; 0: no limit (the process may run out of memory)")
+	fs.DurationVar(&o.reapInterval, "reap-interval", defaultReapInterval, "with a postgres:// or tiered store: delete expired records this often (those expired for the store's grace: a minute, an hour for the tiered store); 0: never (another process must reap the table)")
 	fs.BoolVar(&o.settings.requireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
 	fs.StringVar(&o.methods, "methods", "POST,PATCH", "comma-separated methods covered; others pass through untouched")
 	fs.StringVar(&o.settings.tenantHeader, "tenant-header", "", "scope keys by this request header's value (set by a trusted gateway); default a hash of Authorization")
@@ -138,14 +143,20 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	slog.SetDefault(logger)
 	slog.SetLogLoggerLevel(slog.LevelWarn)
 
-	rawStore, closeStore, err := openStore(ctx, o.store, o.prefix)
+	storeStats := newStoreMetrics(logger)
+	rawStore, closeStore, err := openStoreWith(ctx, o.store, o.prefix, storeOptions{maxBytes: int64(o.memoryLimit),
+		reapEvery: cmp.Or(o.reapInterval, -1), onReap: storeStats.onReap, logger: logger})
 	if errors.As(err, new(usageError)) {
 		return err
 	} else if err != nil {
 		return fmt.Errorf("--store %s: %w", storeForLog(o.store), err)
 	}
-	defer closeStore()
+	defer closeStore() // stops the reaper, then closes the connections
+	if o.store == "" || o.store == "memory" {
+		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
+	}
 	metrics := newProxyMetrics()
+	storeStats.register(metrics.reg, rawStore)
 	store := newTimedStore(rawStore, metrics.store)
 
 	var blobs *blobstore.Bucket
@@ -287,6 +298,9 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	}
 	if o.blobTimeout <= 0 || o.blobSweep < 0 || o.blobSweepMinAge < 0 {
 		return nil, usageError{"--blob-timeout must be positive, --blob-sweep and --blob-sweep-min-age not negative"}
+	}
+	if o.reapInterval < 0 {
+		return nil, usageError{fmt.Sprintf("--reap-interval %v: must not be negative (0: never)", o.reapInterval)}
 	}
 	if o.blob == "" && o.blobSweep > 0 {
 		return nil, usageError{"--blob-sweep needs --blob"}
