@@ -123,8 +123,8 @@
 // that outgrows the inline limit streams on to a blob as the handler
 // writes it, the bytes held so far first, and memory stays bounded
 // whatever its size. Before the key completes, the blob is committed whole
-// under a name built from the record key's digest and the fencing token
-// (idem.NewBlobName), and the record keeps its name, size and SHA-256
+// under a name built from the store's namespace (idem.Namespacer), the
+// record key's digest and the fencing token (idem.NewBlobName), and the record keeps its name, size and SHA-256
 // (idem.BlobRef, about 100 bytes). A replay opens the blob first: missing,
 // of the wrong size, or in a store that does not answer, it gets 503
 // (ProblemStoredBodyUnavailable) and the handler does not run again. It

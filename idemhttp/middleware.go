@@ -76,7 +76,12 @@ type Config struct {
 
 	// Blobs, when set, keeps the bodies larger than MaxResponseSize (see
 	// "Large responses" in the package documentation). Default nil: such
-	// bodies are not stored.
+	// bodies are not stored. Blob names carry the store's namespace when
+	// the store implements idem.Namespacer (the stores of this module do;
+	// a wrapping store should forward it), so that blobstore.Sweep judges
+	// them against the right records; without one they have none, and a
+	// sweep leaves them alone unless told otherwise
+	// (blobstore.SweepOptions.Unqualified).
 	Blobs idem.BlobStore
 
 	// BlobTimeout bounds how long a blob operation (a write, the commit,
@@ -310,6 +315,9 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	m := &middleware{cfg: cfg, g: g, tel: tel, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
+	if n, ok := store.(idem.Namespacer); ok {
+		m.blobNS = n.Namespace()
+	}
 	for _, meth := range cfg.Methods {
 		if meth == "" || strings.ToUpper(meth) != meth {
 			return nil, fmt.Errorf("idemhttp: Config.Methods: %q is not an upper-case method", meth)
@@ -355,6 +363,7 @@ type middleware struct {
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
+	blobNS  string          // the store's idem.Namespacer namespace, for blob names; "" if it has none
 	waiters waiters.Set
 }
 

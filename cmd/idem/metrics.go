@@ -200,6 +200,15 @@ func (t *timedStore) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	return t.s.Delete(ctx, key)
 }
 
+// Namespace forwards idem.Namespacer, so that the middleware names its
+// blobs with the store's namespace; "" when the store has none.
+func (t *timedStore) Namespace() string {
+	if n, ok := t.s.(idem.Namespacer); ok {
+		return n.Namespace()
+	}
+	return ""
+}
+
 // readyProbeTimeout bounds the store check behind /readyz.
 const readyProbeTimeout = 2 * time.Second
 
