@@ -1,0 +1,223 @@
+package main
+
+// idem gc and the proxy's --blob-sweep judge only the blobs of their own
+// store's namespace: a blob written through a store with another --prefix
+// (or names from before namespaces) is never deleted by a sweep that cannot
+// read its record.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
+)
+
+// openPrefixed opens the store at storeURL with prefix, for the test.
+func openPrefixed(t *testing.T, storeURL, prefix string) idem.Store {
+	t.Helper()
+	s, closeStore, err := openStore(context.Background(), storeURL, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeStore)
+	return s
+}
+
+// completedBlob waits (bounded) for the record of clientKey on POST
+// /export in store to be completed with a blob, and returns the blob's name.
+func completedBlob(t *testing.T, store idem.Store, clientKey string) string {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		rec, ok, err := store.Get(context.Background(), storedKey(clientKey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && rec.State == idem.StateCompleted && rec.Response != nil && rec.Response.Blob != nil {
+			return rec.Response.Blob.Name
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record of %s: %+v after 10s, want it completed with a blob", clientKey, rec)
+		}
+	}
+}
+
+// putBlob writes a small blob called name.
+func putBlob(t *testing.T, bs idem.BlobStore, name string) idem.BlobRef {
+	t.Helper()
+	body := []byte("a body of " + name)
+	w, err := bs.Create(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(body)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return idem.BlobRef{Name: name, Size: int64(len(body)), SHA256: sha256.Sum256(body)}
+}
+
+// runGCJSON runs idem gc --json with args and returns its result.
+func runGCJSON(t *testing.T, args ...string) blobstore.SweepResult {
+	t.Helper()
+	code, out := runIdemOut(t, append([]string{"gc", "--min-age", "0", "--json"}, args...)...)
+	var res blobstore.SweepResult
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
+		t.Fatalf("idem gc %q: exit %d\n%s", args, code, out)
+	}
+	return res
+}
+
+// The reproduced case: a proxy with --prefix keeps a 5 MiB response in a
+// blob. idem gc without --prefix, or with another one, dry run or not,
+// leaves it (and every blob of that namespace) alone, and says where they
+// came from; with the right --prefix it deletes the orphan of that
+// namespace and keeps the live blob. Blobs named without a namespace (as
+// before) are left alone unless --unqualified, which then judges them.
+func TestGCPrefix(t *testing.T) {
+	for _, kind := range []string{"file", "s3"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			redis := proxyRedis(t)
+			storeURL := "redis://" + redis.Addr()
+			const prefix = "shop:"
+			bb := newBlobBackend(t, kind)
+			up := newBigUpstream(t)
+			p := startBlobProxy(t, "--upstream", up.URL, "--store", storeURL, "--prefix", prefix, "--blob", bb.url)
+			wantWhole(t, "first", fetch(t, p.base(), "live", 5*mib), "live", 5*mib)
+			store := openPrefixed(t, storeURL, prefix)
+			ns := store.(idem.Namespacer).Namespace()
+			seg := idem.BlobNamespace(ns)
+			if !strings.Contains(p.LogText(), `"blob_namespace":"`+seg) {
+				t.Errorf("the proxy did not log its blob namespace %s:\n%s", seg, p.LogText())
+			}
+			live := completedBlob(t, store, "live")
+			if n, ok := idem.ParseBlobName(live); !ok || n.Namespace != seg {
+				t.Fatalf("the proxy's blob %s: want it in namespace %s (%s)", live, seg, ns)
+			}
+			// An orphan of the proxy's namespace: an attempt that never
+			// completed.
+			orphan := putBlob(t, bb.open, idem.NewBlobName(ns, idem.Lease{Key: storedKey("never"), Token: 7})).Name
+			// Names without a namespace, of this store's records: one
+			// live, one orphan.
+			acq, err := store.Acquire(ctx, idem.AcquireRequest{Key: storedKey("old-live"), LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldLive := putBlob(t, bb.open, idem.NewBlobName("", acq.Lease))
+			if err := store.Complete(ctx, acq.Lease, &idem.Response{Status: 201, Blob: &oldLive}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			oldOrphan := putBlob(t, bb.open, idem.NewBlobName("", idem.Lease{Key: storedKey("old-never"), Token: 7})).Name
+			all := []string{live, orphan, oldLive.Name, oldOrphan}
+			slices.Sort(all)
+			if got := bb.names(t); !slices.Equal(got, all) {
+				t.Fatalf("before idem gc: %v, want %v", got, all)
+			}
+
+			for _, wrong := range [][]string{nil, {"--prefix", "other:"}, {"--prefix", "idem:"}} {
+				for _, dry := range []bool{true, false} {
+					args := append([]string{"--store", storeURL, "--blob", bb.url}, wrong...)
+					if dry {
+						args = append(args, "--dry-run")
+					}
+					res := runGCJSON(t, args...)
+					if res.Orphans != 0 || res.Kept != 0 || res.Other != 2 || res.OtherNamespaces[seg] != 2 || res.Unqualified != 2 {
+						t.Errorf("idem gc %q: %+v; want nothing deleted or kept, 2 blobs of namespace %s and 2 unqualified left alone", args, res, seg)
+					}
+					if got := bb.names(t); !slices.Equal(got, all) {
+						t.Fatalf("after idem gc %q: %v, want every blob still there: %v", args, got, all)
+					}
+				}
+			}
+			code, out := runIdemOut(t, "gc", "--store", storeURL, "--blob", bb.url, "--min-age", "0")
+			for _, want := range []string{"left alone: 2 blobs of 1 other namespaces (" + seg + ": 2)", "--prefix", "blob_namespace",
+				"left alone: 2 blobs without a namespace", "--unqualified"} {
+				if code != 0 || !strings.Contains(out, want) {
+					t.Errorf("idem gc without --prefix: exit %d, want %q in\n%s", code, want, out)
+				}
+			}
+
+			// The right prefix: the orphan of the namespace goes, the live
+			// blob stays, the names without a namespace are left.
+			right := []string{"--store", storeURL, "--prefix", prefix, "--blob", bb.url}
+			res := runGCJSON(t, append(right, "--dry-run")...)
+			if res.Orphans != 1 || res.Kept != 1 || res.Unqualified != 2 || res.Other != 0 || res.Namespace != ns {
+				t.Errorf("idem gc --prefix %s --dry-run: %+v; want 1 orphan, 1 kept, 2 unqualified", prefix, res)
+			}
+			if got := bb.names(t); !slices.Equal(got, all) {
+				t.Fatalf("after the dry run: %v, want %v", got, all)
+			}
+			res = runGCJSON(t, right...)
+			if res.Orphans != 1 || res.Kept != 1 || res.Unqualified != 2 {
+				t.Errorf("idem gc --prefix %s: %+v; want 1 orphan deleted, 1 kept, 2 unqualified", prefix, res)
+			}
+			want := []string{live, oldLive.Name, oldOrphan}
+			slices.Sort(want)
+			if got := bb.names(t); !slices.Equal(got, want) {
+				t.Errorf("after idem gc --prefix %s: %v, want %v", prefix, got, want)
+			}
+			// --unqualified: the names without a namespace are judged
+			// against this store.
+			res = runGCJSON(t, append(right, "--unqualified")...)
+			if res.Orphans != 1 || res.Kept != 2 || res.Unqualified != 0 {
+				t.Errorf("idem gc --prefix %s --unqualified: %+v; want 1 orphan deleted, 2 kept", prefix, res)
+			}
+			want = []string{live, oldLive.Name}
+			slices.Sort(want)
+			if got := bb.names(t); !slices.Equal(got, want) {
+				t.Errorf("after idem gc --unqualified: %v, want %v", got, want)
+			}
+			wantWhole(t, "the replay after idem gc", fetch(t, p.base(), "live", 5*mib), "live", 5*mib)
+			if n := up.runsOf("live"); n != 1 {
+				t.Errorf("the upstream ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// Two proxies with different --prefix values share one Redis and one
+// blob store; the sweep (--blob-sweep) of one never deletes the other's
+// blobs, and still deletes its own expired ones.
+func TestProxyBlobSweepTwoPrefixes(t *testing.T) {
+	redis := proxyRedis(t)
+	storeURL := "redis://" + redis.Addr()
+	bb := newBlobBackend(t, "file")
+	up := newBigUpstream(t)
+	sweeper := startBlobProxy(t, "--upstream", up.URL, "--store", storeURL, "--prefix", "a:", "--blob", bb.url,
+		"--retention", "2s", "--blob-sweep", "200ms", "--blob-sweep-min-age", "0")
+	other := startBlobProxy(t, "--upstream", up.URL, "--store", storeURL, "--prefix", "b:", "--blob", bb.url)
+	wantWhole(t, "b", fetch(t, other.base(), "b", 2*mib), "b", 2*mib)
+	bBlob := completedBlob(t, openPrefixed(t, storeURL, "b:"), "b")
+	wantWhole(t, "a", fetch(t, sweeper.base(), "a", 2*mib), "a", 2*mib)
+	aBlob := completedBlob(t, openPrefixed(t, storeURL, "a:"), "a")
+	// a's record expires after 2s, and its sweep deletes its blob.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		names := bb.names(t)
+		if !slices.Contains(names, aBlob) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("blobs after 15s: %v, want %s swept", names, aBlob)
+		}
+	}
+	// More sweeps, then b's blob is still there and replays whole.
+	for n := sweeper.metric(t, `idem_blob_sweeps_total{result="ok"}`); sweeper.metric(t, `idem_blob_sweeps_total{result="ok"}`) < n+3; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if names := bb.names(t); !slices.Equal(names, []string{bBlob}) {
+		t.Errorf("after the sweeps: %v, want only the other proxy's blob %s", names, bBlob)
+	}
+	wantWhole(t, "the other proxy's replay", fetch(t, other.base(), "b", 2*mib), "b", 2*mib)
+	if n := up.runsOf("b"); n != 1 {
+		t.Errorf("the upstream ran b %d times, want 1", n)
+	}
+	if !strings.Contains(sweeper.LogText(), `"other_namespaces_left":1`) {
+		t.Errorf("the sweeper's log does not count the other proxy's blob:\n%s", sweeper.LogText())
+	}
+}
