@@ -10,7 +10,7 @@
 //	s3://BUCKET?endpoint=http://HOST:PORT&region=R&use_path_style=true
 //	                                            an S3-compatible server (MinIO, versitygw, Ceph, ...)
 //	s3://ACCESS_KEY:SECRET@BUCKET?...           credentials in the URL instead of the environment
-//	file:///var/lib/idem/blobs                  a directory (created if missing)
+//	file:///var/lib/idem/blobs                  a directory (created if missing); the path must be absolute
 //	mem://                                      this process's memory (tests, demos)
 //
 // Every form takes prefix=P, which puts every name under P (one prefix per
@@ -101,6 +101,15 @@ func Open(ctx context.Context, rawURL string) (*Bucket, error) {
 		}
 		b, s3client, s3opts, err = openS3(ctx, u, q)
 	case "file":
+		// file://blobs has the host "blobs" and no path: gocloud.dev would
+		// write into the working directory.
+		if u.Opaque != "" || (u.Host != "" && u.Host != "localhost") || !strings.HasPrefix(u.Path, "/") {
+			shown := Redact(rawURL)
+			if u.Opaque != "" {
+				shown = "file:" + u.Opaque
+			}
+			return nil, fmt.Errorf("blobstore: %s: not an absolute directory: want file:///absolute/dir (three slashes)", shown)
+		}
 		for name, v := range map[string]string{"no_tmp_dir": "1", "metadata": "skip", "create_dir": "1"} {
 			if !q.Has(name) {
 				q.Set(name, v)

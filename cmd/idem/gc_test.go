@@ -9,6 +9,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 // openPrefixed opens the store at storeURL with prefix, for the test.
@@ -219,5 +222,38 @@ func TestProxyBlobSweepTwoPrefixes(t *testing.T) {
 	}
 	if !strings.Contains(sweeper.LogText(), `"other_namespaces_left":1`) {
 		t.Errorf("the sweeper's log does not count the other proxy's blob:\n%s", sweeper.LogText())
+	}
+}
+
+// A file blob URL that is not an absolute directory is a usage error
+// (exit 2, one line), before anything is written: file://blobs parses
+// with the host "blobs" and would write into the working directory.
+func TestBlobFileURLUsage(t *testing.T) {
+	bin, err := proctest.BuildIdem()
+	if err != nil {
+		t.Fatal(err)
+	}
+	redis := proxyRedis(t)
+	storeURL := "redis://" + redis.Addr()
+	for _, blob := range []string{"file://blobs", "file:blobs", "file://./blobs", "file://"} {
+		for _, args := range [][]string{
+			{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--blob", blob},
+			{"gc", "--store", storeURL, "--blob", blob},
+			{"inspect", "--store", storeURL, "--stored-key", storedKey("k").String(), "--blob", blob},
+		} {
+			dir := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			cmd := exec.CommandContext(ctx, bin, args...)
+			cmd.Env, cmd.Dir = proxyEnv(nil), dir
+			out, _ := cmd.CombinedOutput()
+			cancel()
+			if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(string(out), "want file:///absolute/dir") ||
+				strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+				t.Errorf("idem %q: exit %d, want 2 and one line naming file:///absolute/dir:\n%s", args, code, out)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("idem %q wrote into its working directory: %v", args, entries)
+			}
+		}
 	}
 }

@@ -169,6 +169,13 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	var blobs *blobstore.Bucket
+	if f.blob != "" { // its URL checked whether or not the record has a blob
+		if blobs, err = openBlobs(ctx, f.blob); err != nil {
+			return err
+		}
+		defer blobs.Close()
+	}
 	store, closeStore, err := f.open(ctx, "inspect", stderr)
 	if err != nil {
 		return err
@@ -179,10 +186,8 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	var blob *blobState
-	if ok && rec.Response != nil && rec.Response.Blob != nil && f.blob != "" {
-		if blob, err = f.blobState(ctx, rec.Response.Blob); err != nil {
-			return err
-		}
+	if ok && rec.Response != nil && rec.Response.Blob != nil && blobs != nil {
+		blob = lookBlob(ctx, blobs, rec.Response.Blob)
 	}
 	if !ok {
 		if f.json {
@@ -210,22 +215,17 @@ type blobState struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// blobState looks for ref's blob in the --blob store.
-func (f *inspectFlags) blobState(ctx context.Context, ref *idem.BlobRef) (*blobState, error) {
-	blobs, err := openBlobs(ctx, f.blob)
-	if err != nil {
-		return nil, err
-	}
-	defer blobs.Close()
+// lookBlob looks for ref's blob in the --blob store.
+func lookBlob(ctx context.Context, blobs *blobstore.Bucket, ref *idem.BlobRef) *blobState {
 	r, size, err := blobs.Open(ctx, ref.Name)
 	switch {
 	case errors.Is(err, idem.ErrBlobNotFound):
-		return &blobState{}, nil
+		return &blobState{}
 	case err != nil:
-		return &blobState{Error: err.Error()}, nil
+		return &blobState{Error: err.Error()}
 	}
 	r.Close()
-	return &blobState{Present: true, Size: size}, nil
+	return &blobState{Present: true, Size: size}
 }
 
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
