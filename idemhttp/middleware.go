@@ -520,7 +520,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			m.execute(w, r, body, next, att, fp, toBlob, start)
 		case idem.Replay:
-			m.replayStored(w, r, acq.Response, start)
+			m.replayStored(w, r, key, acq.Response, start)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
 			m.problem(w, r, problemMismatch)
@@ -542,7 +542,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if stored := done.For(fp); stored != nil {
 				// A holder in this process stored it: the store's answer,
 				// without asking it.
-				m.replayStored(w, r, stored, start)
+				m.replayStored(w, r, key, stored, start)
 				return
 			}
 			pause = min(2*pause, waiters.MaxPause)
@@ -705,10 +705,10 @@ func (m *middleware) clientWrites(r *http.Request, start time.Time) clientWrites
 // blob store, streamed from there. Its writes are bounded as the
 // handler's are (ClientWriteTimeout): a client that stops reading a
 // replay holds no blob reader and no goroutine for longer.
-func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, resp *idem.Response, start time.Time) {
+func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key idem.Key, resp *idem.Response, start time.Time) {
 	cw := m.clientWrites(r, start)
 	if resp.Blob != nil {
-		m.replayBlob(w, r, resp, cw)
+		m.replayBlob(w, r, key, resp, cw)
 		return
 	}
 	m.cfg.OnOutcome(r, OutcomeReplayed)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
+	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
 )
 
@@ -255,5 +257,48 @@ func TestBlobFileURLUsage(t *testing.T) {
 				t.Errorf("idem %q wrote into its working directory: %v", args, entries)
 			}
 		}
+	}
+}
+
+// A replay whose blob is missing: the proxy's error line and idem
+// inspect name the stored key and the idem purge that runs it again, and
+// that purge does.
+func TestProxyBlobMissingHint(t *testing.T) {
+	redis := proxyRedis(t)
+	storeURL := "redis://" + redis.Addr()
+	bb := newBlobBackend(t, "file")
+	up := newBigUpstream(t)
+	p := startBlobProxy(t, "--upstream", up.URL, "--store", storeURL, "--blob", bb.url)
+	wantWhole(t, "first", fetch(t, p.base(), "gone", 2*mib), "gone", 2*mib)
+	rec := completedRecord(t, storeURL, "gone")
+	if err := bb.open.Delete(context.Background(), rec.Response.Blob.Name); err != nil {
+		t.Fatal(err)
+	}
+	wantProblem(t, "replay of a deleted blob", fetch(t, p.base(), "gone", 2*mib), http.StatusServiceUnavailable,
+		idemhttp.ProblemStoredBodyUnavailable)
+	key := storedKey("gone").String()
+	purge := "idem purge --stored-key " + key + " --blob "
+	found := false
+	for deadline := time.Now().Add(10 * time.Second); !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for line := range strings.Lines(p.LogText()) {
+			if strings.Contains(line, "missing from the blob store") {
+				found = strings.Contains(line, `"key":"`+key+`"`) && strings.Contains(line, purge)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no error line naming the key %s and %q:\n%s", key, purge, p.LogText())
+	}
+	code, out := runIdemOut(t, "inspect", "--store", storeURL, "--stored-key", key, "--blob", bb.url)
+	if code != 0 || !strings.Contains(out, "MISSING") || !strings.Contains(out, purge) {
+		t.Errorf("inspect: exit %d, want MISSING and %q:\n%s", code, purge, out)
+	}
+	code, out = runIdemOut(t, "purge", "--stored-key", key, "--blob", bb.url, "--yes", "--store", storeURL)
+	if code != 0 {
+		t.Fatalf("the suggested purge: exit %d\n%s", code, out)
+	}
+	wantWhole(t, "after the purge", fetch(t, p.base(), "gone", 2*mib), "gone", 2*mib)
+	if n := up.runsOf("gone"); n != 2 {
+		t.Errorf("the upstream ran %d times, want 2", n)
 	}
 }

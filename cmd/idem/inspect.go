@@ -421,9 +421,10 @@ func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) er
 			case blob.Error != "":
 				line("blob", "could not be checked: %s", blob.Error)
 			case !blob.Present:
-				line("blob", "MISSING: a replay answers 503")
+				line("blob", "MISSING: a replay answers 503 until the record expires; to run the key again: %s", purgeHint(key))
 			case blob.Size != resp.Blob.Size:
-				line("blob", "present, but %d bytes (CORRUPT: a replay answers 503)", blob.Size)
+				line("blob", "present, but %d bytes (CORRUPT: a replay answers 503 until the record expires; to run the key again: %s)",
+					blob.Size, purgeHint(key))
 			default:
 				line("blob", "present, %d bytes", blob.Size)
 			}
@@ -436,6 +437,12 @@ func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) er
 		}
 	}
 	return tw.Flush()
+}
+
+// purgeHint is the idem purge that deletes the record of key and its
+// blob, for a record whose blob is missing or corrupt.
+func purgeHint(key idem.Key) string {
+	return "idem purge --stored-key " + key.String() + " --blob URL --yes, with the same --store and --prefix"
 }
 
 // inspectDuration rounds a time left for reading: to the second past a
