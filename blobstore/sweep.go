@@ -30,8 +30,10 @@ type SweepOptions struct {
 	// idem.Namespacer. Nothing in such a name says which store wrote it:
 	// set it only when every writer to this blob store (and prefix) used
 	// this very store (same servers, same prefix or namespace), else the
-	// blobs of the others' live records are deleted. Default false: they
-	// are left alone and counted in SweepResult.Unqualified.
+	// blobs of the others' live records are deleted. As a guard, the
+	// sweep judges them only when it finds no blob of another namespace
+	// (else SweepResult.UnqualifiedRefused), in a second listing. Default
+	// false: they are left alone and counted in SweepResult.Unqualified.
 	Unqualified bool
 
 	// Now is the clock for MinAge. Default time.Now.
@@ -62,6 +64,11 @@ type SweepResult struct {
 	// OtherNamespaces counts the blobs of each other namespace (by its
 	// idem.BlobNamespace segment) that the sweep left alone.
 	OtherNamespaces map[string]int `json:"other_namespaces,omitempty"`
+
+	// UnqualifiedRefused reports that SweepOptions.Unqualified was set,
+	// but the sweep left the names without a namespace alone anyway:
+	// blobs of other namespaces showed that another store writes here.
+	UnqualifiedRefused bool `json:"unqualified_refused,omitempty"`
 }
 
 // Sweep deletes the blobs of blobs (under idem.BlobPrefix) that no record
@@ -111,9 +118,15 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		opts.Now = time.Now
 	}
 	cutoff := opts.Now().Add(-opts.MinAge)
+	// judging says whether the names without a namespace are judged: in
+	// a second pass, once the first found no other namespace.
+	judging := false
 	// mine reports whether the sweep judges a blob of namespace ns.
 	mine := func(ns string) bool {
-		return ns == res.BlobNamespace || ns == "" && opts.Unqualified
+		if ns == "" {
+			return judging
+		}
+		return ns == res.BlobNamespace
 	}
 	// leave counts a blob of a namespace the sweep does not judge.
 	leave := func(ns string) {
@@ -137,14 +150,23 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		}
 		return err
 	}
-	err := blobs.List(ctx, idem.BlobPrefix, func(info idem.BlobInfo) error {
+	visit := func(info idem.BlobInfo) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		res.Scanned++
 		name, ok := idem.ParseBlobName(info.Name)
+		temp := false
 		if !ok {
 			name, ok = parseTempName(info.Name)
+			temp = true
+		}
+		if judging { // the second pass: only the names without a namespace
+			if !ok || name.Namespace != "" {
+				return nil
+			}
+			res.Unqualified--
+		} else {
+			res.Scanned++
 			if !ok {
 				res.Foreign++
 				return nil
@@ -153,24 +175,18 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 				leave(name.Namespace)
 				return nil
 			}
-			if info.ModTime.After(cutoff) {
-				res.Young++
-				return nil
-			}
+		}
+		if info.ModTime.After(cutoff) {
+			res.Young++
+			return nil
+		}
+		if temp {
 			if err := del(info); err != nil {
 				res.Errors++
 				return nil
 			}
 			res.Partial++
 			res.Reclaimed += info.Size
-			return nil
-		}
-		if !mine(name.Namespace) {
-			leave(name.Namespace)
-			return nil
-		}
-		if info.ModTime.After(cutoff) {
-			res.Young++
 			return nil
 		}
 		rec, found, err := store.Get(ctx, name.Key)
@@ -192,9 +208,21 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		res.Orphans++
 		res.Reclaimed += info.Size
 		return nil
-	})
-	if err != nil {
+	}
+	if err := blobs.List(ctx, idem.BlobPrefix, visit); err != nil {
 		return res, fmt.Errorf("blobstore: sweep: %w", err)
+	}
+	if opts.Unqualified && res.Unqualified > 0 {
+		// Names without a namespace say nothing of the store that wrote
+		// them: judge them only when no other store writes here.
+		if res.Other > 0 {
+			res.UnqualifiedRefused = true
+		} else {
+			judging = true
+			if err := blobs.List(ctx, idem.BlobPrefix, visit); err != nil {
+				return res, fmt.Errorf("blobstore: sweep: %w", err)
+			}
+		}
 	}
 	if ab, ok := blobs.(interface {
 		abortUploads(context.Context, string, time.Time, func(string) bool) (int, error)

@@ -211,23 +211,40 @@ func testSweep(t *testing.T, bs *blobstore.Bucket) {
 	}
 
 	// Told that the names without a namespace are this store's, the
-	// sweep judges them too: the orphan goes, the live one stays.
+	// sweep still leaves them while another store writes here: the other
+	// namespace shows that they may be its.
 	res, err = blobstore.Sweep(ctx, bs, store, blobstore.SweepOptions{MinAge: -1, Unqualified: true})
-	want = SweepCounts{Scanned: 8, Kept: 4, Orphans: 1, Foreign: 1, Other: 2}
-	if got := (SweepCounts{res.Scanned, res.Kept, res.Orphans, res.Foreign, res.Other, res.Unqualified, res.Errors}); err != nil || got != want {
-		t.Errorf("sweep with Unqualified: got %+v, %v; want %+v", got, err, want)
+	want = SweepCounts{Scanned: 8, Kept: 3, Foreign: 1, Other: 2, Unqualified: 2}
+	if got := (SweepCounts{res.Scanned, res.Kept, res.Orphans, res.Foreign, res.Other, res.Unqualified, res.Errors}); err != nil || got != want ||
+		!res.UnqualifiedRefused {
+		t.Errorf("sweep with Unqualified, another namespace present: got %+v, %v, refused %v; want %+v, refused", got, err, res.UnqualifiedRefused, want)
+	}
+	// The other store's own sweep judges its blobs.
+	res, err = blobstore.Sweep(ctx, bs, other, blobstore.SweepOptions{MinAge: -1})
+	if err != nil || res.Kept != 1 || res.Orphans != 1 || res.Other != 3 || res.Unqualified != 2 {
+		t.Errorf("the other store's sweep: got %+v, %v; want 1 kept, 1 orphan, 3 of another namespace, 2 unqualified", res, err)
+	}
+	if got := names(t, bs); slices.Contains(got, otherOrphan.Name) || !slices.Contains(got, otherLive.Name) {
+		t.Errorf("after the other store's sweep: %v; want %s gone, %s there", got, otherOrphan.Name, otherLive.Name)
+	}
+	// Once no other store writes here (its live blob moved away), the
+	// names without a namespace are judged: the orphan goes, the live one
+	// stays.
+	if err := bs.Delete(ctx, otherLive.Name); err != nil {
+		t.Fatal(err)
+	}
+	res, err = blobstore.Sweep(ctx, bs, store, blobstore.SweepOptions{MinAge: -1, Unqualified: true})
+	want = SweepCounts{Scanned: 6, Kept: 4, Orphans: 1, Foreign: 1}
+	if got := (SweepCounts{res.Scanned, res.Kept, res.Orphans, res.Foreign, res.Other, res.Unqualified, res.Errors}); err != nil || got != want ||
+		res.UnqualifiedRefused {
+		t.Errorf("sweep with Unqualified: got %+v, %v, refused %v; want %+v", got, err, res.UnqualifiedRefused, want)
 	}
 	if got := names(t, bs); slices.Contains(got, oldOrphan.Name) || !slices.Contains(got, oldLive.Name) {
 		t.Errorf("after the sweep with Unqualified: %v; want %s gone, %s there", got, oldOrphan.Name, oldLive.Name)
 	}
-	// The other store's own sweep judges its blobs.
-	res, err = blobstore.Sweep(ctx, bs, other, blobstore.SweepOptions{MinAge: -1})
-	if err != nil || res.Kept != 1 || res.Orphans != 1 || res.Other != 3 || res.Unqualified != 1 {
-		t.Errorf("the other store's sweep: got %+v, %v; want 1 kept, 1 orphan, 3 of another namespace, 1 unqualified", res, err)
-	}
 
 	// The replays still read their blobs.
-	for _, ref := range []idem.BlobRef{completed, taken, otherLive, oldLive} {
+	for _, ref := range []idem.BlobRef{completed, taken, oldLive} {
 		r, err := idem.OpenBlob(ctx, bs, ref)
 		if err != nil {
 			t.Fatal(err)
@@ -307,8 +324,13 @@ func TestSweepPartialWrites(t *testing.T) {
 		}
 	}
 	res, err = blobstore.Sweep(ctx, bs, store, blobstore.SweepOptions{MinAge: -1, Unqualified: true})
-	if err != nil || res.Partial != 1 || res.Other != 1 {
-		t.Errorf("file, with Unqualified: got %+v, %v; want 1 partial write removed, 1 of another namespace left", res, err)
+	if err != nil || res.Partial != 0 || res.Other != 1 || res.Unqualified != 1 || !res.UnqualifiedRefused {
+		t.Errorf("file, with Unqualified and another namespace: got %+v, %v; want nothing removed, refused", res, err)
+	}
+	os.Remove(tmps[1])
+	res, err = blobstore.Sweep(ctx, bs, store, blobstore.SweepOptions{MinAge: -1, Unqualified: true})
+	if err != nil || res.Partial != 1 || res.Unqualified != 0 {
+		t.Errorf("file, with Unqualified: got %+v, %v; want 1 partial write removed", res, err)
 	}
 
 	bucket, err := s3srv.Bucket()

@@ -71,7 +71,8 @@ proxy's --store and --prefix): gc judges only the blobs of the namespace
 of STORE and --prefix, and leaves the others alone, counted, with their
 namespaces listed (idem proxy logs its blob_namespace at start). Blobs
 written before names had a namespace are left alone too, unless
---unqualified says they are STORE's. Two stores of the same namespace on
+--unqualified says they are STORE's; even then, gc leaves them while it
+finds blobs of another namespace (another store writes here). Two stores of the same namespace on
 different servers (two Redis servers with the default prefix) must not
 share a blob store (or prefix=P): each would take the other's blobs for
 orphans.
@@ -157,7 +158,11 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"run idem gc with their --store and --prefix (idem proxy logs its blob_namespace at start)\n",
 			res.Other, len(res.OtherNamespaces), namespaceCounts(res.OtherNamespaces))
 	}
-	if res.Unqualified > 0 {
+	switch {
+	case res.UnqualifiedRefused:
+		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (written before blob names had one), despite --unqualified: "+
+			"blobs of other namespaces show that another store writes to this blob store, so they may be its\n", res.Unqualified)
+	case res.Unqualified > 0:
 		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (written before blob names had one); "+
 			"--unqualified judges them against this --store and --prefix: only if every proxy writing to this blob store used them\n", res.Unqualified)
 	}

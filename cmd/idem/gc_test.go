@@ -125,14 +125,18 @@ func TestGCPrefix(t *testing.T) {
 				t.Fatalf("before idem gc: %v, want %v", got, all)
 			}
 
-			for _, wrong := range [][]string{nil, {"--prefix", "other:"}, {"--prefix", "idem:"}} {
+			// --unqualified with a wrong prefix does not judge the names
+			// without a namespace either: the proxy's blobs show that
+			// another store writes here.
+			for _, wrong := range [][]string{nil, {"--prefix", "other:"}, {"--prefix", "idem:"}, {"--unqualified"}, {"--prefix", "other:", "--unqualified"}} {
 				for _, dry := range []bool{true, false} {
 					args := append([]string{"--store", storeURL, "--blob", bb.url}, wrong...)
 					if dry {
 						args = append(args, "--dry-run")
 					}
 					res := runGCJSON(t, args...)
-					if res.Orphans != 0 || res.Kept != 0 || res.Other != 2 || res.OtherNamespaces[seg] != 2 || res.Unqualified != 2 {
+					if res.Orphans != 0 || res.Kept != 0 || res.Other != 2 || res.OtherNamespaces[seg] != 2 || res.Unqualified != 2 ||
+						res.UnqualifiedRefused != slices.Contains(wrong, "--unqualified") {
 						t.Errorf("idem gc %q: %+v; want nothing deleted or kept, 2 blobs of namespace %s and 2 unqualified left alone", args, res, seg)
 					}
 					if got := bb.names(t); !slices.Equal(got, all) {
@@ -146,6 +150,12 @@ func TestGCPrefix(t *testing.T) {
 				if code != 0 || !strings.Contains(out, want) {
 					t.Errorf("idem gc without --prefix: exit %d, want %q in\n%s", code, want, out)
 				}
+			}
+
+			code, out = runIdemOut(t, "gc", "--store", storeURL, "--blob", bb.url, "--min-age", "0", "--unqualified")
+			if want := "left alone: 2 blobs without a namespace (written before blob names had one), despite --unqualified"; code != 0 ||
+				!strings.Contains(out, want) {
+				t.Errorf("idem gc --unqualified without --prefix: exit %d, want %q in\n%s", code, want, out)
 			}
 
 			// The right prefix: the orphan of the namespace goes, the live
