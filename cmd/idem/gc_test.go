@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -310,5 +311,42 @@ func TestProxyBlobMissingHint(t *testing.T) {
 	wantWhole(t, "after the purge", fetch(t, p.base(), "gone", 2*mib), "gone", 2*mib)
 	if n := up.runsOf("gone"); n != 2 {
 		t.Errorf("the upstream ran %d times, want 2", n)
+	}
+}
+
+// Each kind of store, prefix and namespace names its blobs differently,
+// and the same store opened twice the same: a Redis store with the
+// tiered store's prefix does not judge the tiered store's blobs (whose
+// completions are in PostgreSQL). The proxy's timed store forwards it.
+func TestStoreNamespaces(t *testing.T) {
+	redis := proxyRedis(t)
+	redisURL := "redis://" + redis.Addr()
+	pg := pgURL(t)
+	seen := map[string]string{}
+	for _, tc := range []struct{ store, prefix string }{
+		{"memory", ""}, {redisURL, ""}, {redisURL, "shop:"}, {pg, ""}, {pg, "shop:"},
+		{redisURL + " " + pg, ""}, {redisURL + " " + pg, "shop:"},
+	} {
+		var nss []string
+		for range 2 {
+			s := openPrefixed(t, tc.store, tc.prefix)
+			n, ok := s.(idem.Namespacer)
+			if !ok || n.Namespace() == "" {
+				t.Fatalf("store %q prefix %q: no namespace", tc.store, tc.prefix)
+			}
+			timed := newTimedStore(s, newProxyMetrics().store)
+			if timed.Namespace() != n.Namespace() {
+				t.Errorf("the timed store's namespace %q, want %q", timed.Namespace(), n.Namespace())
+			}
+			nss = append(nss, n.Namespace())
+		}
+		if nss[0] != nss[1] {
+			t.Errorf("store %q prefix %q opened twice: namespaces %q and %q, want the same", tc.store, tc.prefix, nss[0], nss[1])
+		}
+		seg := idem.BlobNamespace(nss[0])
+		if prev, dup := seen[seg]; dup {
+			t.Errorf("store %q prefix %q: namespace %q (%s), the same as %s's", tc.store, tc.prefix, nss[0], seg, prev)
+		}
+		seen[seg] = fmt.Sprintf("%q prefix %q", tc.store, tc.prefix)
 	}
 }
