@@ -233,6 +233,9 @@ func TestProxyBlobSweepTwoPrefixes(t *testing.T) {
 	if n := up.runsOf("b"); n != 1 {
 		t.Errorf("the upstream ran b %d times, want 1", n)
 	}
+	if got := sweeper.metric(t, `idem_blob_sweep_left{reason="other_namespace"}`); got != 1 {
+		t.Errorf(`idem_blob_sweep_left{reason="other_namespace"}: %v, want 1`, got)
+	}
 	if !strings.Contains(sweeper.LogText(), `"other_namespaces_left":1`) {
 		t.Errorf("the sweeper's log does not count the other proxy's blob:\n%s", sweeper.LogText())
 	}
