@@ -164,7 +164,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 			if !ok || name.Namespace != "" {
 				return nil
 			}
-			res.Unqualified--
+			res.Unqualified = max(res.Unqualified-1, 0) // one that appeared since is not counted
 		} else {
 			res.Scanned++
 			if !ok {

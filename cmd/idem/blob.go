@@ -72,10 +72,10 @@ of STORE and --prefix, and leaves the others alone, counted, with their
 namespaces listed (idem proxy logs its blob_namespace at start). Blobs
 written before names had a namespace are left alone too, unless
 --unqualified says they are STORE's; even then, gc leaves them while it
-finds blobs of another namespace (another store writes here). Two stores of the same namespace on
-different servers (two Redis servers with the default prefix) must not
-share a blob store (or prefix=P): each would take the other's blobs for
-orphans.
+finds blobs of another namespace (another store writes here). Two
+stores of the same namespace on different servers (two Redis servers
+with the default prefix) must not share a blob store (or prefix=P): each
+would take the other's blobs for orphans.
 
 On S3 a bucket lifecycle rule can do the same work (see the README); idem
 proxy --blob-sweep runs this sweep periodically.
