@@ -131,9 +131,9 @@ func BlobNamespace(ns string) string {
 // NewBlobName returns a fresh blob name for the response of lease l,
 // written through a store whose Namespacer.Namespace is ns:
 //
-//	idem/<ns>/<key>/<token>-<random>
+//	idem/<space>/<key>/<token>-<random>
 //
-// where ns is BlobNamespace(ns), key is l.Key.String() (the record key's
+// where space is BlobNamespace(ns), key is l.Key.String() (the record key's
 // digest, never client bytes), token the lease's fencing token, and random
 // 16 hex digits, so that two attempts never share a name, even for two
 // stores (whose tokens may repeat) writing to one bucket. With ns empty
