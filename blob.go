@@ -97,47 +97,112 @@ type BlobInfo struct {
 // only the names under it and never touches other objects of a bucket.
 const BlobPrefix = "idem/"
 
-// NewBlobName returns a fresh blob name for the response of lease l:
+// Namespacer is implemented by a Store that can name the key space its
+// records live in: the stores of this module do (redisstore: its key
+// prefix; pgstore and tieredstore: their table and namespace; memstore: a
+// fixed name). Two stores with the same Namespace read each other's
+// records; two with different ones never do. Callers type-assert:
 //
-//	idem/<key>/<token>-<random>
+//	ns := ""
+//	if n, ok := store.(idem.Namespacer); ok {
+//		ns = n.Namespace()
+//	}
 //
-// where key is l.Key.String() (the record key's digest, never client
-// bytes), token the lease's fencing token, and random 16 hex digits, so
-// that two attempts never share a name, even for two stores (whose tokens
-// may repeat) writing to one bucket. ParseBlobName reads it back.
-func NewBlobName(l Lease) string {
-	var r [8]byte
-	rand.Read(r[:]) // never fails (crypto/rand)
-	return BlobPrefix + l.Key.String() + "/" + strconv.FormatUint(l.Token, 10) + "-" + hex.EncodeToString(r[:])
+// The namespace goes into the names of blobs (NewBlobName), so that a
+// sweep (blobstore.Sweep) judges only the blobs of its own store's
+// records and leaves every other store's alone. A store that wraps
+// another should forward Namespace; the empty string means that the
+// store cannot say.
+type Namespacer interface {
+	Namespace() string
 }
 
-// ParseBlobName returns the record key and fencing token of a name from
-// NewBlobName; ok is false for any other name.
-func ParseBlobName(name string) (key Key, token uint64, ok bool) {
+// BlobNamespace returns the segment that names namespace ns in blob
+// names: 16 lower-case hex digits of its SHA-256. It is "" for "" (no
+// namespace known).
+func BlobNamespace(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(ns))
+	return hex.EncodeToString(sum[:8])
+}
+
+// NewBlobName returns a fresh blob name for the response of lease l,
+// written through a store whose Namespacer.Namespace is ns:
+//
+//	idem/<space>/<key>/<token>-<random>
+//
+// where space is BlobNamespace(ns), key is l.Key.String() (the record key's
+// digest, never client bytes), token the lease's fencing token, and random
+// 16 hex digits, so that two attempts never share a name, even for two
+// stores (whose tokens may repeat) writing to one bucket. With ns empty
+// (a store that does not implement Namespacer) the name has no namespace,
+// idem/<key>/<token>-<random>, as every name had before namespaces: a
+// sweep leaves those alone unless told which store wrote them
+// (blobstore.SweepOptions.Unqualified). ParseBlobName reads names back.
+func NewBlobName(ns string, l Lease) string {
+	var r [8]byte
+	rand.Read(r[:]) // never fails (crypto/rand)
+	name := BlobPrefix
+	if ns != "" {
+		name += BlobNamespace(ns) + "/"
+	}
+	return name + l.Key.String() + "/" + strconv.FormatUint(l.Token, 10) + "-" + hex.EncodeToString(r[:])
+}
+
+// BlobName is what a name from NewBlobName says.
+type BlobName struct {
+	// Namespace is the BlobNamespace of the namespace of the store that
+	// wrote the blob; "" for a name without one.
+	Namespace string
+	// Key is the record key.
+	Key Key
+	// Token is the fencing token of the attempt that wrote the blob.
+	Token uint64
+}
+
+// ParseBlobName reads a name from NewBlobName, with or without a
+// namespace; ok is false for any other name.
+func ParseBlobName(name string) (n BlobName, ok bool) {
 	rest, found := strings.CutPrefix(name, BlobPrefix)
 	if !found {
-		return Key{}, 0, false
+		return BlobName{}, false
 	}
-	ks, rest, found := strings.Cut(rest, "/")
+	seg, rest, found := strings.Cut(rest, "/")
 	if !found {
-		return Key{}, 0, false
+		return BlobName{}, false
 	}
-	k, err := ParseKey(ks)
+	if len(seg) == 16 && isLowerHex(seg) { // a namespace: keys are 22 characters
+		n.Namespace = seg
+		if seg, rest, found = strings.Cut(rest, "/"); !found {
+			return BlobName{}, false
+		}
+	}
+	k, err := ParseKey(seg)
 	if err != nil {
-		return Key{}, 0, false
+		return BlobName{}, false
 	}
 	ts, rs, found := strings.Cut(rest, "-")
-	if !found || len(rs) != 16 || ts == "" || (ts[0] == '0' && ts != "0") {
-		return Key{}, 0, false
-	}
-	if _, err := hex.DecodeString(rs); err != nil || strings.ToLower(rs) != rs {
-		return Key{}, 0, false
+	if !found || len(rs) != 16 || ts == "" || (ts[0] == '0' && ts != "0") || !isLowerHex(rs) {
+		return BlobName{}, false
 	}
 	t, err := strconv.ParseUint(ts, 10, 64)
 	if err != nil {
-		return Key{}, 0, false
+		return BlobName{}, false
 	}
-	return k, t, true
+	n.Key, n.Token = k, t
+	return n, true
+}
+
+// isLowerHex reports whether s is lower-case hex digits only.
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // OpenBlob opens the blob ref names and returns a reader that checks it

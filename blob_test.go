@@ -78,21 +78,37 @@ func TestResponseBlobOldDecoder(t *testing.T) {
 func TestBlobNames(t *testing.T) {
 	key, _ := idem.Scope{Method: "POST", Route: "/r"}.Key("k")
 	l := idem.Lease{Key: key, Token: 1700000000123}
-	a, b := idem.NewBlobName(l), idem.NewBlobName(l)
+	const ns = `redis prefix "idem:"`
+	a, b := idem.NewBlobName(ns, l), idem.NewBlobName(ns, l)
 	if a == b {
 		t.Errorf("two names for one lease: both %q, want them different", a)
 	}
-	if !strings.HasPrefix(a, idem.BlobPrefix+key.String()+"/1700000000123-") {
-		t.Errorf("name %q: want idem/<key>/<token>-<random>", a)
+	seg := idem.BlobNamespace(ns)
+	if len(seg) != 16 || seg == idem.BlobNamespace(`redis prefix "other:"`) || idem.BlobNamespace("") != "" {
+		t.Errorf("BlobNamespace(%q) = %q: want 16 hex digits, another for another namespace, none for none", ns, seg)
 	}
-	k, tok, ok := idem.ParseBlobName(a)
-	if !ok || k != key || tok != l.Token {
-		t.Errorf("ParseBlobName(%q) = %v, %d, %v; want %v, %d, true", a, k, tok, ok, key, l.Token)
+	if !strings.HasPrefix(a, idem.BlobPrefix+seg+"/"+key.String()+"/1700000000123-") {
+		t.Errorf("name %q: want idem/<ns>/<key>/<token>-<random>", a)
+	}
+	n, ok := idem.ParseBlobName(a)
+	if want := (idem.BlobName{Namespace: seg, Key: key, Token: l.Token}); !ok || n != want {
+		t.Errorf("ParseBlobName(%q) = %+v, %v; want %+v, true", a, n, ok, want)
+	}
+	// Without a namespace: the names written before namespaces.
+	old := idem.NewBlobName("", l)
+	if !strings.HasPrefix(old, idem.BlobPrefix+key.String()+"/1700000000123-") {
+		t.Errorf("name %q: want idem/<key>/<token>-<random>", old)
+	}
+	n, ok = idem.ParseBlobName(old)
+	if want := (idem.BlobName{Key: key, Token: l.Token}); !ok || n != want {
+		t.Errorf("ParseBlobName(%q) = %+v, %v; want %+v, true", old, n, ok, want)
 	}
 	for _, bad := range []string{"", "idem/", "idem/x/1-0123456789abcdef", a + ".1a2b.tmp", strings.Replace(a, "idem/", "other/", 1),
 		"idem/" + key.String() + "/01-0123456789abcdef", "idem/" + key.String() + "/1-0123456789ABCDEF",
-		"idem/" + key.String() + "/-0123456789abcdef", "idem/" + key.String() + "/1-0123"} {
-		if _, _, ok := idem.ParseBlobName(bad); ok {
+		"idem/" + key.String() + "/-0123456789abcdef", "idem/" + key.String() + "/1-0123",
+		"idem/" + seg + "/1-0123456789abcdef", "idem/" + strings.ToUpper(seg) + "/" + key.String() + "/1-0123456789abcdef",
+		"idem/" + seg + "/" + seg + "/" + key.String() + "/1-0123456789abcdef", "idem/" + seg[:15] + "/" + key.String() + "/1-0123456789abcdef"} {
+		if _, ok := idem.ParseBlobName(bad); ok {
 			t.Errorf("ParseBlobName(%q): ok, want not", bad)
 		}
 	}

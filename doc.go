@@ -78,11 +78,12 @@
 // A body too large for the record can live in a BlobStore instead
 // (idemhttp.Config.Blobs streams it there as the handler writes it). The
 // blob is written whole before Complete, under a name that holds the
-// record key's digest and the fencing token (NewBlobName), and the record
-// keeps a BlobRef: name, size and SHA-256. Stores keep the reference as
-// part of the encoded response; none of them reads blobs. OpenBlob checks
-// size and digest as a replay reads, so a missing or corrupt blob is an
-// error, never an empty or short body. Blobs whose attempt never
-// completed, and blobs of expired records, are removed by a sweep
-// (blobstore.Sweep).
+// store's namespace (Namespacer), the record key's digest and the fencing
+// token (NewBlobName), and the record keeps a BlobRef: name, size and
+// SHA-256. Stores keep the reference as part of the encoded response;
+// none of them reads blobs. OpenBlob checks size and digest as a replay
+// reads, so a missing or corrupt blob is an error, never an empty or
+// short body. Blobs whose attempt never completed, and blobs of expired
+// records, are removed by a sweep (blobstore.Sweep), which judges only the
+// blobs of its own store's namespace.
 package idem

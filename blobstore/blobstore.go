@@ -10,20 +10,27 @@
 //	s3://BUCKET?endpoint=http://HOST:PORT&region=R&use_path_style=true
 //	                                            an S3-compatible server (MinIO, versitygw, Ceph, ...)
 //	s3://ACCESS_KEY:SECRET@BUCKET?...           credentials in the URL instead of the environment
-//	file:///var/lib/idem/blobs                  a directory (created if missing)
+//	file:///var/lib/idem/blobs                  a directory (created if missing); the path must be absolute
 //	mem://                                      this process's memory (tests, demos)
 //
-// Every form takes prefix=P, which puts every name under P (one prefix per
-// record store, when several share a bucket: a sweep takes every blob
-// under its prefix for one of its own store). For s3, credentials come
-// from the URL's user and password when there are some, else from the
-// environment and the shared files as the AWS SDK finds them
-// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance roles,
-// ...); the region from region= or AWS_REGION; the other parameters are
-// gocloud.dev's (profile, endpoint, use_path_style, disable_https,
-// ssetype, kmskeyid, ...). For file, temporary files are written next to
-// their final name (no_tmp_dir: a rename across file systems would fail)
-// and no metadata files are kept.
+// Every form takes prefix=P, which puts every name under P. Blob names
+// carry the namespace of the record store that wrote them (idem.Namespacer:
+// its kind and Redis prefix, or PostgreSQL table and namespace), and a
+// sweep judges only its own store's, so stores of different namespaces
+// can share a bucket and prefix. Stores of the same namespace on different
+// servers (two Redis servers with the default prefix) cannot: each sweep
+// would take the other's blobs for orphans; give each its own prefix=P.
+//
+// For s3, credentials come from the URL's user and password when there
+// are some, else from the environment and the shared files as the AWS SDK
+// finds them (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE,
+// instance roles, ...); the region from region= or AWS_REGION; the other
+// parameters are gocloud.dev's (profile, endpoint, use_path_style,
+// disable_https, ssetype, kmskeyid, ...). For file, the path must be an
+// absolute directory (file:///var/lib/idem/blobs; file://blobs is an
+// error, not ./blobs); temporary files are written next to their final
+// name (no_tmp_dir: a rename across file systems would fail) and no
+// metadata files are kept.
 //
 // Blobs are written whole or not at all: an S3 object appears when its
 // upload completes, a file when it is renamed into place, a memory blob on
@@ -101,6 +108,15 @@ func Open(ctx context.Context, rawURL string) (*Bucket, error) {
 		}
 		b, s3client, s3opts, err = openS3(ctx, u, q)
 	case "file":
+		// file://blobs has the host "blobs" and no path: gocloud.dev would
+		// write into the working directory.
+		if u.Opaque != "" || (u.Host != "" && u.Host != "localhost") || !strings.HasPrefix(u.Path, "/") {
+			shown := Redact(rawURL)
+			if u.Opaque != "" {
+				shown = "file:" + u.Opaque
+			}
+			return nil, fmt.Errorf("blobstore: %s: not an absolute directory: want file:///absolute/dir (three slashes)", shown)
+		}
 		for name, v := range map[string]string{"no_tmp_dir": "1", "metadata": "skip", "create_dir": "1"} {
 			if !q.Has(name) {
 				q.Set(name, v)

@@ -116,6 +116,25 @@ func TestOpenErrors(t *testing.T) {
 			t.Errorf("Open(%q): the error shows the password: %v", u, err)
 		}
 	}
+	// A file URL that is not an absolute directory: file://blobs reads
+	// "blobs" as the host and would write into the working directory.
+	for _, u := range []string{"file://blobs", "file://blobs/x", "file:blobs", "file://", "file:", "file://./blobs", "file://host/var/x"} {
+		b, err := blobstore.Open(ctx, u)
+		if err == nil {
+			b.Close()
+			t.Errorf("Open(%q): no error, want file:///absolute/dir", u)
+		} else if !strings.Contains(err.Error(), "want file:///absolute/dir") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("Open(%q): %v; want one line naming file:///absolute/dir", u, err)
+		}
+	}
+	for _, u := range []string{"file://" + t.TempDir(), "file://localhost" + t.TempDir()} {
+		b, err := blobstore.Open(ctx, u)
+		if err != nil {
+			t.Errorf("Open(%q): %v", u, err)
+			continue
+		}
+		b.Close()
+	}
 	if got := blobstore.Redact("s3://AKIA:supersecret@bucket?endpoint=http://x&prefix=a/"); got != "s3://bucket?prefix=a%2F" {
 		t.Errorf("Redact: got %q", got)
 	}

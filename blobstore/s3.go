@@ -101,10 +101,10 @@ func safeS3Prefix(prefix string) bool {
 }
 
 // abortUploads aborts the incomplete multipart uploads under prefix that
-// started before before: what an upload cut short (a crash, a killed
-// process) leaves on S3. It reports how many it aborted. Other stores have
-// none: 0, nil.
-func (b *Bucket) abortUploads(ctx context.Context, prefix string, before time.Time) (int, error) {
+// started before before, of the blob names mine accepts: what an upload
+// cut short (a crash, a killed process) leaves on S3. It reports how many
+// it aborted. Other stores have none: 0, nil.
+func (b *Bucket) abortUploads(ctx context.Context, prefix string, before time.Time, mine func(name string) bool) (int, error) {
 	client := b.s3
 	if client == nil {
 		return 0, nil
@@ -118,7 +118,7 @@ func (b *Bucket) abortUploads(ctx context.Context, prefix string, before time.Ti
 			return aborted, fmt.Errorf("blobstore: list incomplete uploads: %w", err)
 		}
 		for _, up := range out.Uploads {
-			if up.Initiated == nil || !up.Initiated.Before(before) {
+			if up.Initiated == nil || !up.Initiated.Before(before) || !mine(strings.TrimPrefix(aws.ToString(up.Key), b.s3Prefix)) {
 				continue
 			}
 			if _, err := client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(bucket),

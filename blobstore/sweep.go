@@ -24,43 +24,92 @@ type SweepOptions struct {
 	// DryRun counts what would be deleted and deletes nothing.
 	DryRun bool
 
+	// Unqualified makes the sweep judge, against its store, the blobs
+	// whose names carry no namespace too: those written before blob names
+	// had one, or through a store that does not implement
+	// idem.Namespacer. Nothing in such a name says which store wrote it:
+	// set it only when every writer to this blob store (and prefix) used
+	// this very store (same servers, same prefix or namespace), else the
+	// blobs of the others' live records are deleted. As a guard, the
+	// sweep judges them only when it finds no blob of another namespace
+	// (else SweepResult.UnqualifiedRefused), in a second listing. Default
+	// false: they are left alone and counted in SweepResult.Unqualified.
+	Unqualified bool
+
 	// Now is the clock for MinAge. Default time.Now.
 	Now func() time.Time
 }
 
 // SweepResult counts what a sweep saw and did.
 type SweepResult struct {
-	Scanned   int   `json:"scanned"`   // blobs listed under idem.BlobPrefix
-	Kept      int   `json:"kept"`      // referenced by a completed record, or written by an attempt still in flight
-	Young     int   `json:"young"`     // spared by MinAge
-	Orphans   int   `json:"orphans"`   // deleted: their attempt crashed, was released or lost its lease, or their record expired or was purged
-	Partial   int   `json:"partial"`   // deleted: temporary files of writes cut short
-	Aborted   int   `json:"aborted"`   // incomplete S3 multipart uploads aborted
-	Foreign   int   `json:"foreign"`   // names idem does not write: left alone
-	Errors    int   `json:"errors"`    // blobs whose record could not be read, or that could not be deleted: left for the next sweep
-	Reclaimed int64 `json:"reclaimed"` // bytes deleted
+	// Namespace is the store's idem.Namespacer namespace, as written
+	// (redis prefix "idem:", ...), and BlobNamespace its segment in blob names
+	// (idem.BlobNamespace): the blobs the sweep judged. Both are empty
+	// for a store without one (see SweepOptions.Unqualified).
+	Namespace     string `json:"namespace"`
+	BlobNamespace string `json:"blob_namespace"`
+
+	Scanned     int   `json:"scanned"`     // blobs listed under idem.BlobPrefix
+	Kept        int   `json:"kept"`        // referenced by a completed record, or written by an attempt still in flight
+	Young       int   `json:"young"`       // spared by MinAge
+	Orphans     int   `json:"orphans"`     // deleted: their attempt crashed, was released or lost its lease, or their record expired or was purged
+	Partial     int   `json:"partial"`     // deleted: temporary files of writes cut short
+	Aborted     int   `json:"aborted"`     // incomplete S3 multipart uploads aborted
+	Foreign     int   `json:"foreign"`     // names idem does not write: left alone
+	Other       int   `json:"other"`       // blobs (and temporary files) of other namespaces, written by other stores: left alone
+	Unqualified int   `json:"unqualified"` // names without a namespace, left alone (SweepOptions.Unqualified judges them)
+	Errors      int   `json:"errors"`      // blobs whose record could not be read, or that could not be deleted: left for the next sweep
+	Reclaimed   int64 `json:"reclaimed"`   // bytes deleted
+
+	// OtherNamespaces counts the blobs of each other namespace (by its
+	// idem.BlobNamespace segment) that the sweep left alone.
+	OtherNamespaces map[string]int `json:"other_namespaces,omitempty"`
+
+	// UnqualifiedRefused reports that SweepOptions.Unqualified was set,
+	// but the sweep left the names without a namespace alone anyway:
+	// blobs of other namespaces showed that another store writes here.
+	UnqualifiedRefused bool `json:"unqualified_refused,omitempty"`
 }
 
 // Sweep deletes the blobs of blobs (under idem.BlobPrefix) that no record
-// of store will ever read: for each blob named by idem.NewBlobName it
-// reads the record of the name's key, and keeps the blob when the record
-// is completed and refers to this very blob, or is in flight with the
-// name's fencing token (the attempt writing it may still complete).
-// Anything else is an orphan and is deleted: its attempt crashed, was
-// released or lost its lease, or its record expired or was purged.
-// Temporary files of interrupted writes (file://) and incomplete S3
-// multipart uploads go too. Everything younger than MinAge is spared, and
-// a blob whose record cannot be read is kept (counted in Errors).
+// of store will ever read. It judges only the blobs whose name carries
+// the store's namespace (idem.Namespacer, idem.NewBlobName): those that
+// the store's own writers wrote. Blobs of other namespaces (another
+// prefix, table or kind of store) are left alone and counted in Other
+// and OtherNamespaces, and names without a namespace in Unqualified
+// (unless SweepOptions.Unqualified). A store without a namespace is an
+// error unless SweepOptions.Unqualified is set: there is nothing it may
+// judge.
+//
+// For each blob it judges, it reads the record of the name's key, and
+// keeps the blob when the record is completed and refers to this very
+// blob, or is in flight with the name's fencing token (the attempt
+// writing it may still complete). Anything else is an orphan and is
+// deleted: its attempt crashed, was released or lost its lease, or its
+// record expired or was purged. Temporary files of interrupted writes
+// (file://) and incomplete S3 multipart uploads of the namespace go too.
+// Everything younger than MinAge is spared, and a blob whose record
+// cannot be read is kept (counted in Errors).
 //
 // Deleting an orphan cannot break a replay: stores refuse Complete once
 // the lease has ended (on the store's clock), so an attempt whose record
 // the sweep found expired can no longer complete with a reference to the
 // blob. Run one sweep at a time per blob prefix; several at once are safe
-// but do the work twice. The store must be the one whose middleware
-// writes under this prefix: a sweep reads a blob of another store's
-// records as an orphan.
+// but do the work twice. A namespace names a key space, not a server:
+// two stores with the same namespace on different servers (two Redis
+// servers with the default prefix) that write to one bucket each take the
+// other's blobs for orphans. Give each its own blob prefix (Open's
+// prefix=P).
 func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts SweepOptions) (SweepResult, error) {
 	var res SweepResult
+	if n, ok := store.(idem.Namespacer); ok {
+		res.Namespace = n.Namespace()
+		res.BlobNamespace = idem.BlobNamespace(res.Namespace)
+	}
+	if res.Namespace == "" && !opts.Unqualified {
+		return res, fmt.Errorf("blobstore: sweep: the store (%T) has no namespace (idem.Namespacer), so no blob name says it wrote it; "+
+			"SweepOptions.Unqualified judges the names without a namespace against it", store)
+	}
 	if opts.MinAge == 0 {
 		opts.MinAge = DefaultMinAge
 	}
@@ -69,6 +118,28 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		opts.Now = time.Now
 	}
 	cutoff := opts.Now().Add(-opts.MinAge)
+	// judging says whether the names without a namespace are judged: in
+	// a second pass, once the first found no other namespace.
+	judging := false
+	// mine reports whether the sweep judges a blob of namespace ns.
+	mine := func(ns string) bool {
+		if ns == "" {
+			return judging
+		}
+		return ns == res.BlobNamespace
+	}
+	// leave counts a blob of a namespace the sweep does not judge.
+	leave := func(ns string) {
+		if ns == "" {
+			res.Unqualified++
+			return
+		}
+		res.Other++
+		if res.OtherNamespaces == nil {
+			res.OtherNamespaces = map[string]int{}
+		}
+		res.OtherNamespaces[ns]++
+	}
 	del := func(info idem.BlobInfo) error {
 		if opts.DryRun {
 			return nil
@@ -79,21 +150,37 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		}
 		return err
 	}
-	err := blobs.List(ctx, idem.BlobPrefix, func(info idem.BlobInfo) error {
+	visit := func(info idem.BlobInfo) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		res.Scanned++
-		key, token, ok := idem.ParseBlobName(info.Name)
+		name, ok := idem.ParseBlobName(info.Name)
+		temp := false
 		if !ok {
-			if !tempName.MatchString(info.Name) {
+			name, ok = parseTempName(info.Name)
+			temp = true
+		}
+		if judging { // the second pass: only the names without a namespace
+			if !ok || name.Namespace != "" {
+				return nil
+			}
+			res.Unqualified = max(res.Unqualified-1, 0) // one that appeared since is not counted
+		} else {
+			res.Scanned++
+			if !ok {
 				res.Foreign++
 				return nil
 			}
-			if info.ModTime.After(cutoff) {
-				res.Young++
+			if !mine(name.Namespace) {
+				leave(name.Namespace)
 				return nil
 			}
+		}
+		if info.ModTime.After(cutoff) {
+			res.Young++
+			return nil
+		}
+		if temp {
 			if err := del(info); err != nil {
 				res.Errors++
 				return nil
@@ -102,11 +189,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 			res.Reclaimed += info.Size
 			return nil
 		}
-		if info.ModTime.After(cutoff) {
-			res.Young++
-			return nil
-		}
-		rec, found, err := store.Get(ctx, key)
+		rec, found, err := store.Get(ctx, name.Key)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -114,7 +197,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 			res.Errors++ // unreadable: keep it, a later sweep decides
 			return nil
 		}
-		if found && keeps(rec, info.Name, token) {
+		if found && keeps(rec, info.Name, name.Token) {
 			res.Kept++
 			return nil
 		}
@@ -125,14 +208,29 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		res.Orphans++
 		res.Reclaimed += info.Size
 		return nil
-	})
-	if err != nil {
+	}
+	if err := blobs.List(ctx, idem.BlobPrefix, visit); err != nil {
 		return res, fmt.Errorf("blobstore: sweep: %w", err)
 	}
+	if opts.Unqualified && res.Unqualified > 0 {
+		// Names without a namespace say nothing of the store that wrote
+		// them: judge them only when no other store writes here.
+		if res.Other > 0 {
+			res.UnqualifiedRefused = true
+		} else {
+			judging = true
+			if err := blobs.List(ctx, idem.BlobPrefix, visit); err != nil {
+				return res, fmt.Errorf("blobstore: sweep: %w", err)
+			}
+		}
+	}
 	if ab, ok := blobs.(interface {
-		abortUploads(context.Context, string, time.Time) (int, error)
+		abortUploads(context.Context, string, time.Time, func(string) bool) (int, error)
 	}); ok && !opts.DryRun {
-		n, err := ab.abortUploads(ctx, idem.BlobPrefix, cutoff)
+		n, err := ab.abortUploads(ctx, idem.BlobPrefix, cutoff, func(s string) bool {
+			name, ok := idem.ParseBlobName(s)
+			return ok && mine(name.Namespace)
+		})
 		res.Aborted = n
 		if err != nil {
 			return res, fmt.Errorf("blobstore: sweep: %w", err)
@@ -153,6 +251,15 @@ func keeps(rec idem.Record, name string, token uint64) bool {
 	return false
 }
 
-// tempName matches the temporary file of a write to a file:// store that
+// tempSuffix ends the temporary file of a write to a file:// store that
 // did not finish: the blob's name, a dot, hex digits and ".tmp".
-var tempName = regexp.MustCompile(`^idem/[A-Za-z0-9_-]{22}/[0-9]+-[0-9a-f]{16}\.[0-9a-f]+\.tmp$`)
+var tempSuffix = regexp.MustCompile(`\.[0-9a-f]+\.tmp$`)
+
+// parseTempName reads the blob name in the name of a temporary file.
+func parseTempName(s string) (idem.BlobName, bool) {
+	loc := tempSuffix.FindStringIndex(s)
+	if loc == nil {
+		return idem.BlobName{}, false
+	}
+	return idem.ParseBlobName(s[:loc[0]])
+}

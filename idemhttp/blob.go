@@ -150,7 +150,7 @@ type spill struct {
 // newSpill starts the blob of the attempt holding lease. ctx is the
 // attempt's: losing the lease cancels the write.
 func (m *middleware) newSpill(ctx context.Context, r *http.Request, lease idem.Lease) *spill {
-	s := &spill{m: m, r: r, name: idem.NewBlobName(lease), h: sha256.New()}
+	s := &spill{m: m, r: r, name: idem.NewBlobName(m.blobNS, lease), h: sha256.New()}
 	ctx, s.dog = newWatchdog(ctx, m.cfg.BlobTimeout)
 	s.dog.enter()
 	s.w, s.err = m.cfg.Blobs.Create(ctx, s.name)
@@ -262,9 +262,9 @@ type replayRead struct {
 // a blob found corrupt or unreadable after that aborts the response
 // (http.ErrAbortHandler), so the client sees a broken response, never a
 // short or wrong one that looks whole.
-func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *idem.Response, cw clientWrites) {
+func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, key idem.Key, resp *idem.Response, cw clientWrites) {
 	if m.cfg.Blobs == nil {
-		m.replayFailed(w, r, resp.Blob, errNoBlobStore)
+		m.replayFailed(w, r, key, resp.Blob, errNoBlobStore)
 		return
 	}
 	ctx, dog := newWatchdog(r.Context(), m.cfg.BlobTimeout)
@@ -277,7 +277,7 @@ func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *id
 			m.cfg.OnOutcome(r, OutcomeGone)
 			return
 		}
-		m.replayFailed(w, r, resp.Blob, stalled(ctx, err))
+		m.replayFailed(w, r, key, resp.Blob, stalled(ctx, err))
 		return
 	}
 	reads := make(chan replayRead, replayAhead)
@@ -364,7 +364,7 @@ func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, resp *id
 			return
 		}
 		if !sent {
-			m.replayFailed(w, r, resp.Blob, err)
+			m.replayFailed(w, r, key, resp.Blob, err)
 			return
 		}
 		// The header went out: the response cannot be taken back. Abort
@@ -403,18 +403,32 @@ func (m *middleware) replayed(r *http.Request, err error) {
 }
 
 // replayFailed answers 503 for a completed key whose body cannot be read
-// from the blob store. Nothing runs again.
-func (m *middleware) replayFailed(w http.ResponseWriter, r *http.Request, ref *idem.BlobRef, err error) {
+// from the blob store. Nothing runs again. A missing or corrupt blob is
+// logged with the stored key and how to run it again (idem purge).
+func (m *middleware) replayFailed(w http.ResponseWriter, r *http.Request, key idem.Key, ref *idem.BlobRef, err error) {
 	m.cfg.OnOutcome(r, OutcomeReplayFailed)
 	if !errors.Is(err, errNoBlobStore) {
 		m.blobError(r, BlobOpRead, err)
 	}
-	level := slog.LevelWarn
 	p := problemStoredBody
-	if errors.Is(err, idem.ErrBlobNotFound) || errors.Is(err, idem.ErrBlobCorrupt) || errors.Is(err, errNoBlobStore) {
-		level, p.RetryAfter = slog.LevelError, 0 // retrying will not help
+	switch {
+	case errors.Is(err, idem.ErrBlobNotFound) || errors.Is(err, idem.ErrBlobCorrupt):
+		p.RetryAfter = 0 // retrying will not help
+		msg := "idem: the stored body is missing from the blob store; answered 503, nothing ran, and so will every replay of the key until its record expires or is purged"
+		if errors.Is(err, idem.ErrBlobCorrupt) {
+			msg = "idem: the stored body is corrupt in the blob store; answered 503, nothing ran, and so will every replay of the key until its record expires or is purged"
+		}
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, msg,
+			slog.String("key", key.String()), slog.String("blob", ref.Name), slog.Any("error", err),
+			slog.String("fix", "to run the key again on its next request: idem purge --stored-key "+key.String()+
+				" --blob BLOB_URL --yes, with the --store and --prefix of this store"))
+	case errors.Is(err, errNoBlobStore):
+		p.RetryAfter = 0
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idem: the stored body is in a blob store, and this middleware has none (Config.Blobs); answered 503, nothing ran",
+			slog.String("key", key.String()), slog.String("blob", ref.Name), slog.Any("error", err))
+	default:
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: the stored body cannot be read from the blob store; answered 503, nothing ran",
+			slog.String("key", key.String()), slog.String("blob", ref.Name), slog.Any("error", err))
 	}
-	m.cfg.Logger.LogAttrs(r.Context(), level, "idem: the stored body cannot be read from the blob store; answered 503, nothing ran",
-		slog.String("blob", ref.Name), slog.Any("error", err))
 	m.problem(w, r, p)
 }

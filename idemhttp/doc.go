@@ -138,13 +138,15 @@
 // With Config.Blobs (package blobstore: S3, a directory, memory), a body
 // that outgrows the inline limit streams on to a blob as the handler
 // writes it, the bytes held so far first, and memory stays bounded
-// whatever its size. Before the key completes, the blob is committed whole
-// under a name built from the record key's digest and the fencing token
-// (idem.NewBlobName), and the record keeps its name, size and SHA-256
-// (idem.BlobRef, about 100 bytes). A replay opens the blob first: missing,
-// of the wrong size, or in a store that does not answer, it gets 503
-// (ProblemStoredBodyUnavailable) and the handler does not run again. It
-// then streams the stored status and headers with the blob's
+// whatever its size. Before the key completes, the blob is committed
+// whole under a name built from the store's namespace (idem.Namespacer),
+// the record key's digest and the fencing token (idem.NewBlobName), and
+// the record keeps its name, size and SHA-256 (idem.BlobRef, about 100
+// bytes). A replay opens the blob first: missing, of the wrong size, or
+// in a store that does not answer, it gets 503
+// (ProblemStoredBodyUnavailable) and the handler does not run again (a
+// missing or corrupt blob is logged with the stored key and the idem
+// purge that runs the key again). It then streams the stored status and headers with the blob's
 // Content-Length, checking the digest as it reads and sending each 64 KiB
 // only once the next has been read: a blob found corrupt after the header
 // went out aborts the response (the connection, on HTTP/1.1; the stream,

@@ -99,7 +99,12 @@ type Config struct {
 
 	// Blobs, when set, keeps the bodies larger than MaxResponseSize (see
 	// "Large responses" in the package documentation). Default nil: such
-	// bodies are not stored.
+	// bodies are not stored. Blob names carry the store's namespace when
+	// the store implements idem.Namespacer (the stores of this module do;
+	// a wrapping store should forward it), so that blobstore.Sweep judges
+	// them against the right records; without one they have none, and a
+	// sweep leaves them alone unless told otherwise
+	// (blobstore.SweepOptions.Unqualified).
 	Blobs idem.BlobStore
 
 	// BlobTimeout bounds how long a blob operation (a write, the commit,
@@ -328,6 +333,9 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	m := &middleware{cfg: cfg, g: g, tel: tel, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
+	if n, ok := store.(idem.Namespacer); ok {
+		m.blobNS = n.Namespace()
+	}
 	for _, meth := range cfg.Methods {
 		if meth == "" || strings.ToUpper(meth) != meth {
 			return nil, fmt.Errorf("idemhttp: Config.Methods: %q is not an upper-case method", meth)
@@ -373,6 +381,7 @@ type middleware struct {
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
+	blobNS  string          // the store's idem.Namespacer namespace, for blob names; "" if it has none
 	waiters waiters.Set
 	// omittedRoutes holds the routes whose omitted body was logged (once
 	// per route), omittedCount their number.
@@ -553,7 +562,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			m.execute(w, r, body, next, att, req, toBlob, start)
 		case idem.Replay:
-			m.replayStored(w, r, acq.Response, start)
+			m.replayStored(w, r, key, acq.Response, start)
 		case idem.Mismatch:
 			m.cfg.OnOutcome(r, OutcomeMismatch)
 			if req.byCookies {
@@ -579,7 +588,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if stored := done.For(fp); stored != nil {
 				// A holder in this process stored it: the store's answer,
 				// without asking it.
-				m.replayStored(w, r, stored, start)
+				m.replayStored(w, r, key, stored, start)
 				return
 			}
 			pause = min(2*pause, waiters.MaxPause)
@@ -754,10 +763,10 @@ func (m *middleware) clientWrites(r *http.Request, start time.Time) clientWrites
 // blob store, streamed from there. Its writes are bounded as the
 // handler's are (ClientWriteTimeout): a client that stops reading a
 // replay holds no blob reader and no goroutine for longer.
-func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, resp *idem.Response, start time.Time) {
+func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key idem.Key, resp *idem.Response, start time.Time) {
 	cw := m.clientWrites(r, start)
 	if resp.Blob != nil {
-		m.replayBlob(w, r, resp, cw)
+		m.replayBlob(w, r, key, resp, cw)
 		return
 	}
 	if resp.BodyOmitted {

@@ -158,7 +158,16 @@ type usage struct {
 	_       [64]byte
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store      = (*Store)(nil)
+	_ idem.Namespacer = (*Store)(nil)
+)
+
+// Namespace implements idem.Namespacer: "memstore", for every Store. A
+// memory store's records die with its process, so two processes' stores
+// sharing a blob store (and prefix) each take the other's blobs for
+// orphans: give each its own blob prefix.
+func (s *Store) Namespace() string { return "memstore" }
 
 // New returns an empty Store.
 func New(opts Options) *Store {

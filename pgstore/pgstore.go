@@ -93,6 +93,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -156,6 +157,7 @@ type Options struct {
 type Store struct {
 	pool   *pgxpool.Pool
 	ns     string
+	space  string // Namespace
 	grace  time.Duration
 	log    *slog.Logger
 	onReap func(deleted int, took time.Duration, err error)
@@ -163,7 +165,15 @@ type Store struct {
 	sql    statements
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store      = (*Store)(nil)
+	_ idem.Namespacer = (*Store)(nil)
+)
+
+// Namespace implements idem.Namespacer: the table and Options.Namespace,
+// as in: postgres table idem_records namespace "". The names of the
+// blobs of large responses (idem.NewBlobName) carry its digest.
+func (s *Store) Namespace() string { return s.space }
 
 // statements are the SQL texts with the table's names filled in.
 type statements struct {
@@ -277,6 +287,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 		pool:   pool,
 		grace:  opts.ReapGrace,
 		ns:     opts.Namespace,
+		space:  fmt.Sprintf("postgres table %s namespace %q", cmp.Or(opts.Table, DefaultTable), opts.Namespace),
 		log:    opts.Logger,
 		onReap: opts.OnReap,
 		names:  n,

@@ -245,6 +245,12 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Namespace implements idem.Namespacer: the key prefix, as in
+// redis prefix "idem:". Two stores with the same prefix on different
+// servers (or databases) have the same Namespace. The names of the blobs
+// of large responses (idem.NewBlobName) carry its digest.
+func (s *Store) Namespace() string { return fmt.Sprintf("redis prefix %q", s.prefix) }
+
 // KeyName returns the Redis key that holds k's record.
 func (s *Store) KeyName(k idem.Key) string {
 	return s.prefix + "{" + k.String() + "}"

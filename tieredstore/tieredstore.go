@@ -1,6 +1,7 @@
 package tieredstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,6 +103,7 @@ type Store struct {
 	redis  *redisstore.Store
 	pool   *pgxpool.Pool
 	ns     string
+	space  string // Namespace
 	verify bool
 	log    *slog.Logger
 	onReap func(deleted int, took time.Duration, err error)
@@ -118,7 +120,16 @@ type Store struct {
 	closeClients func()
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store      = (*Store)(nil)
+	_ idem.Namespacer = (*Store)(nil)
+)
+
+// Namespace implements idem.Namespacer: the Redis store's, the table and
+// Options.Namespace, as in: tiered redis prefix "idem:" postgres table
+// idem_completions namespace "". It differs from the Redis store's alone:
+// a tiered store's records are not all in Redis.
+func (s *Store) Namespace() string { return s.space }
 
 type statements struct {
 	complete, row, del, pending, mark, reap, count string
@@ -209,6 +220,7 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		redis:      rs,
 		pool:       pool,
 		ns:         opts.Namespace,
+		space:      fmt.Sprintf("tiered %s postgres table %s namespace %q", rs.Namespace(), cmp.Or(opts.Table, DefaultTable), opts.Namespace),
 		verify:     opts.VerifyAcquire,
 		log:        opts.Logger,
 		onReap:     opts.OnReap,

@@ -81,7 +81,7 @@ func name(t *testing.T, token uint64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return idem.NewBlobName(idem.Lease{Key: key, Token: token})
+	return idem.NewBlobName("blobtest", idem.Lease{Key: key, Token: token})
 }
 
 func random(n int) []byte {

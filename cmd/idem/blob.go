@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,7 +54,7 @@ func openBlobs(ctx context.Context, spec string) (*blobstore.Bucket, error) {
 	return b, nil
 }
 
-const gcUsage = `usage: idem gc --store STORE --blob URL [--prefix P] [--min-age 15m] [--dry-run] [--json]
+const gcUsage = `usage: idem gc --store STORE --blob URL [--prefix P] [--min-age 15m] [--dry-run] [--unqualified] [--json]
 
 Deletes the blobs (response bodies too large for their record) that no
 record of STORE will read again: those whose attempt crashed, was released
@@ -60,9 +63,19 @@ purged. A blob is kept while its record is completed and refers to it, or
 is in flight with the blob's fencing token. Blobs younger than --min-age
 are left alone, and so is a blob whose record cannot be read. Temporary
 files of interrupted writes (file://) and incomplete multipart uploads
-(s3://) older than --min-age go too. STORE must be the store whose
-proxies write to this blob store (and prefix): the blobs of any other
-store's records look like orphans here.
+(s3://) older than --min-age go too.
+
+Every blob name carries the namespace of the store that wrote it (its
+kind, and the Redis key prefix or PostgreSQL table and namespace: the
+proxy's --store and --prefix): gc judges only the blobs of the namespace
+of STORE and --prefix, and leaves the others alone, counted, with their
+namespaces listed (idem proxy logs its blob_namespace at start). Blobs
+written before names had a namespace are left alone too, unless
+--unqualified says they are STORE's; even then, gc leaves them while it
+finds blobs of another namespace (another store writes here). Two
+stores of the same namespace on different servers (two Redis servers
+with the default prefix) must not share a blob store (or prefix=P): each
+would take the other's blobs for orphans.
 
 On S3 a bucket lifecycle rule can do the same work (see the README); idem
 proxy --blob-sweep runs this sweep periodically.
@@ -77,6 +90,8 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	blobSpec := fs.String("blob", "", "the blob store to sweep (required): "+blobURLHelp)
 	minAge := fs.Duration("min-age", blobstore.DefaultMinAge, "leave blobs younger than this (0: none)")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
+	unqualified := fs.Bool("unqualified", false, "also judge, against --store, the blobs whose names have no namespace (written before blob names had one); "+
+		"only when every proxy that wrote to this blob store (and prefix) used this very --store and --prefix")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), gcUsage)
@@ -114,7 +129,7 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if age == 0 {
 		age = -1 // SweepOptions: 0 is the default, negative is none
 	}
-	res, err := blobstore.Sweep(ctx, blobs, store, blobstore.SweepOptions{MinAge: age, DryRun: *dryRun})
+	res, err := blobstore.Sweep(ctx, blobs, store, blobstore.SweepOptions{MinAge: age, DryRun: *dryRun, Unqualified: *unqualified})
 	if *asJSON {
 		out := struct {
 			Blob   string `json:"blob"`
@@ -136,9 +151,33 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *dryRun {
 		verb = "would delete"
 	}
-	fmt.Fprintf(stdout, "%s: %d blobs scanned, %d kept, %d too young; %s %d orphans, %d partial writes (%s); %d incomplete uploads aborted; %d foreign names left, %d errors\n",
-		blobs, res.Scanned, res.Kept, res.Young, verb, res.Orphans, res.Partial, sizeString(res.Reclaimed), res.Aborted, res.Foreign, res.Errors)
+	fmt.Fprintf(stdout, "%s, namespace %s (%s): %d blobs scanned, %d kept, %d too young; %s %d orphans, %d partial writes (%s); %d incomplete uploads aborted; %d foreign names left, %d errors\n",
+		blobs, res.BlobNamespace, res.Namespace, res.Scanned, res.Kept, res.Young, verb, res.Orphans, res.Partial, sizeString(res.Reclaimed), res.Aborted, res.Foreign, res.Errors)
+	if res.Other > 0 {
+		fmt.Fprintf(stdout, "left alone: %d blobs of %d other namespaces (%s), written by stores with another --prefix or of another kind; "+
+			"run idem gc with their --store and --prefix (idem proxy logs its blob_namespace at start)\n",
+			res.Other, len(res.OtherNamespaces), namespaceCounts(res.OtherNamespaces))
+	}
+	switch {
+	case res.UnqualifiedRefused:
+		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (written before blob names had one), despite --unqualified: "+
+			"blobs of other namespaces show that another store writes to this blob store, so they may be its\n", res.Unqualified)
+	case res.Unqualified > 0:
+		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (written before blob names had one); "+
+			"--unqualified judges them against this --store and --prefix: only if every proxy writing to this blob store used them\n", res.Unqualified)
+	}
 	return err
+}
+
+// namespaceCounts lists blob namespaces and their counts, most blobs first.
+func namespaceCounts(m map[string]int) string {
+	names := slices.Collect(maps.Keys(m))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), cmp.Compare(a, b)) })
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s: %d", n, m[n])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // sizeString writes a byte count for people.
@@ -182,6 +221,7 @@ func sweepLoop(ctx context.Context, blobs idem.BlobStore, store idem.Store, inte
 		logger.LogAttrs(ctx, level, "blob sweep", slog.Int("scanned", res.Scanned), slog.Int("kept", res.Kept),
 			slog.Int("young", res.Young), slog.Int("orphans_deleted", res.Orphans), slog.Int("partial_deleted", res.Partial),
 			slog.Int("uploads_aborted", res.Aborted), slog.Int("errors", res.Errors), slog.Int64("bytes_reclaimed", res.Reclaimed),
+			slog.Int("other_namespaces_left", res.Other), slog.Int("unqualified_left", res.Unqualified),
 			slog.Duration("duration", time.Since(start)), slog.Any("error", err))
 	}
 }

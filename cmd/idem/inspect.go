@@ -171,6 +171,13 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	var blobs *blobstore.Bucket
+	if f.blob != "" { // its URL checked whether or not the record has a blob
+		if blobs, err = openBlobs(ctx, f.blob); err != nil {
+			return err
+		}
+		defer blobs.Close()
+	}
 	store, closeStore, err := f.open(ctx, "inspect", stderr)
 	if err != nil {
 		return err
@@ -181,10 +188,8 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	var blob *blobState
-	if ok && rec.Response != nil && rec.Response.Blob != nil && f.blob != "" {
-		if blob, err = f.blobState(ctx, rec.Response.Blob); err != nil {
-			return err
-		}
+	if ok && rec.Response != nil && rec.Response.Blob != nil && blobs != nil {
+		blob = lookBlob(ctx, blobs, rec.Response.Blob)
 	}
 	if !ok {
 		if f.json {
@@ -212,22 +217,17 @@ type blobState struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// blobState looks for ref's blob in the --blob store.
-func (f *inspectFlags) blobState(ctx context.Context, ref *idem.BlobRef) (*blobState, error) {
-	blobs, err := openBlobs(ctx, f.blob)
-	if err != nil {
-		return nil, err
-	}
-	defer blobs.Close()
+// lookBlob looks for ref's blob in the --blob store.
+func lookBlob(ctx context.Context, blobs *blobstore.Bucket, ref *idem.BlobRef) *blobState {
 	r, size, err := blobs.Open(ctx, ref.Name)
 	switch {
 	case errors.Is(err, idem.ErrBlobNotFound):
-		return &blobState{}, nil
+		return &blobState{}
 	case err != nil:
-		return &blobState{Error: err.Error()}, nil
+		return &blobState{Error: err.Error()}
 	}
 	r.Close()
-	return &blobState{Present: true, Size: size}, nil
+	return &blobState{Present: true, Size: size}
 }
 
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -423,9 +423,10 @@ func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) er
 			case blob.Error != "":
 				line("blob", "could not be checked: %s", blob.Error)
 			case !blob.Present:
-				line("blob", "MISSING: a replay answers 503")
+				line("blob", "MISSING: a replay answers 503 until the record expires; to run the key again: %s", purgeHint(key))
 			case blob.Size != resp.Blob.Size:
-				line("blob", "present, but %d bytes (CORRUPT: a replay answers 503)", blob.Size)
+				line("blob", "present, but %d bytes (CORRUPT: a replay answers 503 until the record expires; to run the key again: %s)",
+					blob.Size, purgeHint(key))
 			default:
 				line("blob", "present, %d bytes", blob.Size)
 			}
@@ -438,6 +439,12 @@ func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) er
 		}
 	}
 	return tw.Flush()
+}
+
+// purgeHint is the idem purge that deletes the record of key and its
+// blob, for a record whose blob is missing or corrupt.
+func purgeHint(key idem.Key) string {
+	return "idem purge --stored-key " + key.String() + " --blob URL --yes, with the same --store and --prefix"
 }
 
 // inspectDuration rounds a time left for reading: to the second past a

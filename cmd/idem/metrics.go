@@ -40,6 +40,8 @@ type proxyMetrics struct {
 	sweepDeleted prometheus.Counter
 	// notKept: idem_responses_not_kept_total
 	notKept prometheus.Counter
+	// sweepLeft: idem_blob_sweep_left{reason}
+	sweepLeft *prometheus.GaugeVec
 }
 
 func newProxyMetrics() *proxyMetrics {
@@ -90,6 +92,11 @@ func newProxyMetrics() *proxyMetrics {
 	})
 	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.upstreamAborted, m.notKept, m.blobErrors, m.sweeps, m.sweepDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.sweepLeft = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idem_blob_sweep_left",
+		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: idem gc --unqualified).",
+	}, []string{"reason"})
+	m.reg.MustRegister(m.sweepLeft)
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.
 	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed, idemhttp.OutcomeConflict,
@@ -128,6 +135,8 @@ func (m *proxyMetrics) initBlobSeries() {
 	}
 	m.sweeps.WithLabelValues("ok")
 	m.sweeps.WithLabelValues("error")
+	m.sweepLeft.WithLabelValues("other_namespace")
+	m.sweepLeft.WithLabelValues("unqualified")
 }
 
 // onBlobError is idemhttp.Config.OnBlobError.
@@ -138,6 +147,10 @@ func (m *proxyMetrics) onBlobError(_ *http.Request, op string, err error) {
 // sweep counts a blob sweep.
 func (m *proxyMetrics) sweep(res blobstore.SweepResult, err error) {
 	m.sweepDeleted.Add(float64(res.Orphans + res.Partial))
+	if err == nil { // a sweep that stopped saw only part of the bucket
+		m.sweepLeft.WithLabelValues("other_namespace").Set(float64(res.Other))
+		m.sweepLeft.WithLabelValues("unqualified").Set(float64(res.Unqualified))
+	}
 	if err != nil || res.Errors > 0 {
 		m.sweeps.WithLabelValues("error").Inc()
 		return
@@ -202,6 +215,15 @@ func (t *timedStore) Get(ctx context.Context, key idem.Key) (idem.Record, bool, 
 func (t *timedStore) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	defer since(t.deleteObs, time.Now())
 	return t.s.Delete(ctx, key)
+}
+
+// Namespace forwards idem.Namespacer, so that the middleware names its
+// blobs with the store's namespace; "" when the store has none.
+func (t *timedStore) Namespace() string {
+	if n, ok := t.s.(idem.Namespacer); ok {
+		return n.Namespace()
+	}
+	return ""
 }
 
 // readyProbeTimeout bounds the store check behind /readyz.

@@ -219,12 +219,14 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 		adminAddr = aln.Addr().String()
 		go func() { serveErr <- admin.Serve(aln) }()
 	}
-	blobName := ""
+	blobName, blobNS := "", ""
 	if blobs != nil {
 		blobName = blobs.String()
+		// The namespace in the names of its blobs, for idem gc's report.
+		blobNS = idem.BlobNamespace(store.Namespace()) + " (" + store.Namespace() + ")"
 	}
 	logger.Info("idem proxy listening", "listen", ln.Addr().String(), "admin", adminAddr,
-		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "routes", len(routes),
+		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
 		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String())
 
 	select {

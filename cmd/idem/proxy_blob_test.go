@@ -756,7 +756,7 @@ func TestProxyBlobKilledBeforeComplete(t *testing.T) {
 			var written string
 			for deadline := time.Now().Add(10 * time.Second); written == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 				for _, n := range bb.names(t) {
-					if _, _, ok := idem.ParseBlobName(n); ok {
+					if _, ok := idem.ParseBlobName(n); ok {
 						written = n
 					}
 				}
