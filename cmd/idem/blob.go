@@ -54,7 +54,7 @@ func openBlobs(ctx context.Context, spec string) (*blobstore.Bucket, error) {
 	return b, nil
 }
 
-const gcUsage = `usage: idem gc --store STORE --blob URL [--prefix P] [--min-age 15m] [--dry-run] [--unqualified] [--json]
+const gcUsage = `usage: idem gc --store STORE --blob URL [--prefix P] [--min-age 15m] [--dry-run] [--json]
 
 Deletes the blobs (response bodies too large for their record) that no
 record of STORE will read again: those whose attempt crashed, was released
@@ -70,9 +70,10 @@ kind, and the Redis key prefix or PostgreSQL table and namespace: the
 proxy's --store and --prefix): gc judges only the blobs of the namespace
 of STORE and --prefix, and leaves the others alone, counted, with their
 namespaces listed (idem proxy logs its blob_namespace at start). Blobs
-written before names had a namespace are left alone too, unless
---unqualified says they are STORE's; even then, gc leaves them while it
-finds blobs of another namespace (another store writes here). Two
+written before names had a namespace (idem/<key>/…) are always left
+alone: nothing in them says which store wrote them, and a flag cannot
+make that safe; delete them by hand, or with an S3 lifecycle rule, once
+every record that may refer to them has expired (--retention). Two
 stores of the same namespace on different servers (two Redis servers
 with the default prefix) must not share a blob store (or prefix=P): each
 would take the other's blobs for orphans.
@@ -90,8 +91,6 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	blobSpec := fs.String("blob", "", "the blob store to sweep (required): "+blobURLHelp)
 	minAge := fs.Duration("min-age", blobstore.DefaultMinAge, "leave blobs younger than this (0: none)")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
-	unqualified := fs.Bool("unqualified", false, "also judge, against --store, the blobs whose names have no namespace (written before blob names had one); "+
-		"only when every proxy that wrote to this blob store (and prefix) used this very --store and --prefix")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), gcUsage)
@@ -129,7 +128,7 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if age == 0 {
 		age = -1 // SweepOptions: 0 is the default, negative is none
 	}
-	res, err := blobstore.Sweep(ctx, blobs, store, blobstore.SweepOptions{MinAge: age, DryRun: *dryRun, Unqualified: *unqualified})
+	res, err := blobstore.Sweep(ctx, blobs, store, blobstore.SweepOptions{MinAge: age, DryRun: *dryRun})
 	if *asJSON {
 		out := struct {
 			Blob   string `json:"blob"`
@@ -158,13 +157,9 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"run idem gc with their --store and --prefix (idem proxy logs its blob_namespace at start)\n",
 			res.Other, len(res.OtherNamespaces), namespaceCounts(res.OtherNamespaces))
 	}
-	switch {
-	case res.UnqualifiedRefused:
-		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (written before blob names had one), despite --unqualified: "+
-			"blobs of other namespaces show that another store writes to this blob store, so they may be its\n", res.Unqualified)
-	case res.Unqualified > 0:
-		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (written before blob names had one); "+
-			"--unqualified judges them against this --store and --prefix: only if every proxy writing to this blob store used them\n", res.Unqualified)
+	if res.Unqualified > 0 {
+		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (idem/<key>/…, written before blob names had one): "+
+			"nothing says which store wrote them; delete them by hand or with an S3 lifecycle rule once every record that may refer to them has expired\n", res.Unqualified)
 	}
 	return err
 }

@@ -94,7 +94,7 @@ func newProxyMetrics() *proxyMetrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.sweepLeft = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idem_blob_sweep_left",
-		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: idem gc --unqualified).",
+		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: never judged; see idem gc -h).",
 	}, []string{"reason"})
 	m.reg.MustRegister(m.sweepLeft)
 	// Every series exists from the start, at zero, so that rate() and
