@@ -102,7 +102,7 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer blobs.Close()
-	store, closeStore, err := openStoreChecked(ctx, *storeSpec, *prefix)
+	store, closeStore, err := openStoreReading(ctx, *storeSpec, *prefix, "every blob would look like an orphan and be deleted")
 	if err != nil {
 		return err
 	}

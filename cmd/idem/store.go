@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
+	"syscall"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/memstore"
@@ -25,13 +31,21 @@ const storeFlagHelp = `where records live: memory, redis://[user:pass@]host:port
 	`completions in PostgreSQL, relayed to Redis; its table is created if missing)`
 
 // openStore opens the store a --store value names, with its key prefix
-// (Redis) or namespace (PostgreSQL). close releases its connections.
+// (Redis) or namespace (PostgreSQL), for the proxy and the demo: the
+// PostgreSQL table is created if missing. close releases its connections.
 func openStore(ctx context.Context, spec, prefix string) (store idem.Store, close func(), err error) {
+	return openStoreMode(ctx, spec, prefix, false)
+}
+
+// openStoreMode is openStore; with readOnly (inspect, purge, gc) it
+// creates nothing: no table, no index, and no background relay or reaper
+// of the tiered store. A missing table is then an error saying so.
+func openStoreMode(ctx context.Context, spec, prefix string, readOnly bool) (store idem.Store, close func(), err error) {
 	if spec == "" || spec == "memory" {
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
 	if fields := strings.Fields(spec); len(fields) > 1 {
-		return openTiered(ctx, fields, prefix)
+		return openTiered(ctx, fields, prefix, readOnly)
 	}
 	if hostPort.MatchString(spec) { // localhost:6379: no scheme
 		return nil, nil, usageError{fmt.Sprintf("--store %s: want a URL; for Redis: redis://%s", spec, spec)}
@@ -46,10 +60,8 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "valkey", "valkeys":
-		s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix})
-		if errors.Is(err, redisstore.ErrBadURL) {
-			return nil, nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
-		} else if err != nil {
+		s, err := openRedis(spec, prefix)
+		if err != nil {
 			return nil, nil, err
 		}
 		return s, func() { s.Close() }, nil
@@ -57,14 +69,20 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 		if u.Opaque != "" {
 			return nil, nil, usageError{"--store: no host: write postgres://[user:pass@]host:port/db (is the // after postgres: missing?)"}
 		}
-		pool, err := pgxpool.New(ctx, spec)
+		pool, err := openPG(ctx, spec)
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: true})
+		if readOnly {
+			err = checkTable(ctx, pool, pgstore.DefaultTable)
+		}
+		var s *pgstore.Store
+		if err == nil {
+			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !readOnly})
+		}
 		if err != nil {
 			pool.Close()
-			return nil, nil, err
+			return nil, nil, pgError(err, u.Host)
 		}
 		return s, pool.Close, nil
 	}
@@ -81,7 +99,7 @@ const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)
 // Redis grants a lease (tieredstore.Options.VerifyAcquire): the proxy's
 // upstream effects are outside PostgreSQL, so a key whose Redis record was
 // lost is replayed from PostgreSQL rather than sent upstream again.
-func openTiered(ctx context.Context, fields []string, prefix string) (idem.Store, func(), error) {
+func openTiered(ctx context.Context, fields []string, prefix string, readOnly bool) (idem.Store, func(), error) {
 	const form = "--store with two URLs is the tiered store: 'redis://host:port[/db] postgres://[user@]host[:port]/db' (one Redis URL, one PostgreSQL URL, one space between them)"
 	if len(fields) != 2 {
 		return nil, nil, usageError{fmt.Sprintf("%s; got %d words (the value is not shown: it may hold a password)", form, len(fields))}
@@ -113,19 +131,145 @@ func openTiered(ctx context.Context, fields []string, prefix string) (idem.Store
 	if redisURL == "" || pgURL == "" {
 		return nil, nil, usageError{form + "; got no " + map[bool]string{true: "Redis", false: "PostgreSQL"}[redisURL == ""] + " URL"}
 	}
-	if _, err := pgxpool.ParseConfig(pgURL); err != nil {
-		// pgconn's parse errors show the URL with its password masked.
-		return nil, nil, usageError{"--store: the PostgreSQL URL: " + err.Error()}
-	}
-	s, err := tieredstore.Open(ctx, redisURL, pgURL, redisstore.Options{Prefix: prefix},
-		tieredstore.Options{Namespace: prefix, Migrate: true, VerifyAcquire: true})
-	if errors.Is(err, redisstore.ErrBadURL) {
-		return nil, nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
-	} else if err != nil {
+	rs, err := openRedis(redisURL, prefix)
+	if err != nil {
 		return nil, nil, err
 	}
-	return s, func() { s.Close() }, nil
+	pool, err := openPG(ctx, pgURL)
+	if err != nil {
+		rs.Close()
+		return nil, nil, err
+	}
+	opts := tieredstore.Options{Namespace: prefix, Migrate: !readOnly, VerifyAcquire: true}
+	if readOnly {
+		opts.RelayInterval = -1 // no background relay or reaper: a command that reads writes nothing
+		err = checkTable(ctx, pool, tieredstore.DefaultTable)
+	}
+	var s *tieredstore.Store
+	if err == nil {
+		s, err = tieredstore.New(ctx, rs, pool, opts)
+	}
+	if err != nil {
+		pool.Close()
+		rs.Close()
+		pgHost := ""
+		if u, e := url.Parse(pgURL); e == nil {
+			pgHost = u.Host
+		}
+		return nil, nil, pgError(err, pgHost)
+	}
+	return s, func() { s.Close(); pool.Close(); rs.Close() }, nil
+}
+
+// openRedis opens a Redis URL. A server that does not speak Redis (or not
+// without TLS or a password) gets an error saying so, not io.EOF.
+func openRedis(spec, prefix string) (*redisstore.Store, error) {
+	s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix})
+	switch {
+	case errors.Is(err, redisstore.ErrBadURL):
+		return nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
+	case err == nil:
+		return s, nil
+	}
+	var dial *net.OpError
+	if errors.As(err, new(*rueidis.RedisError)) || errors.As(err, &dial) && dial.Op == "dial" {
+		return nil, err // the server's own answer (NOAUTH, WRONGPASS…), or nothing listening: clear as they are
+	}
+	host := "the server"
+	if u, e := url.Parse(spec); e == nil {
+		host = "the server at " + u.Host
+	}
+	cause := strings.TrimPrefix(err.Error(), "redisstore: Open: ")
+	return nil, fmt.Errorf("%s did not answer as Redis (%s): is it Redis? does it want TLS (rediss://) or a password (redis://:PASSWORD@host:port)?", host, cause)
+}
+
+// pgConnectTimeout bounds connecting to PostgreSQL when the URL does not
+// say (connect_timeout=SECONDS): pgx alone waits for ever on a server that
+// accepts the connection and never answers.
+const pgConnectTimeout = 10 * time.Second
+
+// openPG creates a pool on a PostgreSQL URL; it connects on first use.
+func openPG(ctx context.Context, spec string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(spec)
+	if err != nil {
+		// pgconn's parse errors show the URL with its password masked.
+		return nil, usageError{"--store: the PostgreSQL URL: " + err.Error()}
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = pgConnectTimeout
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// errNoTable is checkTable's error: the database has no idem table.
+type errNoTable struct{ table string }
+
+func (e errNoTable) Error() string {
+	return fmt.Sprintf("no idem table %q in this database: has a proxy run against this database? (inspect, purge and gc create nothing)", e.table)
+}
+
+// checkTable returns errNoTable when table does not exist (in the
+// search_path), without creating it.
+func checkTable(ctx context.Context, pool *pgxpool.Pool, table string) error {
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return errNoTable{table}
+	}
+	return nil
+}
+
+// pgError shortens the errors of connecting to PostgreSQL at host to one
+// line that says what went wrong: a server that did not answer as
+// PostgreSQL, nothing listening, or the server's own refusal.
+func pgError(err error, host string) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe):
+		return fmt.Errorf("PostgreSQL at %s: %s (SQLSTATE %s)", host, pe.Message, pe.Code)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("nothing listens at %s (connection refused): is PostgreSQL running there?", host)
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return fmt.Errorf("PostgreSQL at %s: %v", host, dns)
+	}
+	why := "it closed the connection"
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		why = "no answer within the connect timeout"
+	}
+	return fmt.Errorf("the server at %s did not answer as PostgreSQL (%s): is it PostgreSQL? does it want TLS (sslmode=require) or a password?", host, why)
 }
 
 // hostPort matches a bare host:port, which users write for Redis.
 var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$`)
+
+// openStoreReading opens the store of inspect, purge and gc: one that
+// holds the proxies' records, so not memory (why names the harm), and
+// opened without creating anything (openStoreMode's readOnly). It reads
+// once, so that a store that cannot be reached fails at once; errors
+// other than usage errors start "--store NAME: " (NAME as storeForLog).
+func openStoreReading(ctx context.Context, spec, prefix, why string) (idem.Store, func(), error) {
+	if spec == "" || spec == "memory" {
+		return nil, nil, usageError{"--store is required: the store the proxies use (redis://…, postgres://… or both, quoted); " +
+			"a memory store is new and empty in this process, so " + why}
+	}
+	store, closeStore, err := openStoreMode(ctx, spec, prefix, true)
+	if err == nil {
+		if _, _, err = store.Get(ctx, idem.Key{}); err != nil {
+			closeStore()
+		}
+	}
+	if errors.As(err, new(usageError)) {
+		return nil, nil, err
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("--store %s: %w", storeForLog(spec), err)
+	}
+	return store, closeStore, nil
+}
