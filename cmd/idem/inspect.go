@@ -183,6 +183,13 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	if f.blob != "" { // its URL checked before the store is read
+		blobs, err := openBlobs(ctx, f.blob)
+		if err != nil {
+			return err
+		}
+		blobs.Close()
+	}
 	store, closeStore, err := f.open(ctx)
 	if err != nil {
 		return err
@@ -255,18 +262,18 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{fmt.Sprintf("not deleting the record of stored key %s without --yes: "+
 			"deleting is for good (a completed operation runs again on its next request)", key)}
 	}
-	store, closeStore, err := f.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
 	var blobs *blobstore.Bucket
-	if f.blob != "" { // opened (and its URL checked) before anything is deleted
+	if f.blob != "" { // opened (and its URL checked) before the store, and anything is deleted
 		if blobs, err = openBlobs(ctx, f.blob); err != nil {
 			return err
 		}
 		defer blobs.Close()
 	}
+	store, closeStore, err := f.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
 	rec, had, err := store.Get(ctx, key) // to say what is deleted
 	if err != nil {
 		return err

@@ -230,7 +230,7 @@ func wantOf(v flag.Value, err error) string {
 // unknown flag, a missing value) in one line that points to -h.
 func flagSyntaxError(fs *flag.FlagSet, err error) string {
 	msg := err.Error()
-	help := fmt.Sprintf("%q lists the flags", fs.Name()+" -h")
+	help := fmt.Sprintf("%q lists the flags", commandName(fs)+" -h")
 	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
 		return fmt.Sprintf("unknown flag --%s; %s", strings.TrimLeft(name, "-"), help)
 	}
@@ -272,5 +272,13 @@ func unexpectedArgument(fs *flag.FlagSet, args []string) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s: every value goes with a flag (%q lists them)", msg, fs.Name()+" -h")
+	return fmt.Sprintf("%s: every value goes with a flag (%q lists them)", msg, commandName(fs)+" -h")
+}
+
+// commandName is how the user runs fs's command: "idem proxy".
+func commandName(fs *flag.FlagSet) string {
+	if name := fs.Name(); !strings.HasPrefix(name, "idem ") {
+		return "idem " + name
+	}
+	return fs.Name()
 }

@@ -276,6 +276,11 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.listen == "" {
 		return nil, usageError{"--listen is empty"}
 	}
+	for _, l := range []struct{ name, addr string }{{"listen", o.listen}, {"admin-listen", o.adminListen}} {
+		if _, _, err := net.SplitHostPort(l.addr); l.addr != "" && err != nil {
+			return nil, usageError{fmt.Sprintf("--%s %q: want host:port, such as 127.0.0.1:8080 or :8080", l.name, l.addr)}
+		}
+	}
 	if o.shutdownTimeout <= 0 {
 		return nil, usageError{fmt.Sprintf("--shutdown-timeout %v: want a positive duration", o.shutdownTimeout)}
 	}

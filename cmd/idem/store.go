@@ -41,6 +41,9 @@ func openStore(ctx context.Context, spec, prefix string) (store idem.Store, clos
 // creates nothing: no table, no index, and no background relay or reaper
 // of the tiered store. A missing table is then an error saying so.
 func openStoreMode(ctx context.Context, spec, prefix string, readOnly bool) (store idem.Store, close func(), err error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
 	if spec == "" || spec == "memory" {
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
@@ -256,6 +259,9 @@ var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,
 // once, so that a store that cannot be reached fails at once; errors
 // other than usage errors start "--store NAME: " (NAME as storeForLog).
 func openStoreReading(ctx context.Context, spec, prefix, why string) (idem.Store, func(), error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
 	if spec == "" || spec == "memory" {
 		return nil, nil, usageError{"--store is required: the store the proxies use (redis://…, postgres://… or both, quoted); " +
 			"a memory store is new and empty in this process, so " + why}
@@ -272,4 +278,13 @@ func openStoreReading(ctx context.Context, spec, prefix, why string) (idem.Store
 		return nil, nil, fmt.Errorf("--store %s: %w", storeForLog(spec), err)
 	}
 	return store, closeStore, nil
+}
+
+// checkPrefix refuses a --prefix that Redis cannot use: braces delimit the
+// key's hash tag. (The tiered store uses it in both.)
+func checkPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return usageError{fmt.Sprintf("--prefix %q: must not contain '{' or '}' (Redis keys put the stored key in braces)", prefix)}
+	}
+	return nil
 }
