@@ -318,7 +318,7 @@ func TestOperatorConfigMistakes(t *testing.T) {
 		args       []string
 		want       []string
 	}{
-		{"indent.yaml", "routes:\n  - match: /a\n    lease: 30s\n  - match: /b\n     wait: 1s\n", nil, []string{"line 5:"}},
+		{"indent.yaml", "routes:\n  - match: \"/a\"\n    lease: 30\n  - match: \"/b\"\n     wait: 1s\n", nil, []string{"line 5:", "did not find expected key"}},
 		{"no-methods.yaml", "routes:\n  - match: /pay/{id}\n    methods: []\n    require_key: true\n", nil,
 			[]string{`routes[0] (match "/pay/{id}")`, "require_key but no methods", "add methods"}},
 		{"flag-methods.yaml", "routes:\n  - match: /pay/{id}\n    require_key: true\n", []string{"--methods", ""},
@@ -328,10 +328,13 @@ func TestOperatorConfigMistakes(t *testing.T) {
 		{"no-routes.yaml", "routes: []\n", nil, []string{"no-routes.yaml: no routes"}},
 		{"methods-scalar.yaml", "routes:\n  - match: /a\n    methods: POST\n", nil, []string{"line 3:", "POST is not a list"}},
 	} {
-		path := filepath.Join(dir, c.name)
-		writeFile(t, path, c.text)
-		r := opRun(t, nil, append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--config", path}, c.args...)...)
-		opOneLine(t, c.name, r, c.want...)
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(dir, c.name)
+			writeFile(t, path, c.text)
+			r := opRun(t, nil, append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--config", path}, c.args...)...)
+			opOneLine(t, c.name, r, c.want...)
+		})
 	}
 }
 
