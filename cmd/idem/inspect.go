@@ -104,7 +104,7 @@ type inspectFlags struct {
 func newInspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *inspectFlags) {
 	f := &inspectFlags{method: inspectString{v: http.MethodPost}}
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
-	fs.StringVar(&f.store, "store", "", "the store the proxies use (required): "+storeFlagHelp)
+	fs.StringVar(&f.store, "store", "", "the store the proxies use (required): "+storeFlagHelpRead)
 	fs.StringVar(&f.prefix, "prefix", "", `Redis key prefix (empty: redisstore's default, "idem:") or PostgreSQL namespace (empty: the default namespace)`)
 	fs.Var(&f.tenant, "tenant", "the key's `tenant` (idemhttp's default: empty when the request had no Authorization header)")
 	fs.Var(&f.method, "method", "the key's `method`, as sent (upper case for HTTP)")

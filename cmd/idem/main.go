@@ -7,13 +7,18 @@
 //	idem purge   --store STORE (... the same ...) [--blob URL] --yes
 //	idem gc      --store STORE --blob URL [--min-age D] [--dry-run]              delete orphaned and expired blobs
 //
-// STORE is memory (the default), redis://…, rediss://…, the Redis Cluster
-// and Sentinel URL forms of redisstore.Open, or postgres://…. The blob store
+// STORE is memory (the default of proxy and demo), redis://…, rediss://…,
+// the Redis Cluster and Sentinel URL forms of redisstore.Open,
+// postgres://…, or a Redis URL and a PostgreSQL URL in one value, quoted
+// (the tiered store). inspect, purge and gc need the store the proxies
+// use (not memory) and create nothing in it. The blob store
 // of large response bodies (--blob) is s3://…, file:///DIR or mem:// (see
 // package blobstore). Every flag can
 // also be set in the environment as IDEM_<FLAG> (dashes as underscores:
 // --admin-listen is IDEM_ADMIN_LISTEN), except purge's --yes; a flag on the
-// command line wins.
+// command line wins. A bad value, on the command line or in the
+// environment, is one line on stderr naming the flag (or variable) and
+// what it wants, with exit status 2; the usage is for -h.
 // Run "idem COMMAND -h" for a command's flags.
 package main
 
@@ -26,6 +31,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -72,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, new(usageError)):
-		fmt.Fprintf(stderr, "idem %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "idem %s: %s%v\n", args[0], fromEnvironment(err.Error(), args[1:]), err)
 		return 2
 	}
 	fmt.Fprintf(stderr, "idem %s: %v\n", args[0], err)
@@ -157,6 +163,32 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	})
 	return err
 }
+
+// fromEnvironment returns "IDEM_NAME: " when msg is about --name (it
+// starts so) and that flag's value came from the environment: set there
+// and not on the command line args. The message names the flag; the
+// operator set the variable.
+func fromEnvironment(msg string, args []string) string {
+	m := flagInMessage.FindStringSubmatch(msg)
+	if m == nil || strings.HasPrefix(msg, "IDEM_") {
+		return ""
+	}
+	if _, ok := os.LookupEnv(envName(m[1])); !ok || m[1] == "yes" {
+		return ""
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && name == m[1] {
+			return ""
+		}
+	}
+	return envName(m[1]) + ": "
+}
+
+// flagInMessage matches the flag a usage error starts with.
+var flagInMessage = regexp.MustCompile(`^--([a-z0-9][a-z0-9-]*)\b`)
 
 // envName is the environment variable of the flag name: IDEM_<NAME>,
 // dashes as underscores.

@@ -271,10 +271,7 @@ func TestOperatorBadFlagValues(t *testing.T) {
 				}
 				env := envName(f.name)
 				r = opRun(t, []string{env + "=" + bad.value}, append([]string{cmd}, opBaseArgs(t, cmd, f.name)...)...)
-				opOneLine(t, fmt.Sprintf("%s=%q idem %s", env, bad.value, cmd), r, bad.want)
-				if !strings.Contains(r.stderr, env) && !strings.Contains(r.stderr, "--"+f.name) {
-					t.Errorf("%s=%q idem %s: stderr %q names neither %s nor --%s", env, bad.value, cmd, r.stderr, env, f.name)
-				}
+				opOneLine(t, fmt.Sprintf("%s=%q idem %s", env, bad.value, cmd), r, env, bad.want)
 			})
 		}
 	}

@@ -30,6 +30,12 @@ const storeFlagHelp = `where records live: memory, redis://[user:pass@]host:port
 	`or a Redis URL and a PostgreSQL URL separated by a space (the tiered store: leases and replays on Redis, ` +
 	`completions in PostgreSQL, relayed to Redis; its table is created if missing)`
 
+// storeFlagHelpRead documents the --store flag of inspect, purge and gc,
+// which create nothing.
+const storeFlagHelpRead = `redis://[user:pass@]host:port[/db], rediss://… (TLS), the Cluster and Sentinel forms (see idem proxy -h), ` +
+	`postgres://…, or a Redis URL and a PostgreSQL URL separated by a space (the tiered store); ` +
+	`nothing is created in it: a PostgreSQL database without idem's table is an error`
+
 // openStore opens the store a --store value names, with its key prefix
 // (Redis) or namespace (PostgreSQL), for the proxy and the demo: the
 // PostgreSQL table is created if missing. close releases its connections.
