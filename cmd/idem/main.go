@@ -284,7 +284,7 @@ func flagSyntaxError(fs *flag.FlagSet, err error) string {
 // flag written without "=".
 func unexpectedArgument(fs *flag.FlagSet, args []string) string {
 	arg := fs.Arg(0)
-	if u, err := url.Parse(arg); err == nil && u.Host != "" {
+	if u, err := url.Parse(arg); err == nil && u.Host != "" && fs.Lookup("store") != nil {
 		switch u.Scheme {
 		case "redis", "rediss", "valkey", "valkeys", "postgres", "postgresql":
 			return fmt.Sprintf("unexpected argument %q: the tiered store's two URLs are one value, quote them: "+
