@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
+	"strings"
 
 	"github.com/idemkit/idem/internal/bench"
 )
@@ -32,6 +34,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o, err := flags.Options()
+	if u, e := url.Parse(o.RedisURL); err == nil && o.RedisURL != "" && (e != nil || !strings.HasPrefix(u.Scheme, "redis")) {
+		return usageError{"--redis: want redis://host:port or rediss://host:port (the value is not shown: it may hold a password)"}
+	}
 	if ue := (bench.UsageError{}); errors.As(err, &ue) {
 		return usageError{ue.Msg}
 	} else if err != nil {

@@ -86,7 +86,7 @@ flags:
 
 func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("idem gc", flag.ContinueOnError)
-	storeSpec := fs.String("store", "", "the record store the proxies use (required): "+storeFlagHelp)
+	storeSpec := fs.String("store", "", "the record store the proxies use (required): "+storeFlagHelpRead)
 	prefix := fs.String("prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records")
 	blobSpec := fs.String("blob", "", "the blob store to sweep (required): "+blobURLHelp)
 	minAge := fs.Duration("min-age", blobstore.DefaultMinAge, "leave blobs younger than this (0: none)")
@@ -116,7 +116,7 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer blobs.Close()
-	store, closeStore, err := openStoreChecked(ctx, *storeSpec, *prefix)
+	store, closeStore, err := openStoreReading(ctx, *storeSpec, *prefix, "every blob would look like an orphan and be deleted")
 	if err != nil {
 		return err
 	}

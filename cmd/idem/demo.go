@@ -234,6 +234,9 @@ func demoStoreName(spec string) string {
 	if spec == "" || spec == "memory" {
 		return "memstore"
 	}
+	if f := strings.Fields(spec); len(f) > 1 {
+		return "tiered: " + demoStoreName(f[0]) + " + " + demoStoreName(f[1])
+	}
 	u, err := url.Parse(spec)
 	if err != nil {
 		return "store"

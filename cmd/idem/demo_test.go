@@ -149,6 +149,7 @@ func TestDemoStoreName(t *testing.T) {
 		"rediss://h:6379":              "redis, TLS",
 		"postgres://u:secret@h/db":     "postgres",
 		"postgresql://h/db?sslmode=no": "postgres",
+		"redis://h:6379 postgres://u:secret@h/db": "tiered: redis + postgres",
 	} {
 		if got := demoStoreName(spec); got != want || strings.Contains(got, "secret") {
 			t.Errorf("demoStoreName(%q): got %q, want %q", spec, got, want)

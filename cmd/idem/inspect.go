@@ -68,8 +68,10 @@ otherwise it is a digest of it (--tenant-header's is hdr: and the raw
 value): take the stored key from the proxy's log line (key=…) and use
 --stored-key.
 
-STORE is Redis or PostgreSQL: --store memory (the default) is an empty
-store private to this process, so it never holds a record.
+STORE (required) is the store the proxies use: Redis, PostgreSQL, or
+both quoted as one value (the tiered store); not memory, a store private
+to each process. Nothing is created in it: a PostgreSQL database without
+idem's table is an error.
 
 flags:
 `
@@ -104,7 +106,7 @@ type inspectFlags struct {
 func newInspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *inspectFlags) {
 	f := &inspectFlags{method: inspectString{v: http.MethodPost}}
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
-	fs.StringVar(&f.store, "store", "memory", storeFlagHelp)
+	fs.StringVar(&f.store, "store", "", "the store the proxies use (required): "+storeFlagHelpRead)
 	fs.StringVar(&f.prefix, "prefix", "", `Redis key prefix (empty: redisstore's default, "idem:") or PostgreSQL namespace (empty: the default namespace)`)
 	fs.Var(&f.tenant, "tenant", "the key's `tenant` (idemhttp's default: empty when the request had no Authorization header nor client certificate)")
 	fs.Var(&f.method, "method", "the key's `method`, as sent (upper case for HTTP)")
@@ -152,14 +154,26 @@ func (f *inspectFlags) selected() (idem.Key, error) {
 	return idem.Key{}, usageError{"which record? give --key K with --route R (and --tenant, --method), or --stored-key S"}
 }
 
-// open opens the store, with a note on stderr when it is the empty
-// in-memory one.
-func (f *inspectFlags) open(ctx context.Context, cmd string, stderr io.Writer) (idem.Store, func(), error) {
-	if f.store == "" || f.store == "memory" {
-		fmt.Fprintf(stderr, "idem %s: note: --store memory is a new, empty store in this process; "+
-			"inspect and purge are for Redis (--store redis://…) and PostgreSQL (--store postgres://…)\n", cmd)
+// open opens the store without creating anything in it (openStoreReading).
+func (f *inspectFlags) open(ctx context.Context) (idem.Store, func(), error) {
+	return openStoreReading(ctx, f.store, f.prefix, "it never holds a record")
+}
+
+// noRecord is the error of a key without a record: it names where inspect
+// looked, since a wrong --prefix, --route, --tenant or --method is the
+// usual cause.
+func (f *inspectFlags) noRecord(key idem.Key) error {
+	prefix := strconv.Quote(f.prefix)
+	if f.prefix == "" {
+		prefix = "the default prefix"
 	}
-	return openStoreChecked(ctx, f.store, f.prefix)
+	if f.storedKey.set {
+		return fmt.Errorf("no record for stored key %s under %s in %s\n"+
+			"is --prefix the proxy's --prefix? (an expired or purged record is gone too)", key, prefix, storeForLog(f.store))
+	}
+	return fmt.Errorf("no record for stored key %s (route %q, tenant %q, method %s) under %s in %s\n"+
+		"are --prefix and --route what the proxy uses (its --prefix; the path, or the --config match)? "+
+		"the proxy logs each request's stored key (key=…): try --stored-key", key, f.route.v, f.tenant.v, f.method.v, prefix, storeForLog(f.store))
 }
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -178,7 +192,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		defer blobs.Close()
 	}
-	store, closeStore, err := f.open(ctx, "inspect", stderr)
+	store, closeStore, err := f.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -202,7 +216,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		} else {
 			fmt.Fprintln(stdout, "no record")
 		}
-		return fmt.Errorf("no record for stored key %s", key)
+		return f.noRecord(key)
 	}
 	if f.json {
 		return inspectJSON(stdout, newInspectRecord(key, rec, blob))
@@ -243,18 +257,18 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{fmt.Sprintf("not deleting the record of stored key %s without --yes: "+
 			"deleting is for good (a completed operation runs again on its next request)", key)}
 	}
-	store, closeStore, err := f.open(ctx, "purge", stderr)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
 	var blobs *blobstore.Bucket
-	if f.blob != "" { // opened (and its URL checked) before anything is deleted
+	if f.blob != "" { // opened (and its URL checked) before the store, and anything is deleted
 		if blobs, err = openBlobs(ctx, f.blob); err != nil {
 			return err
 		}
 		defer blobs.Close()
 	}
+	store, closeStore, err := f.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
 	rec, had, err := store.Get(ctx, key) // to say what is deleted
 	if err != nil {
 		return err
@@ -289,7 +303,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		} else {
 			fmt.Fprintln(stdout, "no record")
 		}
-		return fmt.Errorf("no record for stored key %s", key)
+		return f.noRecord(key)
 	}
 	if f.json {
 		out := struct {

@@ -285,7 +285,7 @@ func TestInspectFlags(t *testing.T) {
 		{[]string{"inspect", "--stored-key", "short"}, "--stored-key: stored key \"short\""},
 		{[]string{"inspect", "--stored-key", valid, "--tenant", "t"}, "go with --key"},
 		{[]string{"inspect", "--stored-key", valid, "--method", "POST"}, "go with --key"},
-		{[]string{"inspect", "--stored-key", valid, "--yes"}, "flag provided but not defined: -yes"},
+		{[]string{"inspect", "--stored-key", valid, "--yes"}, "unknown flag --yes; \"idem inspect -h\" lists the flags"},
 		{[]string{"inspect", "--stored-key", valid, "extra"}, `unexpected argument "extra"`},
 		{[]string{"inspect", "--stored-key", valid, "--store", "ftp://x"}, `--store: unknown scheme "ftp"`},
 		{[]string{"purge", "--route", "/a", "--key", "k"}, "without --yes"},
@@ -299,11 +299,12 @@ func TestInspectFlags(t *testing.T) {
 }
 
 func TestInspectFlagsFromEnvironment(t *testing.T) {
-	t.Setenv("IDEM_STORE", "memory")
+	storeURL, _, _ := inspectRedis(t)
+	t.Setenv("IDEM_STORE", storeURL)
 	t.Setenv("IDEM_ROUTE", "/orders") // counts as set: --key needs no --route
 	code, out, errOut := inspectExec(t, "inspect", "--key", "k")
-	if code != 1 || out != "no record\n" || !strings.Contains(errOut, "--store memory") {
-		t.Errorf("inspect with IDEM_ROUTE: got exit %d, %q, %q; want 1, no record, and the note on memory", code, out, errOut)
+	if code != 1 || out != "no record\n" || !strings.Contains(errOut, `route "/orders"`) {
+		t.Errorf("inspect with IDEM_ROUTE: got exit %d, %q, %q; want 1, no record, and the route from the environment", code, out, errOut)
 	}
 	t.Setenv("IDEM_STORED_KEY", idem.Key{}.String()) // now --key conflicts
 	if code, _, errOut := inspectExec(t, "inspect", "--key", "k"); code != 2 || !strings.Contains(errOut, "--key and --stored-key") {

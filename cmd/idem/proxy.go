@@ -276,6 +276,9 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.upstream == "" {
 		return nil, usageError{"--upstream is required (or IDEM_UPSTREAM): the URL of the service behind the proxy"}
 	}
+	if hostPort.MatchString(o.upstream) { // 127.0.0.1:9000: no scheme
+		return nil, usageError{fmt.Sprintf("--upstream %s: want a URL: http://%s (or https://)", o.upstream, o.upstream)}
+	}
 	target, err := url.Parse(o.upstream)
 	if err != nil {
 		return nil, usageError{"--upstream: not a URL (the value is not shown: it may hold a password)"}
@@ -291,6 +294,11 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	}
 	if o.listen == "" {
 		return nil, usageError{"--listen is empty"}
+	}
+	for _, l := range []struct{ name, addr string }{{"listen", o.listen}, {"admin-listen", o.adminListen}} {
+		if _, _, err := net.SplitHostPort(l.addr); l.addr != "" && err != nil {
+			return nil, usageError{fmt.Sprintf("--%s %q: want host:port, such as 127.0.0.1:8080 or :8080", l.name, l.addr)}
+		}
 	}
 	if o.shutdownTimeout <= 0 {
 		return nil, usageError{fmt.Sprintf("--shutdown-timeout %v: want a positive duration", o.shutdownTimeout)}
@@ -334,10 +342,16 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 }
 
 // storeForLog names the store without credentials, query or database
-// path: its scheme and host.
+// path: its scheme and host; for the tiered store, both URLs so.
 func storeForLog(spec string) string {
 	if spec == "" || spec == "memory" {
 		return "memory"
+	}
+	if f := strings.Fields(spec); len(f) > 1 {
+		for i := range f {
+			f[i] = storeForLog(f[i])
+		}
+		return strings.Join(f, " ")
 	}
 	u, err := url.Parse(spec)
 	if err != nil {

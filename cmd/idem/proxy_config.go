@@ -170,17 +170,21 @@ func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error)
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	switch err := dec.Decode(&f); {
-	case errors.Is(err, io.EOF): // an empty file: no overrides
-		return nil, nil
+	case errors.Is(err, io.EOF):
+		return nil, fmt.Errorf("%s: empty: the file lists routes (routes: - match: \"POST /payments/{id}\" …); without --config the flags apply to every path", path)
 	case err != nil:
-		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		msg := strings.TrimPrefix(syntaxErrorLine(data, err).Error(), "yaml: ")
 		msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
 		msg = strings.ReplaceAll(msg, " in type main.proxyFile", " (want routes)")
 		msg = strings.ReplaceAll(msg, " in type main.routeOverride", " (want "+routeFields+")")
+		msg = notAList.ReplaceAllString(msg, "$1 is not a list (want e.g. [$1])")
 		return nil, fmt.Errorf("%s: %s", path, msg)
 	}
 	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: want one YAML document, found more", path)
+	}
+	if len(f.Routes) == 0 {
+		return nil, fmt.Errorf("%s: no routes: the file lists routes (routes: - match: \"POST /payments/{id}\" …); without --config the flags apply to every path", path)
 	}
 	routes := make([]routeConfig, 0, len(f.Routes))
 	mux := http.NewServeMux() // to check the patterns as the proxy will use them
@@ -194,12 +198,74 @@ func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error)
 			return nil, fmt.Errorf("%s: %v", where, err)
 		}
 		s := o.apply(defaults)
+		if set := o.settingsSet(); len(s.methods) == 0 && len(set) > 0 {
+			return nil, fmt.Errorf("%s: %s but no methods: a route without methods covers nothing; add methods: [POST] (or the methods to cover)",
+				where, strings.Join(set, ", "))
+		}
 		if err := s.validate(func(n string) string { return strings.ReplaceAll(n, "-", "_") }); err != nil {
 			return nil, fmt.Errorf("%s: %v", where, err)
 		}
 		routes = append(routes, routeConfig{pattern: o.Match, settings: s})
 	}
 	return routes, nil
+}
+
+// settingsSet names the route's settings other than match and methods
+// that the file sets.
+func (o routeOverride) settingsSet() []string {
+	var set []string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"require_key", o.RequireKey != nil}, {"tenant_header", o.TenantHeader != nil}, {"lease", o.Lease != nil},
+		{"retention", o.Retention != nil}, {"wait", o.Wait != nil}, {"fail_open", o.FailOpen != nil},
+		{"max_body", o.MaxBody != nil}, {"max_response", o.MaxResponse != nil}, {"store_statuses", o.StoreStatuses != nil},
+		{"max_execution", o.MaxExecution != nil}, {"client_write_timeout", o.ClientWriteTimeout != nil},
+		{"cancel_on_disconnect", o.CancelOnDisconnect != nil},
+	} {
+		if f.set {
+			set = append(set, f.name)
+		}
+	}
+	return set
+}
+
+// notAList matches yaml's error for a scalar where a list belongs
+// (methods: POST).
+var notAList = regexp.MustCompile("cannot unmarshal !!\\w+ `([^`]*)` into \\[\\]\\w+")
+
+// yamlSyntax matches a YAML syntax error.
+var yamlSyntax = regexp.MustCompile(`^yaml: line ([0-9]+): (.*)$`)
+
+// syntaxErrorLine corrects the line of a YAML syntax error: the parser
+// reports where the enclosing block began (a mis-indented key five lines
+// down is "line 3: did not find expected key"). The line is the first
+// whose prefix of the file fails with the same error, when the prefix
+// before it parses.
+func syntaxErrorLine(data []byte, err error) error {
+	m := yamlSyntax.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	end := 0
+	for k := range lines {
+		prev := end
+		end += len(lines[k])
+		var n yaml.Node
+		e := yaml.Unmarshal(data[:end], &n)
+		if e == nil {
+			continue
+		}
+		if pm := yamlSyntax.FindStringSubmatch(e.Error()); pm != nil && pm[2] == m[2] && yaml.Unmarshal(data[:prev], &n) == nil {
+			if line := strconv.Itoa(k + 1); line != m[1] {
+				return fmt.Errorf("yaml: line %s: %s", line, m[2])
+			}
+		}
+		return err
+	}
+	return err
 }
 
 // registeredAt is the source position ServeMux gives in its panics.
@@ -302,6 +368,9 @@ var sizeUnits = []struct {
 	n      int64
 }{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
 
+// sizeWant says what a size flag takes.
+const sizeWant = "want a size in bytes such as 1048576, 64KiB or 1MiB"
+
 func parseSize(s string) (int64, error) {
 	s = strings.TrimSpace(s)
 	mult := int64(1)
@@ -313,7 +382,7 @@ func parseSize(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < 0 || n > (1<<62)/mult {
-		return 0, errors.New("want a size in bytes such as 1048576, 64KiB or 1MiB")
+		return 0, errors.New(sizeWant)
 	}
 	return n * mult, nil
 }

@@ -806,7 +806,8 @@ func TestProxyUsageErrors(t *testing.T) {
 	}{
 		{nil, []string{"proxy"}, []string{"--upstream is required"}},
 		{nil, []string{"proxy", "--upstream", "ftp://example.com"}, []string{"--upstream", "http://"}},
-		{nil, []string{"proxy", "--upstream", "localhost:8080"}, []string{"--upstream", "absolute"}},
+		{nil, []string{"proxy", "--upstream", "localhost:8080"}, []string{"--upstream", "want a URL: http://localhost:8080"}},
+		{nil, []string{"proxy", "--upstream", "127.0.0.1:19000"}, []string{"--upstream", "want a URL: http://127.0.0.1:19000"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--log-format", "xml"}, []string{"--log-format"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--lease", "1ms"}, []string{"--lease", "10ms"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--methods", "GET,P OST"}, []string{"--methods"}},

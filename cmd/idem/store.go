@@ -5,13 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/memstore"
@@ -27,15 +32,27 @@ const storeFlagHelp = `where records live: memory, redis://[user:pass@]host:port
 	`or a Redis URL and a PostgreSQL URL separated by a space (the tiered store: leases and replays on Redis, ` +
 	`completions in PostgreSQL, relayed to Redis; its table is created if missing)`
 
+// storeFlagHelpRead documents the --store flag of inspect, purge and gc,
+// which create nothing.
+const storeFlagHelpRead = `redis://[user:pass@]host:port[/db], rediss://… (TLS), the Cluster and Sentinel forms (see idem proxy -h), ` +
+	`postgres://…, or a Redis URL and a PostgreSQL URL separated by a space (the tiered store); ` +
+	`nothing is created in it: a PostgreSQL database without idem's table is an error`
+
 // openStore opens the store a --store value names, with its key prefix
-// (Redis) or namespace (PostgreSQL). close releases its connections.
+// (Redis) or namespace (PostgreSQL), for the proxy and the demo: the
+// PostgreSQL table is created if missing. close releases its connections.
 func openStore(ctx context.Context, spec, prefix string) (store idem.Store, close func(), err error) {
 	return openStoreWith(ctx, spec, prefix, storeOptions{})
 }
 
-// storeOptions are what idem proxy sets on its store. The zero value
-// leaves each store as its package makes it.
+// storeOptions are what idem proxy and the commands that read set on
+// their store. The zero value leaves each store as its package makes it,
+// creating PostgreSQL's table if missing.
 type storeOptions struct {
+	// readOnly (inspect, purge, gc): create nothing: no table, no index,
+	// and no background relay or reaper of the tiered store. A missing
+	// table is then an error saying so.
+	readOnly bool
 	// maxBytes is memstore.Options.MaxBytes: 0, no bound.
 	maxBytes int64
 	// reapEvery is how often the reaper of a PostgreSQL store (pgstore,
@@ -58,6 +75,9 @@ const reapBatch = 1000
 // pgstore's reaper runs until close, which stops it (and waits for a pass
 // in progress) before closing the pool.
 func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (store idem.Store, close func(), err error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
 	if spec == "" || spec == "memory" {
 		return memstore.New(memstore.Options{MaxBytes: o.maxBytes}), func() {}, nil
 	}
@@ -77,10 +97,8 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "valkey", "valkeys":
-		s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix})
-		if errors.Is(err, redisstore.ErrBadURL) {
-			return nil, nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
-		} else if err != nil {
+		s, err := openRedis(spec, prefix)
+		if err != nil {
 			return nil, nil, err
 		}
 		return s, func() { s.Close() }, nil
@@ -88,14 +106,20 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 		if u.Opaque != "" {
 			return nil, nil, usageError{"--store: no host: write postgres://[user:pass@]host:port/db (is the // after postgres: missing?)"}
 		}
-		pool, err := pgxpool.New(ctx, spec)
+		pool, err := openPG(ctx, spec)
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: true, Logger: o.logger, OnReap: o.onReap})
+		if o.readOnly {
+			err = checkTable(ctx, pool, pgstore.DefaultTable)
+		}
+		var s *pgstore.Store
+		if err == nil {
+			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !o.readOnly, Logger: o.logger, OnReap: o.onReap})
+		}
 		if err != nil {
 			pool.Close()
-			return nil, nil, err
+			return nil, nil, pgError(err, u.Host)
 		}
 		if o.reapEvery <= 0 {
 			return s, pool.Close, nil
@@ -150,22 +174,160 @@ func openTiered(ctx context.Context, fields []string, prefix string, o storeOpti
 	if redisURL == "" || pgURL == "" {
 		return nil, nil, usageError{form + "; got no " + map[bool]string{true: "Redis", false: "PostgreSQL"}[redisURL == ""] + " URL"}
 	}
-	if _, err := pgxpool.ParseConfig(pgURL); err != nil {
-		// pgconn's parse errors show the URL with its password masked.
-		return nil, nil, usageError{"--store: the PostgreSQL URL: " + err.Error()}
+	rs, err := openRedis(redisURL, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := openPG(ctx, pgURL)
+	if err != nil {
+		rs.Close()
+		return nil, nil, err
 	}
 	// The background reaper runs every o.reapEvery (0: its default;
 	// negative: none); Close stops it before closing the pool.
-	s, err := tieredstore.Open(ctx, redisURL, pgURL, redisstore.Options{Prefix: prefix},
-		tieredstore.Options{Namespace: prefix, Migrate: true, VerifyAcquire: true,
-			ReapInterval: o.reapEvery, OnReap: o.onReap, Logger: o.logger})
-	if errors.Is(err, redisstore.ErrBadURL) {
-		return nil, nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
-	} else if err != nil {
-		return nil, nil, err
+	opts := tieredstore.Options{Namespace: prefix, Migrate: !o.readOnly, VerifyAcquire: true,
+		ReapInterval: o.reapEvery, OnReap: o.onReap, Logger: o.logger}
+	if o.readOnly {
+		opts.RelayInterval = -1 // no background relay or reaper: a command that reads writes nothing
+		err = checkTable(ctx, pool, tieredstore.DefaultTable)
 	}
-	return s, func() { s.Close() }, nil
+	var s *tieredstore.Store
+	if err == nil {
+		s, err = tieredstore.New(ctx, rs, pool, opts)
+	}
+	if err != nil {
+		pool.Close()
+		rs.Close()
+		pgHost := ""
+		if u, e := url.Parse(pgURL); e == nil {
+			pgHost = u.Host
+		}
+		return nil, nil, pgError(err, pgHost)
+	}
+	return s, func() { s.Close(); pool.Close(); rs.Close() }, nil
+}
+
+// openRedis opens a Redis URL. A server that does not speak Redis (or not
+// without TLS or a password) gets an error saying so, not io.EOF.
+func openRedis(spec, prefix string) (*redisstore.Store, error) {
+	s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix})
+	switch {
+	case errors.Is(err, redisstore.ErrBadURL):
+		return nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
+	case err == nil:
+		return s, nil
+	}
+	var dial *net.OpError
+	if errors.As(err, new(*rueidis.RedisError)) || errors.As(err, &dial) && dial.Op == "dial" {
+		return nil, err // the server's own answer (NOAUTH, WRONGPASS…), or nothing listening: clear as they are
+	}
+	host := "the server"
+	if u, e := url.Parse(spec); e == nil {
+		host = "the server at " + u.Host
+	}
+	cause := strings.TrimPrefix(err.Error(), "redisstore: Open: ")
+	return nil, fmt.Errorf("%s did not answer as Redis (%s): is it Redis? does it want TLS (rediss://) or a password (redis://:PASSWORD@host:port)?", host, cause)
+}
+
+// pgConnectTimeout bounds connecting to PostgreSQL when the URL does not
+// say (connect_timeout=SECONDS): pgx alone waits for ever on a server that
+// accepts the connection and never answers.
+const pgConnectTimeout = 10 * time.Second
+
+// openPG creates a pool on a PostgreSQL URL; it connects on first use.
+func openPG(ctx context.Context, spec string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(spec)
+	if err != nil {
+		// pgconn's parse errors show the URL with its password masked.
+		return nil, usageError{"--store: the PostgreSQL URL: " + err.Error()}
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = pgConnectTimeout
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// errNoTable is checkTable's error: the database has no idem table.
+type errNoTable struct{ table string }
+
+func (e errNoTable) Error() string {
+	return fmt.Sprintf("no idem table %q in this database: has a proxy run against this database? (inspect, purge and gc create nothing)", e.table)
+}
+
+// checkTable returns errNoTable when table does not exist (in the
+// search_path), without creating it.
+func checkTable(ctx context.Context, pool *pgxpool.Pool, table string) error {
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return errNoTable{table}
+	}
+	return nil
+}
+
+// pgError shortens the errors of connecting to PostgreSQL at host to one
+// line that says what went wrong: a server that did not answer as
+// PostgreSQL, nothing listening, or the server's own refusal.
+func pgError(err error, host string) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe):
+		return fmt.Errorf("PostgreSQL at %s: %s (SQLSTATE %s)", host, pe.Message, pe.Code)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("nothing listens at %s (connection refused): is PostgreSQL running there?", host)
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return fmt.Errorf("PostgreSQL at %s: %v", host, dns)
+	}
+	why := "it closed the connection"
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		why = "no answer within the connect timeout"
+	}
+	return fmt.Errorf("the server at %s did not answer as PostgreSQL (%s): is it PostgreSQL? does it want TLS (sslmode=require) or a password?", host, why)
 }
 
 // hostPort matches a bare host:port, which users write for Redis.
 var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$`)
+
+// openStoreReading opens the store of inspect, purge and gc: one that
+// holds the proxies' records, so not memory (why names the harm), and
+// opened without creating anything (storeOptions.readOnly). It reads
+// once, so that a store that cannot be reached fails at once; errors
+// other than usage errors start "--store NAME: " (NAME as storeForLog).
+func openStoreReading(ctx context.Context, spec, prefix, why string) (idem.Store, func(), error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
+	if spec == "" || spec == "memory" {
+		return nil, nil, usageError{"--store is required: the store the proxies use (redis://…, postgres://… or both, quoted); " +
+			"a memory store is new and empty in this process, so " + why}
+	}
+	store, closeStore, err := openStoreWith(ctx, spec, prefix, storeOptions{readOnly: true})
+	if err == nil {
+		if _, _, err = store.Get(ctx, idem.Key{}); err != nil {
+			closeStore()
+		}
+	}
+	if errors.As(err, new(usageError)) {
+		return nil, nil, err
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("--store %s: %w", storeForLog(spec), err)
+	}
+	return store, closeStore, nil
+}
+
+// checkPrefix refuses a --prefix that Redis cannot use: braces delimit the
+// key's hash tag. (The tiered store uses it in both.)
+func checkPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return usageError{fmt.Sprintf("--prefix %q: must not contain '{' or '}' (Redis keys put the stored key in braces)", prefix)}
+	}
+	return nil
+}
