@@ -160,6 +160,8 @@ var opBadByName = map[string]opBad{
 	"proxy config":         {"/nonexistent/idem.yaml", "no such file"},
 	"proxy max-body":       {"lots", "want a size in bytes"},
 	"proxy max-response":   {"lots", "want a size in bytes"},
+	"proxy memory-limit":   {"lots", "want a size in bytes"},
+	"proxy tenant-cookie":  {"a b", "not a cookie name"},
 	"demo store":           {"ftp://x", `unknown scheme "ftp"`},
 	"demo blob":            {"ftp://x", `unknown scheme "ftp"`},
 	"inspect store":        {"ftp://x", `unknown scheme "ftp"`},

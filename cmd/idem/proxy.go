@@ -152,9 +152,6 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 		return fmt.Errorf("--store %s: %w", storeForLog(o.store), err)
 	}
 	defer closeStore() // stops the reaper, then closes the connections
-	if o.store == "" || o.store == "memory" {
-		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
-	}
 	metrics := newProxyMetrics()
 	storeStats.register(metrics.reg, rawStore)
 	store := newTimedStore(rawStore, metrics.store)
@@ -224,6 +221,9 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 		blobName = blobs.String()
 		// The namespace in the names of its blobs, for idem gc's report.
 		blobNS = idem.BlobNamespace(store.Namespace()) + " (" + store.Namespace() + ")"
+	}
+	if o.store == "" || o.store == "memory" { // once every setting was found good
+		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
 	}
 	logger.Info("idem proxy listening", "listen", ln.Addr().String(), "admin", adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
