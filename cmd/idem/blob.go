@@ -78,7 +78,7 @@ stores of the same namespace on different servers (two Redis servers
 with the default prefix) must not share a blob store (or prefix=P): each
 would take the other's blobs for orphans.
 
-On S3 a bucket lifecycle rule can do the same work (see the README); idem
+On S3 a bucket lifecycle rule can do the same work (see docs/proxy.md); idem
 proxy --blob-sweep runs this sweep periodically.
 
 flags:
