@@ -798,3 +798,97 @@ func TestOperatorReadmeLine(t *testing.T) {
 		t.Errorf("README inspect line: %v; want the completed record", r)
 	}
 }
+
+// docCommands returns the idem command lines of the ```sh blocks of the
+// markdown files, backslash-continued lines joined, in order.
+func docCommands(t *testing.T, files ...string) []string {
+	t.Helper()
+	var lines []string
+	for _, f := range files {
+		md, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inSh, cur := false, ""
+		for line := range strings.Lines(string(md)) {
+			line = strings.TrimRight(line, "\n")
+			switch {
+			case strings.HasPrefix(line, "```"):
+				inSh = line == "```sh"
+				continue
+			case !inSh:
+				continue
+			}
+			if cur != "" {
+				cur += "\n" + line
+			} else if strings.HasPrefix(line, "idem ") {
+				cur = line
+			}
+			if cur != "" && !strings.HasSuffix(line, `\`) {
+				lines = append(lines, cur)
+				cur = ""
+			}
+		}
+	}
+	return lines
+}
+
+// freePort returns a loopback port nothing listens on.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// The idem commands of the README's and the operator's guide's shell
+// blocks, run as written but for their ports (a private redis-server for
+// 6379, a Python upstream for 9000, free ports for the proxy's own) and
+// the blob directory: each proxy serves a keyed POST of the guide's
+// example (order-1042 on /payments) and replays it; inspect, purge and gc
+// find what it stored and exit 0.
+func TestOperatorDocCommands(t *testing.T) {
+	t.Parallel()
+	upstream := opUpstream(t)
+	redis := proxyRedis(t)
+	blobDir := t.TempDir()
+	lines := docCommands(t, "../../README.md", "../../docs/proxy.md")
+	seen := map[string]int{}
+	for _, line := range lines {
+		line = strings.ReplaceAll(line, "file:///var/lib/idem/blobs", "file://"+blobDir)
+		ports := map[string]string{"9000": upstream[strings.LastIndexByte(upstream, ':')+1:],
+			"6379": fmt.Sprint(redis.Port()), "8080": freePort(t), "9090": freePort(t)}
+		if strings.Contains(line, "s3://") {
+			// It would reach AWS (or, without credentials, the EC2
+			// metadata address): tests send traffic to loopback only.
+			t.Errorf("%s\n: an s3:// command cannot run here: show it in a text block, not an sh block", line)
+			continue
+		}
+		words := opLine(t, line, ports)
+		seen[words[0]]++
+		switch words[0] {
+		case "proxy":
+			p := opStartLine(t, line, ports)
+			url := "http://" + p.Addr + "/payments"
+			status, _, first := opPost(t, url, "order-1042", 0)
+			_, replayed, again := opPost(t, url, "order-1042", 0)
+			if status != http.StatusCreated || replayed != "true" || !bytes.Equal(first, again) {
+				t.Errorf("%s\n: got %d, then replayed=%q (same bytes %v); want 201 and its replay", line, status, replayed, bytes.Equal(first, again))
+			}
+		case "inspect", "purge", "gc":
+			if r := opRunLine(t, line, ports); r.code != 0 {
+				t.Errorf("%s\n: %v; want exit 0", line, r)
+			}
+		default:
+			t.Errorf("%s\n: a command this test does not know how to run: teach it", line)
+		}
+	}
+	for _, cmd := range []string{"proxy", "inspect", "purge", "gc"} {
+		if seen[cmd] == 0 {
+			t.Errorf("no idem %s command in the docs' shell blocks (found %q)", cmd, lines)
+		}
+	}
+}

@@ -208,6 +208,9 @@ func proxyEnv(env []string) []string {
 			out = append(out, kv)
 		}
 	}
+	// The AWS SDK behind s3:// looks for credentials at the EC2 metadata
+	// address when it finds none: tests send traffic to loopback only.
+	out = append(out, "AWS_EC2_METADATA_DISABLED=true")
 	return append(out, env...)
 }
 

@@ -150,6 +150,9 @@ func StartProxy(t TB, args ...string) *Proxy {
 			p.Cmd.Env = append(p.Cmd.Env, kv)
 		}
 	}
+	// The AWS SDK behind s3:// looks for credentials at the EC2 metadata
+	// address when it finds none: tests send traffic to loopback only.
+	p.Cmd.Env = append(p.Cmd.Env, "AWS_EC2_METADATA_DISABLED=true")
 	p.Cmd.SysProcAttr = SysProcAttr()
 	stderr, err := p.Cmd.StderrPipe()
 	if err != nil {
