@@ -147,7 +147,10 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 //
 // Anything else is an error wrapping ErrBadURL, before any connection is
 // tried: a URL without a host (redis:host:port, with the // missing, would
-// otherwise mean localhost:6379), an unknown scheme or query parameter.
+// otherwise mean localhost:6379), an unknown scheme, or a query parameter
+// other than addr, master_set, db, dial_timeout, write_timeout,
+// skip_verify, protocol, client_cache, max_retries and client_name
+// (rueidis.ParseURL's), or one without a value.
 // Errors never repeat the URL, which may hold a password.
 func Open(url string, opts Options) (*Store, error) {
 	if err := checkURL(url); err != nil {

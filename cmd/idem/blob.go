@@ -217,6 +217,6 @@ func sweepLoop(ctx context.Context, blobs idem.BlobStore, store idem.Store, inte
 			slog.Int("young", res.Young), slog.Int("orphans_deleted", res.Orphans), slog.Int("partial_deleted", res.Partial),
 			slog.Int("uploads_aborted", res.Aborted), slog.Int("errors", res.Errors), slog.Int64("bytes_reclaimed", res.Reclaimed),
 			slog.Int("other_namespaces_left", res.Other), slog.Int("unqualified_left", res.Unqualified),
-			slog.Duration("duration", time.Since(start)), slog.Any("error", err))
+			durationMS(time.Since(start)), slog.Any("error", err))
 	}
 }
