@@ -10,7 +10,6 @@ package main
 // ones, for tests that check the README's commands literally.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -454,75 +453,11 @@ func TestOperatorReadCommandsCreateNothing(t *testing.T) {
 	}
 }
 
-// opUpstreamScript is the service behind the proxy: Python's standard
-// library, HTTP/1.1. POST counts executions per Idempotency-Key and
-// answers 201 with JSON (a random nonce, so that identical bytes prove a
-// replay; X-Pad: N adds N bytes); GET /count?key=K answers the count.
-const opUpstreamScript = `
-import http.server, json, os, sys, threading, urllib.parse
-counts, lock = {}, threading.Lock()
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def answer(self, status, body):
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        key = self.headers.get("Idempotency-Key", "")
-        with lock:
-            counts[key] = counts.get(key, 0) + 1
-            n = counts[key]
-        pad = "x" * int(self.headers.get("X-Pad") or 0)
-        self.answer(201, json.dumps({"key": key, "executions": n, "nonce": os.urandom(8).hex(),
-            "request": body.decode(), "pad": pad}).encode())
-    def do_GET(self):
-        key = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("key", [""])[0]
-        with lock:
-            n = counts.get(key, 0)
-        self.answer(200, json.dumps({"executions": n}).encode())
-    def log_message(self, *args):
-        pass
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-`
-
-// opUpstream starts the Python upstream and returns its base URL.
+// opUpstream starts the service behind the proxy, Python's standard
+// library (testdata/upstream.py), and returns its base URL.
 func opUpstream(t *testing.T) string {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatal("python3 is not installed: the operator suite's upstream is a Python stdlib server (apt-get install python3)")
-	}
-	cmd := exec.Command(py, "-c", opUpstreamScript)
-	cmd.SysProcAttr = proctest.SysProcAttr()
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	port := make(chan string, 1)
-	go func() {
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		port <- strings.TrimSpace(line)
-	}()
-	select {
-	case p := <-port:
-		if p == "" {
-			t.Fatal("python3 upstream: no port printed")
-		}
-		return "http://127.0.0.1:" + p
-	case <-time.After(15 * time.Second):
-		t.Fatal("python3 upstream: no port within 15s")
-	}
-	return ""
+	return startScriptUpstream(t, "python3", "testdata/upstream.py").url
 }
 
 // opPost sends a keyed POST and returns the status, the

@@ -111,10 +111,10 @@ func (f framing) String() string { return [...]string{"no body", "Content-Length
 
 // upstreamAnswer is what the script upstreams answer: the body they read.
 type upstreamAnswer struct {
-	Key    string
-	Run    int
-	Len    int
-	SHA256 string
+	Key        string
+	Executions int
+	Len        int
+	SHA256     string
 }
 
 // A keyed request reaches the upstream framed as the client framed it, and
