@@ -365,7 +365,7 @@ func (r *runner) decide(ctx context.Context, rec *kgo.Record, res idemmsg.Result
 		r.onError(fmt.Errorf("kafka: %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if outcome == idemmsg.DeadLettered && r.DeadLetterTopic != "" {

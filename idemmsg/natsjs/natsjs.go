@@ -338,7 +338,7 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, meta *jetstrea
 		c.onError(fmt.Errorf("natsjs: %s: %w", describe(msg), err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if c.beforeAck != nil && !c.beforeAck(msg) {

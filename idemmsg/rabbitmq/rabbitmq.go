@@ -406,7 +406,7 @@ func (r *run) process(d amqp.Delivery) error {
 		c.onError(fmt.Errorf("rabbitmq: %s: %w", describe(d, key), err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome = idemmsg.DeadLettered // permanent: never handled
 	}
 	if c.beforeAck != nil && !c.beforeAck(d) {

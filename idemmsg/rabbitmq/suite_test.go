@@ -65,7 +65,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 		if ac.OnResult != nil {
 			ac.OnResult(d.MessageId, res, err)
 		}
-		if res.Outcome == 0 && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+		if res.Outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 			res.Outcome, res.Err = idemmsg.DeadLettered, err // as process settles it
 		}
 		decided.Store(d.DeliveryTag, res)
