@@ -175,12 +175,10 @@ type Consumer struct {
 	// warning level.
 	OnError func(err error)
 
-	// beforeCommit, in tests, is called when a record is done, before
-	// anything is committed past it; returning false simulates a crash:
-	// nothing more is committed and Run returns errCrashed.
-	beforeCommit func(rec *kgo.Record) bool
+	beforeCommit func(rec *kgo.Record) bool // crash hook, nil but in tests: see export_test.go
 }
 
+// errCrashed is what Run returns when beforeCommit simulated a crash.
 var errCrashed = errors.New("kafka: simulated crash")
 
 // Run consumes until ctx ends, then commits the records that are done and
