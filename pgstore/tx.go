@@ -41,11 +41,13 @@ type Beginner interface {
 // and the error (or panic) is passed on. A commit whose outcome is unknown
 // (the connection broke during COMMIT) is released too: if it did commit,
 // the record is completed and the store refuses the release. The attempt is
-// finished in every case; when the transaction committed, BeginFunc
-// returns fn's response (an empty one if fn returned nil) in an
-// idem.Result whose Replayed is false, as tieredstore's BeginFunc and
-// Guard.Do do. (pgstore never answers a replay here: a key completed
-// meanwhile is a lost lease, ErrLeaseLost.)
+// finished in every case.
+//
+// When the transaction committed, BeginFunc returns fn's response (an
+// empty one if fn returned nil) as an idem.Result, the type Guard.Do and
+// tieredstore's BeginFunc return. Its Replayed is always false on this
+// store: a key that another lease completed meanwhile fails CompleteTx
+// with ErrLeaseLost.
 func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
 	fn func(ctx context.Context, tx pgx.Tx) (*idem.Response, error)) (idem.Result, error) {
 	finish := context.WithoutCancel(ctx)
