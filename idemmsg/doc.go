@@ -24,7 +24,8 @@
 //	              delivery, or an earlier delivery of the key   dead-letter destination
 //	              was dead-lettered; the error is kept
 //
-// Handle returns an error without an Outcome when it could not decide:
+// Handle returns an error with NoOutcome (the zero Outcome) when it could
+// not decide:
 // an invalid key (idem.ErrInvalidKey), a key reused with another
 // fingerprint (idem.ErrMismatch), both permanent, or a store failure
 // (*idem.StoreError: the handler did not run; leave the message for
