@@ -107,8 +107,8 @@ type Config struct {
 
 	// MaxExecution, when positive, bounds how long the handler may run
 	// under its lease: past it, the handler's context is cancelled with
-	// cause idem.ErrMaxExecution. What the handler then returns is stored or
-	// released as usual (a DeadlineExceeded or Canceled status releases
+	// cause idem.ErrMaxExecution. What the handler then returns is stored
+	// or released as usual (a DeadlineExceeded or Canceled status releases
 	// the key by default, and a retry runs the handler again). Default 0:
 	// no limit but the lease's loss.
 	MaxExecution time.Duration

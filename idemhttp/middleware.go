@@ -141,16 +141,16 @@ type Config struct {
 
 	// MaxExecution, when positive, bounds how long the handler may run
 	// under its lease: past it, the handler's context is cancelled with
-	// cause idem.ErrMaxExecution. What the handler then answers is stored or
-	// released as usual (by default a 5xx releases the key, and a retry
+	// cause idem.ErrMaxExecution. What the handler then answers is stored
+	// or released as usual (by default a 5xx releases the key, and a retry
 	// runs the handler again). Default 0: no limit but the lease's loss.
 	// Use one middleware per route for per-route limits.
 	MaxExecution time.Duration
 
 	// StopContext, when set, is the server's hard stop: once it is done,
 	// the context of every handler still running under a lease is
-	// cancelled with cause idem.ErrStopped. Cancel it when http.Server.Shutdown
-	// has waited its grace period and returned. Default nil: a handler's
+	// cancelled with cause idem.ErrStopped. Cancel it when
+	// http.Server.Shutdown has waited its grace period and returned. Default nil: a handler's
 	// context is cancelled only by the lease's loss and MaxExecution.
 	StopContext context.Context
 
