@@ -149,17 +149,6 @@ func ReleaseMany(ctx context.Context, s Store, leases []Lease) []error {
 	return out
 }
 
-// IsBatchStore reports whether s does batched transitions in one step
-// itself (AcquireMany and the others then cost one round trip), rather
-// than through the single-key fallback.
-func IsBatchStore(s Store) bool {
-	if o, ok := s.(*observedStore); ok {
-		s = o.Store
-	}
-	_, ok := s.(BatchStore)
-	return ok
-}
-
 func acquireFailed(reqs []AcquireRequest, err error) []AcquireResult {
 	out := make([]AcquireResult, len(reqs))
 	for i, r := range reqs {

@@ -34,8 +34,8 @@ func TestBatchFallback(t *testing.T) {
 		"fallback": plainStore{memstore.New(memstore.Options{})},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if got, want := idem.IsBatchStore(s), name == "batch"; got != want {
-				t.Errorf("IsBatchStore: got %t, want %t", got, want)
+			if _, got := s.(idem.BatchStore); got != (name == "batch") {
+				t.Errorf("s.(idem.BatchStore): got %t, want %t", got, name == "batch")
 			}
 			a, b := testKey(t, "a"), testKey(t, "b")
 			id := idem.NewLeaseID()
@@ -151,5 +151,28 @@ func TestGuardBatch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGuardStoreIsTheGivenStore: with telemetry on, the Guard works through
+// a wrapper that does batches whatever the store under it does; Store
+// returns the given store, so that s.(idem.BatchStore) (what idemmsg asks
+// before acquiring a batch in one step) tells the truth about the store.
+func TestGuardStoreIsTheGivenStore(t *testing.T) {
+	f := newOtelFixture()
+	for name, s := range map[string]idem.Store{
+		"batch":    memstore.New(memstore.Options{}),
+		"fallback": plainStore{memstore.New(memstore.Options{})},
+	} {
+		g, err := idem.New(s, idem.Config{TracerProvider: f.tp, MeterProvider: f.mp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Store() != s {
+			t.Errorf("%s: Store: got %T, want the store given to New", name, g.Store())
+		}
+		if _, got := g.Store().(idem.BatchStore); got != (name == "batch") {
+			t.Errorf("%s: Store().(idem.BatchStore): got %t, want %t", name, got, name == "batch")
+		}
 	}
 }

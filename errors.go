@@ -44,6 +44,16 @@ var (
 	// answer as usual: their repeats are replayed, and their holders renew,
 	// complete and release. It arrives wrapped in a *StoreError.
 	ErrStoreFull = errors.New("idem: store full")
+
+	// ErrMaxExecution is the cause (context.Cause) with which idemhttp and
+	// idemgrpc cancel a handler's context once it has run for their
+	// Config.MaxExecution.
+	ErrMaxExecution = errors.New("idem: the handler ran past Config.MaxExecution")
+
+	// ErrStopped is the cause (context.Cause) with which idemhttp and
+	// idemgrpc cancel a handler's context when their Config.StopContext is
+	// done: the server is stopping.
+	ErrStopped = errors.New("idem: the server stopped (Config.StopContext)")
 )
 
 // StoreError is a failure of the backing store: a network error, a timeout,

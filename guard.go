@@ -125,7 +125,8 @@ func isNilStore(s Store) bool {
 // Config returns the guard's configuration with defaults filled in.
 func (g *Guard) Config() Config { return g.cfg }
 
-// Store returns the guard's store.
+// Store returns the store given to New, as it was given (not wrapped for
+// telemetry): s.(BatchStore) tells whether it does batches in one step.
 func (g *Guard) Store() Store { return g.store }
 
 // Result is what Do returns for work that ran or was replayed.

@@ -453,3 +453,19 @@ func TestLocallyLostLeaseReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestOutcomeNames: every Outcome prints its name, the zero one too (it
+// comes with an error, and lands in logs and test failures).
+func TestOutcomeNames(t *testing.T) {
+	for o, want := range map[idem.Outcome]string{
+		idem.NoOutcome: "none", idem.Acquired: "acquired", idem.Replay: "replay",
+		idem.InFlight: "in_flight", idem.Mismatch: "mismatch",
+	} {
+		if got := o.String(); got != want {
+			t.Errorf("Outcome(%d).String(): got %q, want %q", uint8(o), got, want)
+		}
+	}
+	if got := (idem.Acquisition{}).Outcome.String(); got != "none" {
+		t.Errorf("the zero Acquisition's Outcome prints %q, want \"none\"", got)
+	}
+}

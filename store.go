@@ -89,8 +89,11 @@ func (r AcquireRequest) Validate() error {
 type Outcome uint8
 
 const (
+	// NoOutcome is the zero Outcome: no answer, as in the Acquisition
+	// that comes with an error. It prints as "none".
+	NoOutcome Outcome = iota
 	// Acquired: the caller holds the key and must Complete or Release it.
-	Acquired Outcome = iota + 1
+	Acquired
 	// Replay: the key completed with the same fingerprint; the stored
 	// response is returned.
 	Replay
@@ -102,6 +105,8 @@ const (
 
 func (o Outcome) String() string {
 	switch o {
+	case NoOutcome:
+		return "none"
 	case Acquired:
 		return "acquired"
 	case Replay:

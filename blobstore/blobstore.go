@@ -59,21 +59,22 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Upload sizes for S3: parts of PartSize bytes, at most Concurrency parts
-// in flight, so one upload holds about PartSize*(Concurrency+1) bytes of
-// memory whatever the body's size. 5 MiB is S3's smallest part.
+// Upload sizes. An s3:// store uploads in parts of partSize bytes, one
+// filling while the one before it uploads (s3Writer), so one upload holds
+// about 2*partSize bytes (10 MiB) of memory whatever the body's size;
+// 5 MiB is S3's smallest part. Other buckets (New, gs://, azblob://) are
+// written with gocloud.dev's writer, a buffer of partSize bytes and at most
+// writerConcurrency uploads at once, as the driver does them.
 const (
-	DefaultPartSize    = 5 << 20
-	DefaultConcurrency = 2
+	partSize          = 5 << 20
+	writerConcurrency = 2
 )
 
 // Bucket is an idem.BlobStore over a gocloud.dev blob bucket. It is safe
 // for concurrent use.
 type Bucket struct {
-	b        *blob.Bucket
-	name     string // for logs: scheme and bucket or path, no credentials
-	partSize int
-	parallel int
+	b    *blob.Bucket
+	name string // for logs: scheme and bucket or path, no credentials
 	// For an s3:// store: the client, the bucket, the prefix and the
 	// write options of s3Writer and abortUploads; s3 is nil otherwise.
 	s3                 *s3.Client
@@ -155,7 +156,7 @@ func Open(ctx context.Context, rawURL string) (*Bucket, error) {
 
 // New returns a Bucket over b, which it closes on Close.
 func New(b *blob.Bucket) *Bucket {
-	return &Bucket{b: b, name: "bucket", partSize: DefaultPartSize, parallel: DefaultConcurrency}
+	return &Bucket{b: b, name: "bucket"}
 }
 
 // Redact names a blob store URL for logs: its scheme, bucket or path, and
@@ -202,8 +203,8 @@ func (b *Bucket) Create(ctx context.Context, name string) (idem.BlobWriter, erro
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := b.b.NewWriter(ctx, name, &blob.WriterOptions{
 		ContentType:    "application/octet-stream",
-		BufferSize:     b.partSize,
-		MaxConcurrency: b.parallel,
+		BufferSize:     partSize,
+		MaxConcurrency: writerConcurrency,
 	})
 	if err != nil {
 		cancel()

@@ -35,24 +35,18 @@ type s3Writer struct {
 	done     bool
 }
 
-// partBufs holds part buffers of DefaultPartSize between uploads.
-var partBufs = sync.Pool{New: func() any { b := make([]byte, 0, DefaultPartSize); return &b }}
+// partBufs holds part buffers of partSize between uploads.
+var partBufs = sync.Pool{New: func() any { b := make([]byte, 0, partSize); return &b }}
 
 func (b *Bucket) newS3Writer(ctx context.Context, name string) *s3Writer {
 	ctx, cancel := context.WithCancel(ctx)
-	return &s3Writer{b: b, ctx: ctx, cancel: cancel, key: b.s3Prefix + name, name: name, buf: getPart(b.partSize)}
+	return &s3Writer{b: b, ctx: ctx, cancel: cancel, key: b.s3Prefix + name, name: name, buf: getPart()}
 }
 
-func getPart(size int) *[]byte {
-	if size == DefaultPartSize {
-		return partBufs.Get().(*[]byte)
-	}
-	b := make([]byte, 0, size)
-	return &b
-}
+func getPart() *[]byte { return partBufs.Get().(*[]byte) }
 
-func putPart(size int, b *[]byte) {
-	if size == DefaultPartSize && cap(*b) == DefaultPartSize {
+func putPart(b *[]byte) {
+	if cap(*b) == partSize {
 		*b = (*b)[:0]
 		partBufs.Put(b)
 	}
@@ -99,14 +93,14 @@ func (w *s3Writer) flush() error {
 	}
 	w.partNum++
 	part, num := w.buf, w.partNum
-	w.buf = getPart(w.b.partSize)
+	w.buf = getPart()
 	w.inflight = make(chan error, 1)
 	go func(ch chan error) {
 		out, err := w.b.s3.UploadPart(w.ctx, &s3.UploadPartInput{
 			Bucket: aws.String(w.b.s3Bucket), Key: aws.String(w.key), UploadId: w.uploadID,
 			PartNumber: aws.Int32(num), Body: bytes.NewReader(*part), ChecksumAlgorithm: w.b.s3Checksum,
 		})
-		putPart(w.b.partSize, part)
+		putPart(part)
 		if err == nil {
 			w.parts = append(w.parts, s3types.CompletedPart{ // only this goroutine appends while it runs
 				PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC32: out.ChecksumCRC32, ChecksumCRC32C: out.ChecksumCRC32C,
@@ -165,7 +159,7 @@ func (w *s3Writer) Close() error {
 	}
 	w.done = true
 	defer func() {
-		putPart(w.b.partSize, w.buf)
+		putPart(w.buf)
 		w.cancel()
 	}()
 	if w.err != nil {
@@ -212,6 +206,6 @@ func (w *s3Writer) Abort() error {
 		w.err = errors.New("blobstore: aborted")
 		w.abortUpload()
 	}
-	putPart(w.b.partSize, w.buf)
+	putPart(w.buf)
 	return nil
 }

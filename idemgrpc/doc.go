@@ -123,10 +123,11 @@
 //   - after completion: nothing changes.
 //
 // The handler's context is cancelled only when the lease is lost (cause
-// idem.ErrLeaseLost), after Config.MaxExecution (cause ErrMaxExecution), or
-// when Config.StopContext is done (cause ErrStopped): cancel it once
-// grpc.Server.GracefulStop has waited long enough. A handler that wants the
-// client's deadline as a budget must apply one itself (MaxExecution).
+// idem.ErrLeaseLost), after Config.MaxExecution (cause
+// idem.ErrMaxExecution), or when Config.StopContext is done (cause
+// idem.ErrStopped): cancel it once grpc.Server.GracefulStop has waited
+// long enough. A handler that wants the client's deadline as a budget
+// must apply one itself (MaxExecution).
 //
 // # Client
 //

@@ -1,20 +1,12 @@
 package idemgrpc
 
 import (
-	"errors"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
-)
-
-// Causes of a handler's context cancellation besides idem.ErrLeaseLost
-// (read them with context.Cause).
-var (
-	ErrMaxExecution = errors.New("idemgrpc: the handler ran past Config.MaxExecution")
-	ErrStopped      = errors.New("idemgrpc: the server stopped (Config.StopContext)")
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo detail that the

@@ -107,15 +107,15 @@ type Config struct {
 
 	// MaxExecution, when positive, bounds how long the handler may run
 	// under its lease: past it, the handler's context is cancelled with
-	// cause ErrMaxExecution. What the handler then returns is stored or
-	// released as usual (a DeadlineExceeded or Canceled status releases
+	// cause idem.ErrMaxExecution. What the handler then returns is stored
+	// or released as usual (a DeadlineExceeded or Canceled status releases
 	// the key by default, and a retry runs the handler again). Default 0:
 	// no limit but the lease's loss.
 	MaxExecution time.Duration
 
 	// StopContext, when set, is the server's hard stop: once it is done,
 	// the context of every handler still running under a lease is
-	// cancelled with cause ErrStopped. Cancel it when GracefulStop has
+	// cancelled with cause idem.ErrStopped. Cancel it when GracefulStop has
 	// waited long enough. Default nil: a handler's context is cancelled
 	// only by the lease's loss and MaxExecution.
 	StopContext context.Context
@@ -501,11 +501,11 @@ func (s *server) workContext(parent context.Context) (ctx context.Context, stop 
 	ctx, cancel := context.WithCancelCause(parent)
 	unhook := func() bool { return false }
 	if s.cfg.StopContext != nil {
-		unhook = context.AfterFunc(s.cfg.StopContext, func() { cancel(ErrStopped) })
+		unhook = context.AfterFunc(s.cfg.StopContext, func() { cancel(idem.ErrStopped) })
 	}
 	cancelTimer := context.CancelFunc(func() {})
 	if s.cfg.MaxExecution > 0 {
-		ctx, cancelTimer = context.WithTimeoutCause(ctx, s.cfg.MaxExecution, ErrMaxExecution)
+		ctx, cancelTimer = context.WithTimeoutCause(ctx, s.cfg.MaxExecution, idem.ErrMaxExecution)
 	}
 	return ctx, func() {
 		unhook()

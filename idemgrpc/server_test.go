@@ -525,7 +525,7 @@ func TestMaxExecutionAndStop(t *testing.T) {
 		})
 	a := s.call(t.Context(), methodCharge, "slow", nil)
 	wantCode(t, "past MaxExecution", a.err, codes.DeadlineExceeded, "")
-	if got := <-causes; !errors.Is(got, idemgrpc.ErrMaxExecution) {
+	if got := <-causes; !errors.Is(got, idem.ErrMaxExecution) {
 		t.Fatalf("cause: got %v, want ErrMaxExecution", got)
 	}
 	if a := s.call(t.Context(), methodCharge, "slow", map[string]any{"fast": true}); a.err != nil && status.Code(a.err) == codes.FailedPrecondition {
@@ -534,7 +534,7 @@ func TestMaxExecutionAndStop(t *testing.T) {
 	time.AfterFunc(20*time.Millisecond, cancelStop)
 	a = s.call(t.Context(), methodCharge, "stopped", nil)
 	wantCode(t, "StopContext", a.err, codes.Canceled, "")
-	if got := <-causes; !errors.Is(got, idemgrpc.ErrStopped) {
+	if got := <-causes; !errors.Is(got, idem.ErrStopped) {
 		t.Fatalf("cause: got %v, want ErrStopped", got)
 	}
 }

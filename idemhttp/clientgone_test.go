@@ -174,8 +174,8 @@ func TestMaxExecutionAndStopContext(t *testing.T) {
 		after func()
 		want  error
 	}{
-		{"MaxExecution", idemhttp.Config{MaxExecution: 50 * time.Millisecond}, func() {}, idemhttp.ErrMaxExecution},
-		{"StopContext", idemhttp.Config{StopContext: stop}, cancelStop, idemhttp.ErrStopped},
+		{"MaxExecution", idemhttp.Config{MaxExecution: 50 * time.Millisecond}, func() {}, idem.ErrMaxExecution},
+		{"StopContext", idemhttp.Config{StopContext: stop}, cancelStop, idem.ErrStopped},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := &provider{delay: 10 * time.Second, causes: make(chan error, 10)}

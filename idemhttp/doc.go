@@ -87,11 +87,11 @@
 //   - after completion: nothing changes.
 //
 // The handler's context is cancelled only when the lease is lost (cause
-// idem.ErrLeaseLost), after Config.MaxExecution (cause ErrMaxExecution), or
-// when Config.StopContext is done (cause ErrStopped): cancel it once
-// http.Server.Shutdown has waited its grace period. Config.CancelOnDisconnect
-// restores the old behaviour, in which the client's disconnect cancels the
-// handler's context; it is unsafe for effects outside a transaction that
+// idem.ErrLeaseLost), after Config.MaxExecution (cause
+// idem.ErrMaxExecution), or when Config.StopContext is done (cause
+// idem.ErrStopped): cancel it once http.Server.Shutdown has waited its
+// grace period. Config.CancelOnDisconnect restores the old behaviour, in
+// which the client's disconnect cancels the handler's context; it is unsafe for effects outside a transaction that
 // the cancellation rolls back, since the failed handler's key is released
 // and the client's retry runs the work again.
 //

@@ -47,7 +47,7 @@ func ExampleMiddleware_server() {
 		grace, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := srv.Shutdown(grace); err != nil { // handlers still running after 30s:
-			stopWork() // cancel their work (ErrStopped); a handler that then answers 5xx releases its key
+			stopWork() // cancel their work (idem.ErrStopped); a handler that then answers 5xx releases its key
 			srv.Close()
 		}
 	}()

@@ -141,16 +141,16 @@ type Config struct {
 
 	// MaxExecution, when positive, bounds how long the handler may run
 	// under its lease: past it, the handler's context is cancelled with
-	// cause ErrMaxExecution. What the handler then answers is stored or
-	// released as usual (by default a 5xx releases the key, and a retry
+	// cause idem.ErrMaxExecution. What the handler then answers is stored
+	// or released as usual (by default a 5xx releases the key, and a retry
 	// runs the handler again). Default 0: no limit but the lease's loss.
 	// Use one middleware per route for per-route limits.
 	MaxExecution time.Duration
 
 	// StopContext, when set, is the server's hard stop: once it is done,
 	// the context of every handler still running under a lease is
-	// cancelled with cause ErrStopped. Cancel it when http.Server.Shutdown
-	// has waited its grace period and returned. Default nil: a handler's
+	// cancelled with cause idem.ErrStopped. Cancel it when
+	// http.Server.Shutdown has waited its grace period and returned. Default nil: a handler's
 	// context is cancelled only by the lease's loss and MaxExecution.
 	StopContext context.Context
 
@@ -251,13 +251,6 @@ const (
 	// not be read from the blob store: 503 (or an aborted response, when
 	// the blob broke off after the header was sent); nothing ran.
 	OutcomeReplayFailed Outcome = "replay_failed"
-)
-
-// Causes of a handler's context cancellation besides idem.ErrLeaseLost
-// (read them with context.Cause).
-var (
-	ErrMaxExecution = errors.New("idemhttp: the handler ran past Config.MaxExecution")
-	ErrStopped      = errors.New("idemhttp: the server stopped (Config.StopContext)")
 )
 
 // DefaultFingerprint hashes the method, path, query, Content-Type and body.
@@ -612,11 +605,11 @@ func (m *middleware) workContext(parent context.Context) (ctx context.Context, s
 	ctx, cancel := context.WithCancelCause(parent)
 	unhook := func() bool { return false }
 	if m.cfg.StopContext != nil {
-		unhook = context.AfterFunc(m.cfg.StopContext, func() { cancel(ErrStopped) })
+		unhook = context.AfterFunc(m.cfg.StopContext, func() { cancel(idem.ErrStopped) })
 	}
 	cancelTimer := context.CancelFunc(func() {})
 	if m.cfg.MaxExecution > 0 {
-		ctx, cancelTimer = context.WithTimeoutCause(ctx, m.cfg.MaxExecution, ErrMaxExecution)
+		ctx, cancelTimer = context.WithTimeoutCause(ctx, m.cfg.MaxExecution, idem.ErrMaxExecution)
 	}
 	return ctx, func() {
 		unhook()

@@ -101,9 +101,10 @@ func (d *Deduplicator) HandleBatch(ctx context.Context, dls []Delivery, opts Bat
 	if opts.InOrder {
 		opts.Concurrency = 1
 	}
+	_, batched := d.guard.Store().(idem.BatchStore)
 	b := &batchRun{
 		d: d, ctx: ctx, dls: dls, opts: opts, fn: fn, settle: settle,
-		batched:  idem.IsBatchStore(d.guard.Store()),
+		batched:  batched,
 		stopAt:   len(dls),
 		att:      make([]*idem.Attempt, len(dls)),
 		started:  make([]bool, len(dls)),

@@ -24,11 +24,11 @@
 //	              delivery, or an earlier delivery of the key   dead-letter destination
 //	              was dead-lettered; the error is kept
 //
-// Handle returns an error without an Outcome when it could not decide:
-// an invalid key (idem.ErrInvalidKey), a key reused with another
-// fingerprint (idem.ErrMismatch), both permanent, or a store failure
-// (*idem.StoreError: the handler did not run; leave the message for
-// redelivery). It returns an error with an Outcome when the outcome holds
+// Handle returns an error with NoOutcome (the zero Outcome) when it could
+// not decide: an invalid key (idem.ErrInvalidKey), a key reused with
+// another fingerprint (idem.ErrMismatch), both permanent, or a store
+// failure (*idem.StoreError: the handler did not run; leave the message
+// for redelivery). It returns an error with an Outcome when the outcome holds
 // but the store could not record it (for example Processed, with the
 // completion lost): act on the Outcome and log the error.
 //

@@ -91,8 +91,12 @@ type Delivery struct {
 type Outcome uint8
 
 const (
+	// NoOutcome is the zero Outcome: Handle decided nothing, as in the
+	// zero Result that comes with an invalid key, a mismatch or a store
+	// failure before the handler ran. It prints as "none".
+	NoOutcome Outcome = iota
 	// Processed: the handler ran and its success is recorded. Acknowledge.
-	Processed Outcome = iota + 1
+	Processed
 	// Duplicate: the key already completed; the handler did not run.
 	// Acknowledge.
 	Duplicate
@@ -111,6 +115,8 @@ const (
 
 func (o Outcome) String() string {
 	switch o {
+	case NoOutcome:
+		return "none"
 	case Processed:
 		return "processed"
 	case Duplicate:
@@ -203,7 +209,7 @@ func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx cont
 func (d *Deduplicator) observe(ctx context.Context, dl Delivery, res Result, err error) {
 	outcome := res.Outcome.String()
 	switch {
-	case res.Outcome != 0:
+	case res.Outcome != NoOutcome:
 	case errors.Is(err, idem.ErrMismatch):
 		outcome = "mismatch"
 	case errors.Is(err, idem.ErrInvalidKey):

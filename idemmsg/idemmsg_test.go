@@ -303,7 +303,7 @@ func TestKeyValidation(t *testing.T) {
 	for _, key := range []string{"", strings.Repeat("k", idem.MaxKeyLen+1), "bad\nkey"} {
 		ran := false
 		res, err := d.Handle(context.Background(), idemmsg.Delivery{Key: key, Attempt: 1}, func(context.Context) error { ran = true; return nil })
-		if !errors.Is(err, idem.ErrInvalidKey) || res.Outcome != 0 || ran {
+		if !errors.Is(err, idem.ErrInvalidKey) || res.Outcome != idemmsg.NoOutcome || ran {
 			t.Errorf("key %q: got %+v, %v (ran %v); want idem.ErrInvalidKey, not run", key, res, err, ran)
 		}
 	}
@@ -381,5 +381,21 @@ func TestCancelledHandlerNotDeadLettered(t *testing.T) {
 	res, err := d.Handle(context.Background(), idemmsg.Delivery{Key: "k", Attempt: 2}, func(context.Context) error { ran = true; return nil })
 	if err != nil || res.Outcome != idemmsg.Processed || !ran {
 		t.Fatalf("next delivery: got %v, ran %t, %v; want Processed", res.Outcome, ran, err)
+	}
+}
+
+// TestOutcomeNames: every Outcome prints its name, the zero one (the
+// Outcome of the Result that comes with an error) too.
+func TestOutcomeNames(t *testing.T) {
+	for o, want := range map[idemmsg.Outcome]string{
+		idemmsg.NoOutcome: "none", idemmsg.Processed: "processed", idemmsg.Duplicate: "duplicate",
+		idemmsg.InFlight: "in_flight", idemmsg.Failed: "failed", idemmsg.DeadLettered: "dead_lettered",
+	} {
+		if got := o.String(); got != want {
+			t.Errorf("Outcome(%d).String(): got %q, want %q", uint8(o), got, want)
+		}
+	}
+	if idemmsg.NoOutcome.Ack() {
+		t.Error("NoOutcome.Ack(): got true, want false")
 	}
 }

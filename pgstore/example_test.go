@@ -61,7 +61,7 @@ func ExampleStore_BeginFunc() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("%s: charged %d %s\n", orderID, resp.Status, resp.Body)
+		fmt.Printf("%s: charged %d %s\n", orderID, resp.Response.Status, resp.Response.Body)
 	}
 	pay("order-1042", 4200)
 	pay("order-1042", 4200)

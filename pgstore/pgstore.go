@@ -8,7 +8,7 @@
 // step in order:
 //
 //	att, acq, err := g.Begin(ctx, key, fp)          // acq.Outcome == idem.Acquired
-//	resp, err := store.BeginFunc(ctx, pool, att, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
+//	res, err := store.BeginFunc(ctx, pool, att, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
 //		_, err := tx.Exec(ctx, "INSERT INTO charges ...") // the effect
 //		return &idem.Response{Status: 201}, err
 //	}) // begin, fn, StopRenewal, CompleteTx, commit: both, or neither

@@ -41,14 +41,19 @@ type Beginner interface {
 // and the error (or panic) is passed on. A commit whose outcome is unknown
 // (the connection broke during COMMIT) is released too: if it did commit,
 // the record is completed and the store refuses the release. The attempt is
-// finished in every case; BeginFunc returns fn's response when it
-// committed.
+// finished in every case.
+//
+// When the transaction committed, BeginFunc returns fn's response (an
+// empty one if fn returned nil) as an idem.Result, the type Guard.Do and
+// tieredstore's BeginFunc return. Its Replayed is always false on this
+// store: a key that another lease completed meanwhile fails CompleteTx
+// with ErrLeaseLost.
 func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
-	fn func(ctx context.Context, tx pgx.Tx) (*idem.Response, error)) (*idem.Response, error) {
+	fn func(ctx context.Context, tx pgx.Tx) (*idem.Response, error)) (idem.Result, error) {
 	finish := context.WithoutCancel(ctx)
 	tx, err := db.Begin(finish)
 	if err != nil {
-		return nil, errors.Join(err, att.Release(finish))
+		return idem.Result{}, errors.Join(err, att.Release(finish))
 	}
 	committed := false
 	defer func() {
@@ -59,19 +64,19 @@ func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
 	}()
 	resp, err := fn(att.Context(), tx)
 	if err != nil {
-		return nil, err
+		return idem.Result{}, err
 	}
 	if resp == nil {
 		resp = &idem.Response{}
 	}
 	att.StopRenewal()
 	if err := s.CompleteTx(finish, tx, att.Lease(), resp, att.Retention()); err != nil {
-		return nil, err
+		return idem.Result{}, err
 	}
 	if err := tx.Commit(finish); err != nil {
-		return nil, err
+		return idem.Result{}, err
 	}
 	committed = true
 	att.Stop()
-	return resp, nil
+	return idem.Result{Response: resp}, nil
 }

@@ -85,7 +85,7 @@ func TestBeginFunc(t *testing.T) {
 			t.Fatalf("Begin: got %v, %v, want Acquired", acq.Outcome, err)
 		}
 		var workCtx context.Context
-		resp, err := s.BeginFunc(ctx, slowCommit{pool, 600 * time.Millisecond}, att,
+		res, err := s.BeginFunc(ctx, slowCommit{pool, 600 * time.Millisecond}, att,
 			func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
 				workCtx = ctx
 				lease, _ := idem.LeaseFromContext(ctx)
@@ -95,7 +95,10 @@ func TestBeginFunc(t *testing.T) {
 				time.Sleep(250 * time.Millisecond) // renewals run meanwhile
 				return resp, fail
 			})
-		return resp, workCtx, err
+		if err == nil && res.Replayed {
+			t.Errorf("BeginFunc: Replayed is true for a first commit, want false")
+		}
+		return res.Response, workCtx, err
 	}
 	rows := func(key idem.Key) int {
 		var n int

@@ -137,7 +137,10 @@ type statements struct {
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
 
-// fill returns the statement with the table's quoted names in place.
+// names checks table (DefaultTable if empty) and returns the replacer
+// that puts its quoted names (the table, its expiry index and its outbox,
+// as identifiers and as string literals) in place of {table}, {expiry},
+// {outbox} and their _lit forms in the statements and the schema.
 func names(table string) (*strings.Replacer, error) {
 	if table == "" {
 		table = DefaultTable

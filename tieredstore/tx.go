@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/pgstore"
 )
 
 // ErrAlreadyCompleted is matched by *AlreadyCompletedError.
@@ -150,16 +151,12 @@ func (s *Store) Relay(ctx context.Context, l idem.Lease, resp *idem.Response, re
 	return s.relayFromLease(ctx, l, enc, retention)
 }
 
-// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn, or a
-// pgx.Tx (whose Begin makes a savepoint).
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // BeginFunc is pgx.BeginFunc for a held key: it runs fn in a new
 // transaction of db and completes att's key in that same transaction with
 // the response fn returns, so that fn's writes and the completion commit
-// together, or neither does. The steps:
+// together, or neither does. db is a *pgxpool.Pool, a *pgx.Conn or a
+// pgx.Tx (pgstore.Beginner, the same as pgstore's BeginFunc takes). The
+// steps:
 //
 //  1. Begin a transaction on db.
 //  2. Run fn with att.Context() (which carries the lease and its fencing
@@ -184,7 +181,7 @@ type Beginner interface {
 // is unknown (the connection broke during COMMIT) is released too: if it
 // did commit, the next run's CompleteTx finds it. The attempt is finished
 // in every case.
-func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
+func (s *Store) BeginFunc(ctx context.Context, db pgstore.Beginner, att *idem.Attempt,
 	fn func(ctx context.Context, tx pgx.Tx) (*idem.Response, error)) (idem.Result, error) {
 	finish := context.WithoutCancel(ctx)
 	tx, err := db.Begin(finish)

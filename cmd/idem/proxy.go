@@ -425,7 +425,7 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			cause := context.Cause(r.Context())
-			if errors.Is(cause, idemhttp.ErrMaxExecution) {
+			if errors.Is(cause, idem.ErrMaxExecution) {
 				logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request cut off by --max-execution", slog.String("method", r.Method), slog.Any("error", err))
 				idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
 					Status: http.StatusGatewayTimeout, Detail: "The upstream service did not answer within the route's maximum execution time."})

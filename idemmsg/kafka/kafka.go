@@ -175,12 +175,10 @@ type Consumer struct {
 	// warning level.
 	OnError func(err error)
 
-	// beforeCommit, in tests, is called when a record is done, before
-	// anything is committed past it; returning false simulates a crash:
-	// nothing more is committed and Run returns errCrashed.
-	beforeCommit func(rec *kgo.Record) bool
+	beforeCommit func(rec *kgo.Record) bool // crash hook, nil but in tests: see export_test.go
 }
 
+// errCrashed is what Run returns when beforeCommit simulated a crash.
 var errCrashed = errors.New("kafka: simulated crash")
 
 // Run consumes until ctx ends, then commits the records that are done and
@@ -365,7 +363,7 @@ func (r *runner) decide(ctx context.Context, rec *kgo.Record, res idemmsg.Result
 		r.onError(fmt.Errorf("kafka: %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if outcome == idemmsg.DeadLettered && r.DeadLetterTopic != "" {

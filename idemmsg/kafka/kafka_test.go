@@ -295,7 +295,7 @@ func TestCrashCommitsNothingOfItsBatch(t *testing.T) {
 
 	var handled atomic.Int32
 	crashed := e.consumer("c1")
-	crashed.beforeCommit = func(*kgo.Record) bool { return handled.Add(1) < 3 }
+	crashed.crashBeforeCommit(func(*kgo.Record) bool { return handled.Add(1) < 3 })
 	stop := e.start(crashed)
 	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 3 })
 	if err := stop(); !errors.Is(err, errCrashed) {

@@ -57,7 +57,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 		// record at a time, for the crash to come after exactly the
 		// effects the scenario counted.
 		c.MaxPollRecords = 1
-		c.beforeCommit = func(rec *kgo.Record) bool { return ac.BeforeAck(recordKey(rec)) }
+		c.crashBeforeCommit(func(rec *kgo.Record) bool { return ac.BeforeAck(recordKey(rec)) })
 	}
 	if ac.OnResult != nil {
 		c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) { ac.OnResult(recordKey(rec), res, err) }

@@ -179,11 +179,10 @@ type Consumer struct {
 	// slog.Default at warning level.
 	OnError func(err error)
 
-	// beforeAck, in tests, is called before a message is settled;
-	// returning false simulates a crash: Run returns errCrashed at once.
-	beforeAck func(msg jetstream.Msg) bool
+	beforeAck func(msg jetstream.Msg) bool // crash hook, nil but in tests: see export_test.go
 }
 
+// errCrashed is what Run returns when beforeAck simulated a crash.
 var errCrashed = errors.New("natsjs: simulated crash")
 
 // Run consumes until ctx ends, then returns nil. A message whose handler
@@ -338,7 +337,7 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, meta *jetstrea
 		c.onError(fmt.Errorf("natsjs: %s: %w", describe(msg), err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if c.beforeAck != nil && !c.beforeAck(msg) {

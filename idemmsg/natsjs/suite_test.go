@@ -46,7 +46,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	c.DeadLetterSubject = s.deadSubject()
 	c.Handler = func(ctx context.Context, msg jetstream.Msg) error { return ac.Handler(ctx, payloadKey(msg)) }
 	if ac.BeforeAck != nil {
-		c.beforeAck = func(msg jetstream.Msg) bool { return ac.BeforeAck(payloadKey(msg)) }
+		c.crashBeforeAck(func(msg jetstream.Msg) bool { return ac.BeforeAck(payloadKey(msg)) })
 	}
 	if ac.OnResult != nil {
 		c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) { ac.OnResult(payloadKey(msg), res, err) }

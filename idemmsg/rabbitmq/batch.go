@@ -145,7 +145,7 @@ func (r *run) processBatch(batch []amqp.Delivery) error {
 				c.onError(fmt.Errorf("rabbitmq: %s: %w", describe(e.d, e.key), err))
 			}
 			outcome := res.Outcome
-			if outcome == 0 && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+			if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 				outcome = idemmsg.DeadLettered // permanent: never handled
 			}
 			if c.beforeAck != nil && !c.beforeAck(e.d) {

@@ -29,7 +29,7 @@ func TestBatchMultipleAck(t *testing.T) {
 			var tracker *ackTracker
 			c := e.consumer("c1", nil, nil, nil)
 			c.Batch, c.Concurrency = true, conc
-			c.onTracker = func(a *ackTracker) { tracker = a }
+			c.watchTracker(func(a *ackTracker) { tracker = a })
 			c.Handler = func(ctx context.Context, d amqp.Delivery) error {
 				key := string(d.Body)
 				mu.Lock()

@@ -189,15 +189,12 @@ type Consumer struct {
 	// be called from several goroutines, one at a time per delivery.
 	OnError func(err error)
 
-	// onTracker, in tests, receives the ackTracker of a Batch run.
+	// Hooks, nil but in tests: see export_test.go.
 	onTracker func(*ackTracker)
-
-	// beforeAck, in tests, is called before a delivery is settled;
-	// returning false simulates a crash: Run returns errCrashed at once,
-	// leaving its deliveries unacknowledged.
-	beforeAck func(d amqp.Delivery) bool
+	beforeAck func(d amqp.Delivery) bool // crash hook
 }
 
+// errCrashed is what Run returns when beforeAck simulated a crash.
 var errCrashed = errors.New("rabbitmq: simulated crash")
 
 var tagSeq atomic.Uint64
@@ -406,7 +403,7 @@ func (r *run) process(d amqp.Delivery) error {
 		c.onError(fmt.Errorf("rabbitmq: %s: %w", describe(d, key), err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome = idemmsg.DeadLettered // permanent: never handled
 	}
 	if c.beforeAck != nil && !c.beforeAck(d) {

@@ -342,7 +342,7 @@ func TestCrashConnectionClosed(t *testing.T) {
 	conn := dial(t)
 	var handled atomic.Int32
 	crashed := e.consumer("c1", conn, nil, nil)
-	crashed.beforeAck = func(amqp.Delivery) bool { return handled.Add(1) < 2 }
+	crashed.crashBeforeAck(func(amqp.Delivery) bool { return handled.Add(1) < 2 })
 	stop := e.start(crashed)
 	waitFor(t, "c1 to crash", func() bool { return handled.Load() >= 2 })
 	if err := stop(); !errors.Is(err, errCrashed) {

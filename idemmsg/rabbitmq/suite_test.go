@@ -65,7 +65,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 		if ac.OnResult != nil {
 			ac.OnResult(d.MessageId, res, err)
 		}
-		if res.Outcome == 0 && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+		if res.Outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 			res.Outcome, res.Err = idemmsg.DeadLettered, err // as process settles it
 		}
 		decided.Store(d.DeliveryTag, res)
@@ -73,7 +73,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	c.Concurrency = ac.Concurrency
 	c.Batch = ac.Batch
 	c.Handler = func(ctx context.Context, d amqp.Delivery) error { return ac.Handler(ctx, d.MessageId) }
-	c.beforeAck = func(d amqp.Delivery) bool {
+	c.crashBeforeAck(func(d amqp.Delivery) bool {
 		v, _ := decided.LoadAndDelete(d.DeliveryTag)
 		if ac.BeforeAck != nil && !ac.BeforeAck(d.MessageId) {
 			return false
@@ -94,7 +94,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 			s.deadErrs[d.MessageId] = append(s.deadErrs[d.MessageId], text)
 		}
 		return true
-	}
+	})
 	return s.start(c)
 }
 

@@ -183,11 +183,10 @@ type Consumer struct {
 	// slog.Default at warning level.
 	OnError func(err error)
 
-	// beforeAck, in tests, is called before an entry is acknowledged;
-	// returning false simulates a crash: Run returns errCrashed at once.
-	beforeAck func(msg redis.XMessage) bool
+	beforeAck func(msg redis.XMessage) bool // crash hook, nil but in tests: see export_test.go
 }
 
+// errCrashed is what Run returns when beforeAck simulated a crash.
 var errCrashed = errors.New("redisstream: simulated crash")
 
 // Run creates the group if needed and consumes until ctx ends, then
@@ -421,7 +420,7 @@ func (r *runner) process(ctx context.Context, msg redis.XMessage, attempt int) e
 		r.onError(fmt.Errorf("redisstream: %s %s: %w", r.Stream, msg.ID, err))
 	}
 	outcome := res.Outcome
-	if outcome == 0 && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if !outcome.Ack() {

@@ -40,7 +40,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	key := func(msg redis.XMessage) string { k, _ := msg.Values["k"].(string); return k }
 	c.Handler = func(ctx context.Context, msg redis.XMessage) error { return ac.Handler(ctx, key(msg)) }
 	if ac.BeforeAck != nil {
-		c.beforeAck = func(msg redis.XMessage) bool { return ac.BeforeAck(key(msg)) }
+		c.crashBeforeAck(func(msg redis.XMessage) bool { return ac.BeforeAck(key(msg)) })
 	}
 	if ac.OnResult != nil {
 		c.OnResult = func(msg redis.XMessage, res idemmsg.Result, err error) { ac.OnResult(key(msg), res, err) }
