@@ -99,13 +99,16 @@ func countCharges(t *testing.T, pool *pgxpool.Pool, key idem.Key) int {
 }
 
 // chargeTx begins a transaction, inserts a charge for l's key and runs
-// CompleteTx in it. The caller ends the transaction.
+// CompleteTx in it. The caller ends the transaction; if t stops first (a
+// t.Fatal), the transaction is rolled back when t ends, so that its
+// connection goes back to the pool and closing the pool does not hang.
 func chargeTx(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store, l idem.Lease) (pgx.Tx, error) {
 	t.Helper()
 	tx, err := pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) }) // a no-op once tx has ended
 	if _, err := tx.Exec(t.Context(), `INSERT INTO charges (key, amount) VALUES ($1, 1000)`, l.Key[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -220,24 +223,54 @@ func TestCompleteTx(t *testing.T) {
 			t.Fatalf("CompleteTx: got error %v, want none", err)
 		}
 		time.Sleep(150 * time.Millisecond)
-		done := make(chan idem.Acquisition)
+		// Buffered, and the error sent rather than reported: a t.Fatalf
+		// below must leave the goroutine free to end (the rollback at the
+		// end of t lets its Acquire return).
+		type result struct {
+			acq idem.Acquisition
+			err error
+		}
+		done := make(chan result, 1)
 		go func() {
 			acq, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
-			if err != nil {
-				t.Errorf("Acquire: %v", err)
-			}
-			done <- acq
+			done <- result{acq, err}
 		}()
 		select {
-		case acq := <-done:
-			t.Fatalf("Acquire during the completing transaction: got %v at once, want it to wait", acq.Outcome)
+		case r := <-done:
+			t.Fatalf("Acquire during the completing transaction: got %v, %v at once, want it to wait", r.acq.Outcome, r.err)
 		case <-time.After(100 * time.Millisecond):
 		}
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if acq := <-done; acq.Outcome != idem.Replay {
-			t.Errorf("Acquire after the commit: got %v, want replay", acq.Outcome)
+		if r := <-done; r.err != nil || r.acq.Outcome != idem.Replay {
+			t.Errorf("Acquire after the commit: got %v, %v; want replay", r.acq.Outcome, r.err)
+		}
+	})
+
+	t.Run("Expired", func(t *testing.T) {
+		// A holder that outlived its lease, nobody having taken the key
+		// over, cannot complete it in its transaction: ErrLeaseLost, and
+		// after the rollback nothing of the transaction is written and
+		// the key is free.
+		key := newKey(6)
+		l := lease(t, s, key, 100*time.Millisecond)
+		time.Sleep(150 * time.Millisecond)
+		tx, err := chargeTx(t, pool, s, l)
+		if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("CompleteTx after the lease ended: got error %v, want ErrLeaseLost", err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := countCharges(t, pool, key); n != 0 {
+			t.Errorf("charges after the rollback: got %d, want 0", n)
+		}
+		if rec, ok, err := s.Get(ctx, key); err != nil || ok {
+			t.Errorf("Get after the rollback: got %+v, %t, %v; want no record", rec, ok, err)
+		}
+		if next := lease(t, s, key, time.Minute); next.Token <= l.Token {
+			t.Errorf("Acquire after the expired lease: got token %d, want > %d", next.Token, l.Token)
 		}
 	})
 

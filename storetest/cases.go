@@ -78,6 +78,18 @@ func (s *suite) testTakeover(t *testing.T) {
 	e.wantLost("Complete by the old lease", e.Store.Complete(e.ctx, old, &idem.Response{Status: 200}, retention))
 	e.wantLost("Release by the old lease", e.Store.Release(e.ctx, old))
 	e.wantUnchanged("after the old lease's calls", key, before)
+
+	// The new holder completes. The old lease's Complete with the very
+	// bytes the record now holds is not a repeat: that lease never
+	// completed, so it is lost (a store that told a repeat by the response
+	// alone would answer success for a write that went nowhere).
+	resp := &idem.Response{Status: 201, Header: jsonHeader, Body: []byte(`{"id":7}`)}
+	e.complete(cur, cloneResponse(resp), retention)
+	before = e.wantRecord("completed by the new holder", key, completed(cur, fpA, resp, retention), retention/2)
+	e.wantLost("Complete by the old lease with the stored response", e.Store.Complete(e.ctx, old, cloneResponse(resp), retention))
+	e.wantLost("Renew by the old lease after the new holder completed", e.Store.Renew(e.ctx, old, longTTL))
+	e.wantLost("Release by the old lease after the new holder completed", e.Store.Release(e.ctx, old))
+	e.wantUnchanged("after the old lease's calls on the completed record", key, before)
 }
 
 // testStaleLease checks that only the current lease may renew, complete
@@ -370,20 +382,27 @@ func (s *suite) testConcurrency(t *testing.T) {
 		}
 		const callers = 16
 		resp := &idem.Response{Status: 200, Body: []byte("once")}
-		var wg sync.WaitGroup
+		// Every count is checked before any Complete starts: a t.Fatalf
+		// with goroutines still running would let them report to a test
+		// that has ended, which panics the test binary.
+		var leases []idem.Lease
 		for i, acqs := range race(e, keys, callers) {
 			if n := count(acqs, idem.Acquired); n != 1 {
 				t.Fatalf("%d callers on key %d: got %d Acquired, want 1", callers, i, n)
 			}
 			for _, acq := range acqs {
 				if acq.Outcome == idem.Acquired {
-					wg.Go(func() {
-						if err := e.Store.Complete(e.ctx, acq.Lease, resp, retention); err != nil {
-							t.Errorf("Complete key %d: got error %v, want none", i, err)
-						}
-					})
+					leases = append(leases, acq.Lease)
 				}
 			}
+		}
+		var wg sync.WaitGroup
+		for i, l := range leases {
+			wg.Go(func() {
+				if err := e.Store.Complete(e.ctx, l, resp, retention); err != nil {
+					t.Errorf("Complete key %d: got error %v, want none", i, err)
+				}
+			})
 		}
 		wg.Wait()
 		for i, acqs := range race(e, keys, callers) {

@@ -396,6 +396,49 @@ func TestCompleteTxRepeatedInSecondTx(t *testing.T) {
 	}
 }
 
+// A holder that outlived its lease, nobody having taken the key over,
+// cannot complete it in its transaction: CompleteTx answers ErrLeaseLost
+// (a plain lost lease, not a completion found), and the transaction, rolled
+// back as the documentation says, leaves no effect and no completion.
+func TestCompleteTxExpiredLease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	key := e.key("k")
+	acq, err := e.store.Acquire(e.ctx, idem.AcquireRequest{Key: key, Fingerprint: fpA, LeaseID: idem.NewLeaseID(), TTL: 100 * time.Millisecond})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatalf("Acquire: got %v, %v; want acquired", acq.Outcome, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	err = pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := e.charge("k", "late")(e.ctx, tx); err != nil {
+			return err
+		}
+		return e.store.CompleteTx(e.ctx, tx, acq.Lease, &idem.Response{Status: 201, Body: []byte("late")}, time.Hour)
+	}) // rolled back on CompleteTx's error
+	var ace *tieredstore.AlreadyCompletedError
+	var ste *tieredstore.StaleTokenError
+	if !errors.Is(err, idem.ErrLeaseLost) || errors.As(err, &ace) || errors.As(err, &ste) {
+		t.Errorf("CompleteTx after the lease ended: got error %v, want ErrLeaseLost", err)
+	}
+	if n := e.effects("k"); n != 0 {
+		t.Errorf("ledger: got %d effects, want 0", n)
+	}
+	var rows int
+	if err := e.pool.QueryRow(e.ctx, "SELECT count(*) FROM idem_completions WHERE namespace = $1", e.prefix).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 {
+		t.Errorf("completions in PostgreSQL: got %d, want 0", rows)
+	}
+	if rec, ok, err := e.store.Get(e.ctx, key); err != nil || ok {
+		t.Errorf("Get after the rollback: got %+v, %t, %v; want no record", rec, ok, err)
+	}
+	next, err := e.store.Acquire(e.ctx, idem.AcquireRequest{Key: key, Fingerprint: fpA, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+	if err != nil || next.Outcome != idem.Acquired || next.Lease.Token <= acq.Lease.Token {
+		t.Errorf("Acquire after the expired lease: got %v token %d, %v; want acquired with a token > %d", next.Outcome, next.Lease.Token, err, acq.Lease.Token)
+	}
+}
+
 // The relay down while commits happen: Redis stops answering between the
 // commit and the relay. The completion is durable; the outbox holds it,
 // and the background relay copies it once Redis is back.
