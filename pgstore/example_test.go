@@ -52,7 +52,7 @@ func ExampleStore_BeginFunc() {
 			fmt.Printf("%s: %v\n", orderID, acq.Outcome) // InFlight or Mismatch
 			return
 		}
-		resp, err := store.BeginFunc(ctx, pool, att, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
+		res, err := store.BeginFunc(ctx, pool, att, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
 			if _, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, $2)`, orderID, cents); err != nil {
 				return nil, err // rolled back, and the key released
 			}
@@ -61,7 +61,7 @@ func ExampleStore_BeginFunc() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("%s: charged %d %s\n", orderID, resp.Response.Status, resp.Response.Body)
+		fmt.Printf("%s: charged %d %s\n", orderID, res.Response.Status, res.Response.Body)
 	}
 	pay("order-1042", 4200)
 	pay("order-1042", 4200)
