@@ -69,7 +69,9 @@ package memstore
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"math/bits"
@@ -146,6 +148,7 @@ type Store struct {
 	mask   uint64
 	max    int64  // Options.MaxBytes; 0: none
 	u      *usage // written by every shard: its own cache lines
+	ns     string // Namespace
 }
 
 // usage is what the store holds, kept up to date by the shards' critical
@@ -163,11 +166,13 @@ var (
 	_ idem.Namespacer = (*Store)(nil)
 )
 
-// Namespace implements idem.Namespacer: "memstore", for every Store. A
-// memory store's records die with its process, so two processes' stores
-// sharing a blob store (and prefix) each take the other's blobs for
-// orphans: give each its own blob prefix.
-func (s *Store) Namespace() string { return "memstore" }
+// Namespace implements idem.Namespacer: "memstore " and 16 random hex
+// digits, drawn by New. A memory store's records are its own and die with
+// it, so no other Store (another process's, or this process's after a
+// restart) may judge the blobs it names: two proxies on memory sharing a
+// blob store each leave the other's blobs alone (and a restarted one's
+// blobs are left for a lifecycle rule or a hand).
+func (s *Store) Namespace() string { return s.ns }
 
 // New returns an empty Store.
 func New(opts Options) *Store {
@@ -178,7 +183,10 @@ func New(opts Options) *Store {
 	if opts.Shards > 0 {
 		n = 1 << bits.Len(uint(min(opts.Shards, MaxShards)-1))
 	}
-	s := &Store{clock: opts.Clock, shards: make([]shard, n), mask: uint64(n - 1), max: max(opts.MaxBytes, 0), u: new(usage)}
+	var id [8]byte
+	rand.Read(id[:]) // never fails (crypto/rand)
+	s := &Store{clock: opts.Clock, shards: make([]shard, n), mask: uint64(n - 1), max: max(opts.MaxBytes, 0), u: new(usage),
+		ns: "memstore " + hex.EncodeToString(id[:])}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.recs = make(map[idem.Key]*record)

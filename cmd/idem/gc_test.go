@@ -327,8 +327,10 @@ func TestStoreNamespaces(t *testing.T) {
 			}
 			nss = append(nss, n.Namespace())
 		}
-		if nss[0] != nss[1] {
-			t.Errorf("store %q prefix %q opened twice: namespaces %q and %q, want the same", tc.store, tc.prefix, nss[0], nss[1])
+		// A memory store's namespace is its own: no other may judge its
+		// blobs. Any other store opened twice has one namespace.
+		if mem := tc.store == "memory"; (nss[0] == nss[1]) == mem {
+			t.Errorf("store %q prefix %q opened twice: namespaces %q and %q; want them the same, unless memory", tc.store, tc.prefix, nss[0], nss[1])
 		}
 		seg := idem.BlobNamespace(nss[0])
 		if prev, dup := seen[seg]; dup {

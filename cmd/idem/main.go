@@ -300,7 +300,7 @@ func unexpectedArgument(fs *flag.FlagSet, args []string) string {
 	if i := len(args) - fs.NArg(); i > 0 && !strings.Contains(args[i-1], "=") {
 		if f := fs.Lookup(strings.TrimLeft(args[i-1], "-")); f != nil {
 			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-				return fmt.Sprintf("%s: a true/false flag takes its value after '=': --%s=%s", msg, f.Name, fs.Arg(0))
+				return fmt.Sprintf("%s: a true/false flag takes its value after '=': --%s=true or --%s=false", msg, f.Name, f.Name)
 			}
 		}
 	}

@@ -94,7 +94,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy, http://host:port[/path] (required)")
 	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
-	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full) until records expire, and stored keys still replay; 0: no limit (the process may run out of memory)")
+	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full; with --fail-open they are forwarded without idempotency) until records expire, and stored keys still replay; 0: no limit (the process may run out of memory)")
 	fs.DurationVar(&o.reapInterval, "reap-interval", defaultReapInterval, "with a postgres:// or tiered store: delete expired records this often (those expired for the store's grace: a minute, an hour for the tiered store); 0: never (another process must reap the table)")
 	fs.BoolVar(&o.settings.requireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
 	fs.StringVar(&o.methods, "methods", "POST,PATCH", "comma-separated methods covered; others pass through untouched")
@@ -550,8 +550,14 @@ func tenantFunc(header, cookie string) func(*http.Request) string {
 		return idemhttp.DefaultTenant
 	}
 	return func(r *http.Request) string {
-		if v := r.Header.Get(header); v != "" {
-			return "hdr:" + v
+		switch vs := r.Header.Values(header); {
+		case len(vs) == 1 && vs[0] != "":
+			return "hdr:" + vs[0]
+		case len(vs) > 1:
+			// A client's own value beside the gateway's (a gateway that
+			// appends rather than replaces): never the tenant of the
+			// one value alone.
+			return "hdr:" + strings.Join(vs, "\n")
 		}
 		return idemhttp.DefaultTenant(r)
 	}
@@ -743,6 +749,16 @@ type sendOnce struct{ base http.RoundTripper }
 
 func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 	if _, leased := idem.LeaseFromContext(r.Context()); !leased {
+		if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+			// A body streamed as the client sent it, chunked: an upstream
+			// that does not read chunked bodies takes its chunks for the
+			// next request and answers them. The connection is closed
+			// after the response, so that such an answer never reaches
+			// another request (a keyed one, whose key would store it).
+			out := *r
+			out.Close = true
+			return t.base.RoundTrip(&out)
+		}
 		return t.base.RoundTrip(r)
 	}
 	out := *r

@@ -202,6 +202,10 @@ func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error)
 			return nil, fmt.Errorf("%s: %s but no methods: a route without methods covers nothing; add methods: [POST] (or the methods to cover)",
 				where, strings.Join(set, ", "))
 		}
+		if m, _, ok := strings.Cut(o.Match, " "); ok && len(s.methods) > 0 && len(o.settingsSet()) > 0 && !slices.Contains(s.methods, m) {
+			return nil, fmt.Errorf("%s: the pattern's method %s is not among the covered methods %s, so the route covers nothing; add methods: [%s]",
+				where, m, strings.Join(s.methods, ","), m)
+		}
 		if err := s.validate(func(n string) string { return strings.ReplaceAll(n, "-", "_") }); err != nil {
 			return nil, fmt.Errorf("%s: %v", where, err)
 		}
@@ -218,7 +222,7 @@ func (o routeOverride) settingsSet() []string {
 		name string
 		set  bool
 	}{
-		{"require_key", o.RequireKey != nil}, {"tenant_header", o.TenantHeader != nil}, {"lease", o.Lease != nil},
+		{"require_key", o.RequireKey != nil}, {"tenant_header", o.TenantHeader != nil}, {"tenant_cookie", o.TenantCookie != nil}, {"lease", o.Lease != nil},
 		{"retention", o.Retention != nil}, {"wait", o.Wait != nil}, {"fail_open", o.FailOpen != nil},
 		{"max_body", o.MaxBody != nil}, {"max_response", o.MaxResponse != nil}, {"store_statuses", o.StoreStatuses != nil},
 		{"max_execution", o.MaxExecution != nil}, {"client_write_timeout", o.ClientWriteTimeout != nil},

@@ -121,8 +121,14 @@ func TestProxyTenantCookie(t *testing.T) {
 	if h := mustSend(t, "POST", q.url("/api/orders"), "h", "{}", "Cookie: session=alice", "X-Tenant: b"); h.replayed() {
 		t.Errorf("--tenant-header route, another tenant: got a replay %s", h.body)
 	}
-	if up.runsOf("w") != 2 || up.runsOf("h") != 2 {
-		t.Errorf("upstream executions: w %d, h %d; want 2 and 2", up.runsOf("w"), up.runsOf("h"))
+	// A client's own X-Tenant sent beside the gateway's (a gateway that
+	// appends) is never the tenant of one of its values.
+	mustSend(t, "POST", q.url("/api/orders"), "v", "{}", "X-Tenant: victim")
+	if spoof := curlPost(t, q.url("/api/orders"), "v", "{}", "-H", "X-Tenant: victim", "-H", "X-Tenant: mallory"); spoof.replayed() {
+		t.Errorf("--tenant-header sent twice: got the replay of the first value's response %s", spoof.body)
+	}
+	if up.runsOf("w") != 2 || up.runsOf("h") != 2 || up.runsOf("v") != 2 {
+		t.Errorf("upstream executions: w %d, h %d, v %d; want 2, 2 and 2", up.runsOf("w"), up.runsOf("h"), up.runsOf("v"))
 	}
 }
 
