@@ -50,10 +50,27 @@ go vet ./...
 # Each fuzz target also runs for a few seconds beyond its seed corpus
 # (longer: FUZZTIME=5m ./scripts/test.sh).
 fuzztime=${FUZZTIME:-5s}
+# A failing input is written to the package's testdata/fuzz and fails the
+# run here (and every later go test, as a seed). A fuzzing run that stops
+# without one (the fuzzing engine's own trouble on a loaded machine) has
+# its output shown and is tried once more.
+fuzzlog=$(mktemp)
 for target in .:FuzzScopeKey .:FuzzResponseDecode ./idemhttp:FuzzParseKey ./reliability/hostile:FuzzRawRequest; do
-	go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}" >/dev/null
-	echo "fuzz: ${target#*:} ran for $fuzztime, no failure"
+	name=${target#*:} pkg=${target%%:*}
+	for try in 1 2; do
+		if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg" >"$fuzzlog" 2>&1; then
+			echo "fuzz: $name ran for $fuzztime, no failure"
+			break
+		fi
+		cat "$fuzzlog"
+		if [ -n "$(git status --porcelain --untracked-files=all -- "$pkg/testdata/fuzz/$name")" ] || [ "$try" = 2 ]; then
+			echo "fuzz: $name failed (a failing input is in $pkg/testdata/fuzz/$name when one was found)" >&2
+			exit 1
+		fi
+		echo "fuzz: $name stopped without a failing input; trying once more" >&2
+	done
 done
+rm -f "$fuzzlog"
 
 # The PostgreSQL tests (pgstore, examples/payments-pg) each create a private
 # database on the local cluster at 127.0.0.1:5432 (internal/pgtest). Start
