@@ -116,11 +116,6 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 		restore[f] = f.Value
 		f.Value = &checkedValue{Value: f.Value, name: f.Name, bad: &bad}
 	})
-	defer func() {
-		for f, v := range restore {
-			f.Value = v
-		}
-	}()
 	printUsage := fs.Usage
 	if printUsage == nil {
 		printUsage = fs.PrintDefaults
@@ -130,7 +125,7 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.SetOutput(io.Discard) // flag's own error line: replaced by the usageError
 	err := fs.Parse(args)
 	fs.SetOutput(stderr)
-	for f, v := range restore {
+	for f, v := range restore { // the values as they were, for -h and the environment below
 		f.Value = v
 	}
 	if err != nil {
