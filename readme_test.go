@@ -110,6 +110,7 @@ var (
 func codeLines(src string) []string {
 	var out []string
 	for line := range strings.Lines(src) {
+		line = strings.TrimSuffix(line, "\n") // else $ in lineComment never matches
 		line = strings.TrimSpace(spaces.ReplaceAllString(lineComment.ReplaceAllString(line, ""), " "))
 		if line != "" {
 			out = append(out, line)
