@@ -3,25 +3,37 @@ package idem_test
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
-// Every Go snippet of README.md must come from code that the test command
-// compiles (an Example, or a program under examples/), so that a snippet
-// cannot drift from the API: its lines, without comments and blank lines,
-// must appear in that order and next to each other in one such file.
-func TestREADMESnippetsAreCompiled(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+// docFiles are the markdown files whose Go snippets must be compiled:
+// README.md, ARCHITECTURE.md and every docs/*.md.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	more, err := filepath.Glob(filepath.Join("docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(more) == 0 {
+		t.Fatal("no docs/*.md")
+	}
+	return append([]string{"README.md", "ARCHITECTURE.md"}, more...)
+}
+
+// Every Go snippet of the docs (docFiles) must come from code that the test
+// command compiles (an Example, or a program under examples/), so that a
+// snippet cannot drift from the API: its lines, without comments and blank
+// lines, must appear in that order and next to each other in one such file.
+func TestREADMESnippetsAreCompiled(t *testing.T) {
 	var sources [][]string
-	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -43,26 +55,32 @@ func TestREADMESnippetsAreCompiled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := goBlocks(string(readme))
-	if len(blocks) < 4 {
-		t.Fatalf("README.md: got %d Go snippets, want the usual ones (at least 4)", len(blocks))
-	}
-	for _, b := range blocks {
-		lines := codeLines(b)
-		found := false
-		for _, src := range sources {
-			if containsRun(src, lines) {
-				found = true
-				break
-			}
+	for _, file := range docFiles(t) {
+		md, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !found {
-			t.Errorf("README.md: this snippet is in no Example and no file under examples/; copy it from one:\n%s", b)
+		blocks := goBlocks(string(md))
+		if file == "README.md" && len(blocks) < 2 {
+			t.Fatalf("README.md: got %d Go snippets, want the quick starts' (at least 2)", len(blocks))
+		}
+		for _, b := range blocks {
+			lines := codeLines(b)
+			found := false
+			for _, src := range sources {
+				if containsRun(src, lines) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("%s: this snippet is in no Example and no file under examples/; copy it from one:\n%s", file, b)
+			}
 		}
 	}
 }
 
-// goBlocks returns the text of README's ```go blocks.
+// goBlocks returns the text of md's ```go blocks.
 func goBlocks(md string) []string {
 	var blocks []string
 	var cur *strings.Builder
@@ -92,6 +110,7 @@ var (
 func codeLines(src string) []string {
 	var out []string
 	for line := range strings.Lines(src) {
+		line = strings.TrimSuffix(line, "\n") // else $ in lineComment never matches
 		line = strings.TrimSpace(spaces.ReplaceAllString(lineComment.ReplaceAllString(line, ""), " "))
 		if line != "" {
 			out = append(out, line)
@@ -117,14 +136,17 @@ func containsRun(have, want []string) bool {
 	return false
 }
 
-// The README's package table must match the tree: every package of the
-// module outside examples/ is named in it, and every name is a package.
-func TestREADMEPackageTable(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+// ARCHITECTURE.md's package table must match the tree: every package of
+// the module outside examples/ is named in it, and every name is a package.
+func TestArchitecturePackageTable(t *testing.T) {
+	arch, err := os.ReadFile("ARCHITECTURE.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, _ := strings.Cut(string(readme), "\n## Packages\n")
+	_, table, found := strings.Cut(string(arch), "\n## Packages\n")
+	if !found {
+		t.Fatal("ARCHITECTURE.md has no section \"## Packages\"")
+	}
 	table, _, _ = strings.Cut(table, "\n## ")
 	named := map[string]bool{}
 	for line := range strings.Lines(table) {
@@ -163,12 +185,100 @@ func TestREADMEPackageTable(t *testing.T) {
 	}
 	for pkg := range tree {
 		if !named[pkg] {
-			t.Errorf("README.md's package table does not name package %s", pkg)
+			t.Errorf("ARCHITECTURE.md's package table does not name package %s", pkg)
 		}
 	}
 	for pkg := range named {
 		if !tree[pkg] {
-			t.Errorf("README.md's package table names %s, which is not a package of the module", pkg)
+			t.Errorf("ARCHITECTURE.md's package table names %s, which is not a package of the module", pkg)
 		}
 	}
+}
+
+// Every relative link of the project's markdown files names a file that
+// exists and, with #anchor, a heading of that file (GitHub's anchors).
+func TestREADMELinks(t *testing.T) {
+	files := append(docFiles(t), "CONTRIBUTING.md", "BENCHMARKS.md", "RELIABILITY.md", "CHANGELOG.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, file := range files {
+		md, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(proseOf(string(md)), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, anchor, _ := strings.Cut(target, "#")
+			dest := file
+			if path != "" {
+				dest = filepath.Join(filepath.Dir(file), path)
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s: link %s: no such file %s", file, target, dest)
+					continue
+				}
+			}
+			if anchor == "" {
+				continue
+			}
+			if !strings.HasSuffix(dest, ".md") {
+				t.Errorf("%s: link %s: an anchor into a file that is not markdown", file, target)
+				continue
+			}
+			destMD, err := os.ReadFile(dest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !anchors(string(destMD))[anchor] {
+				t.Errorf("%s: link %s: %s has no heading with anchor #%s", file, target, dest, anchor)
+			}
+		}
+	}
+}
+
+// proseOf returns md without its fenced code blocks.
+func proseOf(md string) string {
+	var b strings.Builder
+	inCode := false
+	for line := range strings.Lines(md) {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+			continue
+		}
+		if !inCode {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// anchors returns the anchors GitHub gives md's headings: lower case,
+// punctuation dropped, spaces as hyphens, repeats numbered.
+func anchors(md string) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	for line := range strings.Lines(proseOf(md)) {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(title) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			out[fmt.Sprintf("%s-%d", a, n)] = true
+		} else {
+			out[a] = true
+		}
+		seen[a]++
+	}
+	return out
 }

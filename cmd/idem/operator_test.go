@@ -783,8 +783,8 @@ func freePort(t *testing.T) string {
 	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }
 
-// The idem commands of the README's and the operator's guide's shell
-// blocks, run as written but for their ports (a private redis-server for
+// The idem commands of the shell blocks of the README and every guide
+// under docs/, run as written but for their ports (a private redis-server for
 // 6379, a Python upstream for 9000, free ports for the proxy's own) and
 // the blob directory: each proxy serves a keyed POST of the guide's
 // example (order-1042 on /payments) and replays it; inspect, purge and gc
@@ -794,7 +794,11 @@ func TestOperatorDocCommands(t *testing.T) {
 	upstream := opUpstream(t)
 	redis := proxyRedis(t)
 	blobDir := t.TempDir()
-	lines := docCommands(t, "../../README.md", "../../docs/proxy.md")
+	guides, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(guides) == 0 {
+		t.Fatalf("docs/*.md: %v, %d files", err, len(guides))
+	}
+	lines := docCommands(t, append([]string{"../../README.md"}, guides...)...)
 	seen := map[string]int{}
 	for _, line := range lines {
 		line = strings.ReplaceAll(line, "file:///var/lib/idem/blobs", "file://"+blobDir)
