@@ -151,7 +151,8 @@ type Lease struct {
 	TTL time.Duration
 }
 
-// State is the state of a stored record.
+// State is the state of a stored record. The zero State, of no record
+// (the zero Record), prints as "none".
 type State uint8
 
 const (
@@ -168,6 +169,8 @@ const (
 
 func (s State) String() string {
 	switch s {
+	case 0:
+		return "none"
 	case StateInFlight:
 		return "in_flight"
 	case StateCompleted:

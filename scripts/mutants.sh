@@ -116,10 +116,10 @@ mutant idemhttp-transport-key-redirect idemhttp/transport.go ./idemhttp 'TestTra
 	"if prev := req.Response; false && prev != nil && prev.Request != nil {"
 
 # --- the proxy's upstream transport (sendOnce): no resend.
-mutant proxy-sendonce-getbody cmd/idem/proxy.go ./cmd/idem 'TestSendOnceWithGetBody|TestProxyNeverResendsUpstream' \
+mutant proxy-sendonce-getbody cmd/idem/proxy_upstream.go ./cmd/idem 'TestSendOnceWithGetBody|TestProxyNeverResendsUpstream' \
 	$'\tout.GetBody = nil\n' \
 	$'\t_ = out.GetBody\n'
-mutant proxy-sendonce-key-header cmd/idem/proxy.go ./cmd/idem 'TestSendOnceWithGetBody|TestProxyNeverResendsUpstream' \
+mutant proxy-sendonce-key-header cmd/idem/proxy_upstream.go ./cmd/idem 'TestSendOnceWithGetBody|TestProxyNeverResendsUpstream' \
 	$'\t\tout.Header = hideReplayHints(out.Header)\n' \
 	$'\t\t_ = hideReplayHints\n'
 

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -125,7 +126,9 @@ type proxyFile struct {
 
 // routeOverride is one entry of routes: a ServeMux pattern and the
 // settings that differ from the flags there. An absent field keeps the
-// flag's value.
+// flag's value. Its fields are the one list of a route's settings:
+// routeFields and settingsSet read their yaml tags, and apply has a case
+// for each (TestRouteOverrideFields fails for one it misses).
 type routeOverride struct {
 	Match         string        `yaml:"match"`
 	Methods       *[]string     `yaml:"methods"`
@@ -146,8 +149,24 @@ type routeOverride struct {
 	CancelOnDisconnect *bool `yaml:"cancel_on_disconnect"`
 }
 
-// routeFields lists routeOverride's fields for error messages.
-const routeFields = "match, methods, require_key, tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, max_execution, client_write_timeout, cancel_on_disconnect"
+// routeFields lists routeOverride's fields, as the file names them, for
+// error messages.
+var routeFields = strings.Join(routeFieldNames(), ", ")
+
+// routeFieldNames is the yaml name of each field of routeOverride, in
+// order.
+func routeFieldNames() []string {
+	var names []string
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[routeOverride]()) {
+		names = append(names, yamlName(f))
+	}
+	return names
+}
+
+func yamlName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	return name
+}
 
 // routeConfig is a validated route of the file.
 type routeConfig struct {
@@ -218,18 +237,10 @@ func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error)
 // that the file sets.
 func (o routeOverride) settingsSet() []string {
 	var set []string
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{
-		{"require_key", o.RequireKey != nil}, {"tenant_header", o.TenantHeader != nil}, {"tenant_cookie", o.TenantCookie != nil}, {"lease", o.Lease != nil},
-		{"retention", o.Retention != nil}, {"wait", o.Wait != nil}, {"fail_open", o.FailOpen != nil},
-		{"max_body", o.MaxBody != nil}, {"max_response", o.MaxResponse != nil}, {"store_statuses", o.StoreStatuses != nil},
-		{"max_execution", o.MaxExecution != nil}, {"client_write_timeout", o.ClientWriteTimeout != nil},
-		{"cancel_on_disconnect", o.CancelOnDisconnect != nil},
-	} {
-		if f.set {
-			set = append(set, f.name)
+	v := reflect.ValueOf(o)
+	for _, f := range reflect.VisibleFields(v.Type()) {
+		if name := yamlName(f); name != "match" && name != "methods" && !v.FieldByIndex(f.Index).IsNil() {
+			set = append(set, name)
 		}
 	}
 	return set

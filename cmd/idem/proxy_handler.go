@@ -1,0 +1,330 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// proxy is the proxy's handler: it picks the route of each request, runs
+// it through that route's middleware to the upstream, and logs it.
+type proxy struct {
+	mux      *http.ServeMux // the --config patterns, each with its *route; nil without a file
+	def      *route         // requests no pattern matches
+	logger   *slog.Logger
+	metrics  *proxyMetrics
+	inFlight atomic.Int64
+	wg       sync.WaitGroup
+	// stop is every route's idemhttp Config.StopContext: stopWork cancels
+	// the upstream requests still running once --shutdown-timeout passed.
+	stop     context.Context
+	stopWork context.CancelFunc
+	blob     blobOptions
+}
+
+// blobOptions is the blob store every route's middleware keeps large
+// bodies in (--blob), and its timeout; blobs is nil without --blob.
+type blobOptions struct {
+	blobs   *blobstore.Bucket
+	timeout time.Duration
+}
+
+// route is one middleware configuration in front of the upstream.
+type route struct {
+	name    string          // the pattern, or "" for the defaults
+	covered map[string]bool // methods the middleware covers
+	handler http.Handler    // the middleware around the upstream, or the upstream alone
+	tenant  func(*http.Request) string
+	routeOf func(*http.Request) string // idemhttp Config.Route
+}
+
+// ServeHTTP lets a route be registered on the ServeMux; the proxy only
+// uses the mux to find routes and calls them itself.
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.ServeHTTP(w, r) }
+
+// reqInfo carries what the middleware reported about a request to the
+// proxy's log line: its outcome, the same word as in idem_requests_total.
+type reqInfo struct{ outcome string }
+
+type reqInfoKey struct{}
+
+// newProxy builds the proxy's handler: a route for the defaults and one
+// per --config route, each a middleware in front of the same upstream.
+func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
+	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions) (*proxy, error) {
+	upstream := newUpstream(target, metrics, logger)
+	p := &proxy{logger: logger, metrics: metrics, blob: blob}
+	p.stop, p.stopWork = context.WithCancel(context.Background())
+	var err error
+	if p.def, err = newRoute("", defaults, upstream, store, p); err != nil {
+		return nil, err
+	}
+	if len(routes) > 0 {
+		p.mux = http.NewServeMux()
+		for _, rc := range routes {
+			rt, err := newRoute(rc.pattern, rc.settings, upstream, store, p)
+			if err != nil {
+				return nil, err
+			}
+			p.mux.Handle(rc.pattern, rt) // validated by loadProxyConfig
+		}
+	}
+	return p, nil
+}
+
+func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem.Store, p *proxy) (*route, error) {
+	rt := &route{name: pattern, covered: map[string]bool{}, tenant: tenantFunc(s.tenantHeader, s.tenantCookie), handler: upstream}
+	if pattern == "" {
+		rt.routeOf = func(r *http.Request) string { return r.URL.EscapedPath() }
+	} else {
+		rt.routeOf = func(*http.Request) string { return pattern }
+	}
+	for _, m := range s.methods {
+		rt.covered[m] = true
+	}
+	if len(s.methods) == 0 {
+		return rt, nil // nothing covered: straight to the upstream
+	}
+	cfg := idemhttp.Config{
+		Methods:         s.methods,
+		RequireKey:      s.requireKey,
+		Tenant:          rt.tenant,
+		Route:           rt.routeOf,
+		MaxBodySize:     s.maxBody,
+		Lease:           s.lease,
+		Retention:       s.retention,
+		MaxResponseSize: int(s.maxResponse),
+		Wait:            s.wait,
+		FailOpen:        s.failOpen,
+		MaxExecution:    s.maxExecution,
+		StopContext:     p.stop,
+		// 0 in the proxy is no limit; idemhttp's 0 is its default.
+		ClientWriteTimeout: cmp.Or(s.clientWriteTimeout, -1),
+		// Unsafe, off by default: see --cancel-on-disconnect.
+		CancelOnDisconnect: s.cancelOnDisconnect,
+		Logger:             p.logger,
+		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
+			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+				info.outcome = string(o)
+			}
+			p.metrics.requests.WithLabelValues(string(o)).Inc()
+		},
+		OnRenew:     p.metrics.onRenew,
+		BlobTimeout: p.blob.timeout,
+		// idem_responses_not_kept_total: replays of these answer 500.
+		OnBodyOmitted: func(*http.Request) { p.metrics.notKept.Inc() },
+	}
+	if p.blob.blobs != nil {
+		cfg.Blobs = p.blob.blobs
+		cfg.OnBlobError = p.metrics.onBlobError
+	}
+	if s.storeStatuses != nil {
+		statuses := map[int]bool{}
+		for _, st := range s.storeStatuses {
+			statuses[st] = true
+		}
+		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
+	}
+	mw, err := idemhttp.NewMiddleware(store, cfg)
+	if err != nil {
+		where := "the flags"
+		if pattern != "" {
+			where = fmt.Sprintf("route %q", pattern)
+		}
+		return nil, usageError{fmt.Sprintf("%s: %v", where, err)}
+	}
+	rt.handler = mw(upstream)
+	return rt, nil
+}
+
+// tenantFunc scopes keys by the named header, "hdr:" + its value, or by
+// idemhttp.DefaultTenant when there is no header name or the request
+// lacks the header; or, with a cookie name, by idemhttp.TenantFromCookie.
+// The header's raw value (not idemhttp.TenantFromHeader's hash) keeps the
+// records of earlier releases reachable and idem inspect --tenant hdr:ID
+// usable; Scope.Key hashes it, so no raw value reaches the store.
+func tenantFunc(header, cookie string) func(*http.Request) string {
+	if cookie != "" {
+		return idemhttp.TenantFromCookie(cookie) // validated: one source per route
+	}
+	if header == "" {
+		return idemhttp.DefaultTenant
+	}
+	return func(r *http.Request) string {
+		switch vs := r.Header.Values(header); {
+		case len(vs) == 1 && vs[0] != "":
+			return "hdr:" + vs[0]
+		case len(vs) > 1:
+			// A client's own value beside the gateway's (a gateway that
+			// appends rather than replaces): never the tenant of the
+			// one value alone.
+			return "hdr:" + strings.Join(vs, "\n")
+		}
+		return idemhttp.DefaultTenant(r)
+	}
+}
+
+// find returns the route of r: the --config route whose pattern matches
+// it as ServeMux would, or the defaults. A request ServeMux would redirect
+// (a path to clean, a missing trailing slash) or answer 405 for gets the
+// defaults, and is forwarded as it is.
+func (p *proxy) find(r *http.Request) *route {
+	if p.mux != nil {
+		// Match the cleaned path, so that //payments/7 or /x/../payments/7
+		// cannot step around a route's settings (ServeMux would redirect
+		// them, and many upstreams clean paths themselves).
+		if c := cleanPath(r.URL.Path); c != r.URL.Path {
+			u := *r.URL
+			u.Path, u.RawPath = c, ""
+			rc := *r
+			rc.URL = &u
+			r = &rc
+		}
+		if h, _ := p.mux.Handler(r); h != nil {
+			if rt, ok := h.(*route); ok {
+				return rt
+			}
+		}
+	}
+	return p.def
+}
+
+// cleanPath is path.Clean that keeps a trailing slash, as net/http does.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	c := path.Clean("/" + strings.TrimPrefix(p, "/"))
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
+}
+
+func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.wg.Add(1)
+	p.inFlight.Add(1)
+	defer func() {
+		p.inFlight.Add(-1)
+		p.wg.Done()
+	}()
+	start := time.Now()
+	rt := p.find(r)
+	info := &reqInfo{}
+	if !rt.covered[r.Method] {
+		info.outcome = outcomeNotCovered
+		p.metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
+	}
+	sw := &statusWriter{ResponseWriter: w, ctx: r.Context()}
+	defer func() {
+		// ReverseProxy panics with http.ErrAbortHandler when the upstream
+		// fails in the middle of a body: log that request too, then let
+		// the panic abort the connection. A replay that broke off
+		// (replay_failed) is not the upstream's doing.
+		if v := recover(); v != nil {
+			aborted := info.outcome != string(idemhttp.OutcomeReplayFailed)
+			if aborted {
+				p.metrics.upstreamAborted.Inc()
+			}
+			p.logRequest(r, rt, info, sw, start, aborted)
+			panic(v)
+		}
+	}()
+	rt.handler.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info)))
+	if sw.gone {
+		p.metrics.clientGone.WithLabelValues(info.outcome).Inc()
+	}
+	p.logRequest(r, rt, info, sw, start, false)
+}
+
+// logRequest writes the request's log line. Its outcome is the label the
+// request was counted under in idem_requests_total; client_gone and
+// upstream_aborted are facts beside it, each with a counter of its own.
+func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *statusWriter, start time.Time, upstreamAborted bool) {
+	if !p.logger.Enabled(r.Context(), slog.LevelInfo) {
+		return
+	}
+	status := sw.status
+	if upstreamAborted {
+		status = http.StatusBadGateway
+	}
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.EscapedPath()),
+		slog.String("route", rt.name),
+		slog.String("outcome", info.outcome),
+		slog.Int("status", cmp.Or(status, http.StatusOK)),
+		slog.Int64("bytes", sw.written),
+		durationMS(time.Since(start)),
+	}
+	if sw.gone {
+		attrs = append(attrs, slog.Bool("client_gone", true))
+	}
+	if upstreamAborted {
+		attrs = append(attrs, slog.Bool("upstream_aborted", true))
+	}
+	if rt.covered[r.Method] {
+		// The key as its stored digest (what idem inspect --stored-key
+		// takes), never the client's raw key.
+		if ck, err := idemhttp.ParseKey(r.Header); err == nil {
+			if k, err := (idem.Scope{Tenant: rt.tenant(r), Method: r.Method, Route: rt.routeOf(r)}).Key(ck); err == nil {
+				attrs = append(attrs, slog.String("key", k.String()))
+			}
+		}
+	}
+	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// durationMS is a request's duration for the log, in milliseconds.
+func durationMS(d time.Duration) slog.Attr {
+	return slog.Float64("duration_ms", float64(d.Microseconds())/1000)
+}
+
+// statusWriter records the status and size of a response for the log,
+// and whether the client was gone before it had the whole response: a
+// write to it failed (it disconnected, or did not take a write within
+// --client-write-timeout), or it had left (ctx ended) before a part of
+// the response was handed to the connection. A client that leaves after
+// the last write, as curl does once it has read the whole body, is not
+// gone. Unwrap gives http.ResponseController (and so ReverseProxy's
+// flushes and upgrades) the connection's writer.
+type statusWriter struct {
+	http.ResponseWriter
+	ctx     context.Context // the client's request context
+	status  int
+	written int64
+	gone    bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.gone = w.gone || w.ctx.Err() != nil
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.gone = w.gone || w.ctx.Err() != nil
+	n, err := w.ResponseWriter.Write(b)
+	w.written += int64(n)
+	w.gone = w.gone || err != nil
+	return n, err
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// ProblemBadGateway is the problem type of the proxy's 502 answer when
+// the upstream cannot be reached or fails to answer. The default storage
+// policy releases the key on 502: a retry forwards the request again.
+const ProblemBadGateway = "urn:idem:problem:bad-gateway"
+
+// ProblemUpstreamTimeout is the problem type of the proxy's 504 answer
+// when the upstream ran past the route's --max-execution. The default
+// storage policy releases the key on 504.
+const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
+
+// newUpstream is the handler every route forwards to: a ReverseProxy to
+// target over sendOnce, which answers 502 (ProblemBadGateway) or, past a
+// route's --max-execution, 504 (ProblemUpstreamTimeout) when the upstream
+// fails, and times each request for idem_upstream_duration_seconds.
+func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = 256
+	transport.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+		},
+		Transport: sendOnce{transport},
+		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			cause := context.Cause(r.Context())
+			if errors.Is(cause, idem.ErrMaxExecution) {
+				logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request cut off by --max-execution", slog.String("method", r.Method), slog.Any("error", err))
+				idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
+					Status: http.StatusGatewayTimeout, Detail: "The upstream service did not answer within the route's maximum execution time."})
+				return
+			}
+			level := slog.LevelWarn
+			if errors.Is(cause, context.Canceled) {
+				level = slog.LevelDebug // the client left, on a route with cancel-on-disconnect
+			}
+			attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.EscapedPath()), slog.Any("error", err)}
+			if cause != nil && cause != err {
+				attrs = append(attrs, slog.Any("cause", cause))
+			}
+			logger.LogAttrs(r.Context(), level, "upstream request failed", attrs...)
+			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
+				Status: http.StatusBadGateway, Detail: "The upstream service could not be reached or did not answer."})
+		},
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
+		if r.ContentLength > 0 {
+			r.Body = &declaredBody{ReadCloser: r.Body, left: r.ContentLength}
+		}
+		rp.ServeHTTP(w, r)
+	})
+}
+
+// sendOnce is the upstream transport of the proxy. It sends a request
+// that runs under a lease exactly once, framed as the client framed it.
+//
+// net/http's Transport resends a request on its own when a reused
+// connection breaks after the request was written, if the request looks
+// safe to resend: it has no body (or can rewind it with GetBody), and
+// its method is safe or it carries an Idempotency-Key header. The
+// upstream may have acted on the first copy. So a leased request goes
+// without GetBody; its body, if any, is wrapped so that its type does not
+// look replayable, and goes with its Content-Length (the middleware read
+// it whole and set ContentLength); a request without a body goes without
+// one (Content-Length: 0 for POST, PUT and PATCH), and its Idempotency-Key
+// and X-Idempotency-Key headers are sent under their lower-case names,
+// which the upstream reads the same (header names are case-insensitive)
+// but Transport does not take for a sign that it may resend. An empty
+// chunked body would have done the same for the Transport, but servers
+// that do not read chunked request bodies (Python's http.server) take its
+// last chunk for the next request and answer it: a response desync.
+// Requests without a lease are sent as they are.
+type sendOnce struct{ base http.RoundTripper }
+
+func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	if _, leased := idem.LeaseFromContext(r.Context()); !leased {
+		if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+			// A body streamed as the client sent it, chunked: an upstream
+			// that does not read chunked bodies takes its chunks for the
+			// next request and answers them. The connection is closed
+			// after the response, so that such an answer never reaches
+			// another request (a keyed one, whose key would store it).
+			out := *r
+			out.Close = true
+			return t.base.RoundTrip(&out)
+		}
+		return t.base.RoundTrip(r)
+	}
+	out := *r
+	out.GetBody = nil
+	switch {
+	case out.ContentLength == 0:
+		if out.Body != nil {
+			out.Body.Close()
+		}
+		out.Body = nil
+		out.Header = hideReplayHints(out.Header)
+	case out.Body != nil:
+		out.Body = onceBody{out.Body}
+	}
+	return t.base.RoundTrip(&out)
+}
+
+// replayHints are the headers that make net/http's Transport resend a
+// request without a body (Request.isReplayable).
+var replayHints = []string{"Idempotency-Key", "X-Idempotency-Key"}
+
+// hideReplayHints returns h, or a copy of h with each of replayHints
+// under its lower-case name.
+func hideReplayHints(h http.Header) http.Header {
+	var out http.Header
+	for _, name := range replayHints {
+		v, ok := h[name]
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = h.Clone()
+		}
+		delete(out, name)
+		lower := strings.ToLower(name)
+		out[lower] = append(out[lower], v...)
+	}
+	if out == nil {
+		return h
+	}
+	return out
+}
+
+// onceBody hides the type of a request body from net/http, which would
+// otherwise know that some body types can be read again.
+type onceBody struct{ io.ReadCloser }
+
+// declaredBody ends a request body of known length at that length: once
+// it has been read, it answers io.EOF itself and reads the client's body
+// no more.
+//
+// Without it, a response was sometimes cut in the middle of its body on
+// a request whose body the proxy streams (no Idempotency-Key, or a method
+// not covered): net/http's transport, having sent Content-Length bytes,
+// reads the body once more to check that it holds no more; net/http's
+// server, when the response header goes out, consumes what is left of the
+// request body and closes it (unless the handler enabled full duplex). The
+// upstream can answer as soon as it has the body, before that last read:
+// the read then fails (http: invalid Read on closed Body), and the
+// transport closes the upstream connection while the response streams
+// through it (golang/go#40747). A keyed request's body was read by the
+// middleware and is sent from memory: it never raced.
+type declaredBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *declaredBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
