@@ -47,6 +47,10 @@ const (
 	markEvery = 50 * time.Millisecond
 )
 
+// reapBatch is the number of rows one statement of the background reaper
+// deletes at most.
+const reapBatch = 1000
+
 // pollBatch is the number of outbox rows one poll transaction copies, and
 // pollConcurrency how many of them it copies at once.
 const (
@@ -159,7 +163,7 @@ func (s *Store) background(ctx context.Context) {
 			}
 		case <-reapC:
 			start := time.Now()
-			n, err := s.Reap(ctx, ReapBatch)
+			n, err := s.Reap(ctx, reapBatch)
 			if ctx.Err() != nil {
 				continue // closing: the next iteration returns
 			}
@@ -317,8 +321,7 @@ func commitThen(ctx context.Context, tx pgx.Tx) error {
 // Reap deletes the table's rows, of every namespace, expired for at least
 // Options.ReapGrace, in statements of at most batch rows, until one finds
 // fewer. It returns how many it deleted. The background relay calls it
-// every Options.ReapInterval (unless that is negative), with batch
-// ReapBatch.
+// every Options.ReapInterval (unless that is negative).
 func (s *Store) Reap(ctx context.Context, batch int) (int, error) {
 	if batch < 1 {
 		return 0, fmt.Errorf("tieredstore: reap: batch %d is less than 1", batch)

@@ -31,10 +31,6 @@ const (
 	DefaultReapGrace     = time.Hour
 )
 
-// ReapBatch is the most rows one statement of the background reaper
-// deletes (Reap's batch); idem proxy reaps a pgstore table so too.
-const ReapBatch = 1000
-
 // Options configures a Store. The zero value means the defaults.
 type Options struct {
 	// Table holds the completions, optionally qualified by a schema that

@@ -67,6 +67,10 @@ type storeOptions struct {
 	logger *slog.Logger
 }
 
+// reapBatch is the most records one statement of the proxy's PostgreSQL
+// reaper deletes (the tiered store's background reaper uses the same).
+const reapBatch = 1000
+
 // openStoreWith is openStore with o. With o.reapEvery positive, a
 // pgstore's reaper runs until close, which stops it (and waits for a pass
 // in progress) before closing the pool.
@@ -122,7 +126,7 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 		}
 		rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		var wg sync.WaitGroup
-		wg.Go(func() { s.RunReaper(rctx, o.reapEvery, tieredstore.ReapBatch) }) // interval and batch are positive: no error
+		wg.Go(func() { s.RunReaper(rctx, o.reapEvery, reapBatch) }) // interval and batch are positive: no error
 		return s, func() { stop(); wg.Wait(); pool.Close() }, nil
 	}
 	return nil, nil, usageError{fmt.Sprintf("--store: unknown scheme %q; %s", u.Scheme, storeForms)}

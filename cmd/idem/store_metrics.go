@@ -25,10 +25,10 @@ import (
 const defaultMemoryLimit = 128 << 20
 
 // defaultReapInterval is --reap-interval's default, the tiered store's own
-// (tieredstore.DefaultReapInterval). A pass is a few indexed DELETEs of
-// at most tieredstore.ReapBatch rows; records are reaped only once
-// expired for the store's grace (a minute for pgstore, an hour for the
-// tiered store), so reaping more often frees little sooner.
+// (tieredstore.DefaultReapInterval). A pass is a few indexed DELETEs of at
+// most reapBatch rows; records are reaped only once expired for the
+// store's grace (a minute for pgstore, an hour for the tiered store), so
+// reaping more often frees little sooner.
 const defaultReapInterval = tieredstore.DefaultReapInterval
 
 // memoryStoreWarning is logged at start-up when the proxy runs on memory.
