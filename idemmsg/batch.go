@@ -19,11 +19,11 @@ type BatchOptions struct {
 	// InOrder keeps a partition's order, for brokers such as Kafka that
 	// commit an offset rather than acknowledge each message: handlers run
 	// one at a time, in batch order (Concurrency is ignored), and once a
-	// delivery is decided InFlight or Failed, or fails with a store error,
+	// delivery is decided InFlight or Released, or fails with a store error,
 	// no later delivery's handler runs: the later ones are left
 	// undecided (settle never sees them; their keys are released), for
 	// the caller to retry from the one that stopped the batch. A later
-	// delivery that needs no handler (Duplicate, say) may still be
+	// delivery that needs no handler (Replayed, say) may still be
 	// settled.
 	InOrder bool
 
@@ -63,12 +63,12 @@ type Settled struct {
 // acknowledges them together (one ack round trip per group). The calls
 // never overlap, and the next group is being decided (handlers run) while
 // settle runs. A group is flushed when every delivery of the batch is
-// decided, or after FlushInterval; Duplicate, InFlight and the other
+// decided, or after FlushInterval; Replayed, InFlight and the other
 // outcomes that need no handler are in the first group.
 //
 // A key that appears more than once in dls is decided once first; its
 // later deliveries are decided after that one is recorded, each as Handle
-// would decide a delivery that came after it (Duplicate, usually).
+// would decide a delivery that came after it (Replayed, usually).
 //
 // With a store that does not implement idem.BatchStore, each delivery is
 // decided by Handle (its own acquire and completion), Concurrency at a

@@ -177,13 +177,13 @@ func (b *batchRun) stopped() bool {
 }
 
 // stopsBatch reports whether, with InOrder, a delivery decided so stops
-// the deliveries after it: InFlight, Failed, or a store error.
+// the deliveries after it: InFlight, Released, or a store error.
 func (b *batchRun) stopsBatch(res Result, err error) bool {
 	if !b.opts.InOrder {
 		return false
 	}
 	switch res.Outcome {
-	case InFlight, Failed:
+	case InFlight, Released:
 		return true
 	case 0:
 		return err != nil && !errors.Is(err, idem.ErrInvalidKey) && !errors.Is(err, idem.ErrMismatch)
@@ -259,7 +259,7 @@ func (b *batchRun) prepare() []int {
 			if text, ok := deadLetterText(acq.Response); ok {
 				b.decided(i, Result{Outcome: DeadLettered, Err: &DeadLetterError{Text: text}}, nil)
 			} else {
-				b.decided(i, Result{Outcome: Duplicate}, nil)
+				b.decided(i, Result{Outcome: Replayed}, nil)
 			}
 		case idem.InFlight:
 			b.decided(i, Result{Outcome: InFlight, RetryAfter: acq.RetryAfter}, nil)
@@ -323,7 +323,7 @@ func (b *batchRun) work(i int) {
 	// lease lost) did not fail on its own: never dead-letter for that.
 	interrupted := b.ctx.Err() != nil || context.Cause(att.Context()) != nil
 	if b.opts.InOrder && ferr != nil && (interrupted || max(dl.Attempt, 1) < b.d.cfg.MaxFailures) {
-		b.stop.raise() // Failed
+		b.stop.raise() // Released
 	}
 	b.items <- batchItem{i: i, att: att, ferr: ferr, interrupted: interrupted}
 }
@@ -427,7 +427,7 @@ func (b *batchRun) flush(group []batchItem) {
 		var resp *idem.Response
 		switch {
 		case it.ferr == nil:
-			resp = &idem.Response{Status: StatusProcessed}
+			resp = &idem.Response{Status: StatusExecuted}
 		case !it.interrupted && max(b.dls[it.i].Attempt, 1) >= b.d.cfg.MaxFailures:
 			resp = deadLetterResponse(it.ferr)
 		}
@@ -440,7 +440,7 @@ func (b *batchRun) flush(group []batchItem) {
 			it, err := &group[k], errs[j]
 			switch resp := fins[j].Response; {
 			case it.ferr == nil:
-				it.res, it.err = Result{Outcome: Processed}, err
+				it.res, it.err = Result{Outcome: Executed}, err
 			case resp != nil: // dead letter
 				switch {
 				case err == nil:
@@ -450,10 +450,10 @@ func (b *batchRun) flush(group []batchItem) {
 				default:
 					// Not recorded (the key was released unless the lease
 					// was lost): the next delivery fails and tries again.
-					it.res, it.err = Result{Outcome: Failed, Err: it.ferr}, err
+					it.res, it.err = Result{Outcome: Released, Err: it.ferr}, err
 				}
 			default:
-				it.res, it.err = Result{Outcome: Failed, Err: it.ferr}, err
+				it.res, it.err = Result{Outcome: Released, Err: it.ferr}, err
 			}
 		}
 	}

@@ -130,8 +130,8 @@ func TestHandleBatchOutcomes(t *testing.T) {
 			t.Fatalf("HandleBatch: %v", err)
 		}
 		res := got.byIndex(t)
-		want := []idemmsg.Outcome{idemmsg.Processed, idemmsg.Processed, idemmsg.Duplicate, idemmsg.Duplicate, idemmsg.DeadLettered,
-			idemmsg.InFlight, 0, idemmsg.Failed, idemmsg.DeadLettered, idemmsg.Duplicate, idemmsg.Duplicate}
+		want := []idemmsg.Outcome{idemmsg.Executed, idemmsg.Executed, idemmsg.Replayed, idemmsg.Replayed, idemmsg.DeadLettered,
+			idemmsg.InFlight, 0, idemmsg.Released, idemmsg.DeadLettered, idemmsg.Replayed, idemmsg.Replayed}
 		for i, w := range want {
 			st, ok := res[i]
 			if !ok {
@@ -168,8 +168,8 @@ func TestHandleBatchOutcomes(t *testing.T) {
 		if r := handle(t, d, idemmsg.Delivery{Key: "poison"}, ok); r.Outcome != idemmsg.DeadLettered {
 			t.Errorf("poison after the batch: got %v, want dead-lettered", r.Outcome)
 		}
-		if r := handle(t, d, idemmsg.Delivery{Key: "fails"}, ok); r.Outcome != idemmsg.Processed {
-			t.Errorf("fails after the batch: got %v, want processed (released)", r.Outcome)
+		if r := handle(t, d, idemmsg.Delivery{Key: "fails"}, ok); r.Outcome != idemmsg.Executed {
+			t.Errorf("fails after the batch: got %v, want executed (released)", r.Outcome)
 		}
 	})
 }
@@ -294,12 +294,12 @@ func TestHandleBatchCancel(t *testing.T) {
 			t.Errorf("handlers ran for %v, want [0 1]", ran)
 		}
 		res := got.byIndex(t)
-		if len(res) != 2 || res[0].Result.Outcome != idemmsg.Processed || res[1].Result.Outcome != idemmsg.Processed {
-			t.Errorf("settled: %+v, want 0 and 1 processed", res)
+		if len(res) != 2 || res[0].Result.Outcome != idemmsg.Executed || res[1].Result.Outcome != idemmsg.Executed {
+			t.Errorf("settled: %+v, want 0 and 1 executed", res)
 		}
 		for _, k := range keys[2:] {
-			if r := handle(t, d, idemmsg.Delivery{Key: k}, ok); r.Outcome != idemmsg.Processed {
-				t.Errorf("%s after the cancelled batch: got %v, want processed at once", k, r.Outcome)
+			if r := handle(t, d, idemmsg.Delivery{Key: k}, ok); r.Outcome != idemmsg.Executed {
+				t.Errorf("%s after the cancelled batch: got %v, want executed at once", k, r.Outcome)
 			}
 		}
 	})
@@ -329,17 +329,17 @@ func TestHandleBatchPanic(t *testing.T) {
 				}, got.settle)
 			}()
 			res := got.byIndex(t)
-			if st, ok := res[0]; !ok || st.Result.Outcome != idemmsg.Processed {
-				t.Errorf("Concurrency %d: delivery 0: got %+v, want processed and settled", conc, st)
+			if st, ok := res[0]; !ok || st.Result.Outcome != idemmsg.Executed {
+				t.Errorf("Concurrency %d: delivery 0: got %+v, want executed and settled", conc, st)
 			}
 			if _, ok := res[1]; ok {
 				t.Errorf("Concurrency %d: the panicking delivery was settled", conc)
 			}
 			for i, k := range keys {
 				r := handle(t, d, idemmsg.Delivery{Key: k}, ok)
-				want := idemmsg.Processed // released, or never taken
+				want := idemmsg.Executed // released, or never taken
 				if _, settled := res[i]; settled {
-					want = idemmsg.Duplicate
+					want = idemmsg.Replayed
 				}
 				if r.Outcome != want {
 					t.Errorf("Concurrency %d: %s after the panic: got %v, want %v", conc, k, r.Outcome, want)
@@ -422,8 +422,8 @@ func TestHandleBatchInOrder(t *testing.T) {
 			}
 			last := tt.keys[len(tt.keys)-1]
 			if want := tt.settled != "[0 1 2]"; want {
-				if r := handle(t, d, idemmsg.Delivery{Key: last}, ok); r.Outcome != idemmsg.Processed {
-					t.Errorf("%s, left undecided: got %v, want processed at once", last, r.Outcome)
+				if r := handle(t, d, idemmsg.Delivery{Key: last}, ok); r.Outcome != idemmsg.Executed {
+					t.Errorf("%s, left undecided: got %v, want executed at once", last, r.Outcome)
 				}
 			}
 		}

@@ -16,10 +16,10 @@
 // # Outcomes and broker actions
 //
 //	Outcome       meaning                                       broker action
-//	Processed     the handler ran and its success is recorded   ack
-//	Duplicate     the key already completed; handler not run    ack
+//	Executed      the handler ran and its success is recorded   ack
+//	Replayed      the key already completed; handler not run    ack
 //	InFlight      another consumer holds the key's lease        nack / requeue after Result.RetryAfter
-//	Failed        the handler returned an error; key released   nack with backoff (redelivery retries it)
+//	Released      the handler returned an error; key released   nack with backoff (redelivery retries it)
 //	DeadLettered  the handler failed on the MaxFailures-th      ack, or route to the broker's
 //	              delivery, or an earlier delivery of the key   dead-letter destination
 //	              was dead-lettered; the error is kept
@@ -29,17 +29,17 @@
 // another fingerprint (idem.ErrMismatch), both permanent, or a store
 // failure (*idem.StoreError: the handler did not run; leave the message
 // for redelivery). It returns an error with an Outcome when the outcome holds
-// but the store could not record it (for example Processed, with the
+// but the store could not record it (for example Executed, with the
 // completion lost): act on the Outcome and log the error.
 //
 // # Stored outcomes
 //
-// The completed record of a key holds an idem.Response. A processed key
-// stores Status 200 (StatusProcessed) and nothing else. A dead-lettered key
+// The completed record of a key holds an idem.Response. An executed key
+// stores Status 200 (StatusExecuted) and nothing else. A dead-lettered key
 // stores Status 500 (StatusDeadLettered), the header
 // "Idem-Outcome: dead-lettered" and the handler's error text as the body
 // (at most MaxErrorText bytes), so a later delivery tells DeadLettered
-// (with the kept error in Result.Err) from Duplicate.
+// (with the kept error in Result.Err) from Replayed.
 //
 // # Failure counting
 //
@@ -54,7 +54,7 @@
 //
 //   - The handler runs at most once per completed key within the
 //     retention (Config.Retention, default 24h): every later delivery of
-//     the key is Duplicate (or DeadLettered).
+//     the key is Replayed (or DeadLettered).
 //   - While the handler runs, its lease is renewed (idem.Guard does it),
 //     and no other consumer runs the handler for the same key. The
 //     handler's context carries the lease and its fencing token
@@ -68,7 +68,7 @@
 //     pgstore.CompleteTx or tieredstore.CompleteTx, is exactly-once; Handle does not offer it: use
 //     idem.Guard.Begin for that.)
 //   - A consumer that crashes after the result is recorded but before the
-//     ack causes a redelivery, which is answered Duplicate and acked.
+//     ack causes a redelivery, which is answered Replayed and acked.
 //   - When the store is unreachable the handler is not run (fail closed).
 //   - After retention ends, the key is new again.
 //
@@ -84,7 +84,7 @@
 // (default 2ms), so a slow handler never holds up the others. Each
 // delivery's outcome is the one Handle would give it, except for a key
 // repeated within a batch: its later deliveries are decided once the
-// first is recorded (Duplicate, usually), where Handle run concurrently
+// first is recorded (Replayed, usually), where Handle run concurrently
 // would answer InFlight. The leases of a whole batch are taken at once, so
 // a consumer that crashes holds all of them until they expire. Every
 // adapter has a Batch setting that uses it.

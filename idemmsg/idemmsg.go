@@ -20,8 +20,8 @@ const DefaultMaxFailures = 5
 
 // Stored statuses and markers; see the package documentation.
 const (
-	// StatusProcessed is the status stored for a processed key.
-	StatusProcessed = 200
+	// StatusExecuted is the status stored for an executed key.
+	StatusExecuted = 200
 	// StatusDeadLettered is the status stored for a dead-lettered key,
 	// with OutcomeHeader set to "dead-lettered" and the error text as body.
 	StatusDeadLettered = 500
@@ -45,7 +45,7 @@ type Config struct {
 	// over; it is renewed while the handler runs. Default 30s (idem.Config).
 	Lease time.Duration
 
-	// Retention is how long a completed key (processed or dead-lettered)
+	// Retention is how long a completed key (executed or dead-lettered)
 	// is remembered. Default 24h.
 	Retention time.Duration
 
@@ -87,7 +87,9 @@ type Delivery struct {
 	Body []byte
 }
 
-// Outcome is what Handle decided for a delivery.
+// Outcome is what Handle decided for a delivery. Its String is the word
+// the telemetry reports; Executed, Replayed and Released share theirs
+// ("executed", "replayed", "released") with Guard, idemhttp and idemgrpc.
 type Outcome uint8
 
 const (
@@ -95,17 +97,17 @@ const (
 	// zero Result that comes with an invalid key, a mismatch or a store
 	// failure before the handler ran. It prints as "none".
 	NoOutcome Outcome = iota
-	// Processed: the handler ran and its success is recorded. Acknowledge.
-	Processed
-	// Duplicate: the key already completed; the handler did not run.
+	// Executed: the handler ran and its success is recorded. Acknowledge.
+	Executed
+	// Replayed: the key already completed; the handler did not run.
 	// Acknowledge.
-	Duplicate
+	Replayed
 	// InFlight: another consumer holds the key's lease; the handler did not
 	// run. Redeliver after Result.RetryAfter.
 	InFlight
-	// Failed: the handler returned Result.Err; the key was released.
+	// Released: the handler returned Result.Err; the key was released.
 	// Redeliver, with backoff.
-	Failed
+	Released
 	// DeadLettered: the failure is recorded as the key's result, on this
 	// delivery or an earlier one; Result.Err holds the error (its kept
 	// text, for an earlier one). Acknowledge, or route the message to the
@@ -117,14 +119,14 @@ func (o Outcome) String() string {
 	switch o {
 	case NoOutcome:
 		return "none"
-	case Processed:
-		return "processed"
-	case Duplicate:
-		return "duplicate"
+	case Executed:
+		return "executed"
+	case Replayed:
+		return "replayed"
 	case InFlight:
 		return "in_flight"
-	case Failed:
-		return "failed"
+	case Released:
+		return "released"
 	case DeadLettered:
 		return "dead_lettered"
 	}
@@ -132,8 +134,8 @@ func (o Outcome) String() string {
 }
 
 // Ack reports whether the broker should be told the message is done:
-// true for Processed, Duplicate and DeadLettered.
-func (o Outcome) Ack() bool { return o == Processed || o == Duplicate || o == DeadLettered }
+// true for Executed, Replayed and DeadLettered.
+func (o Outcome) Ack() bool { return o == Executed || o == Replayed || o == DeadLettered }
 
 // Result is the decision for one delivery.
 type Result struct {
@@ -141,7 +143,7 @@ type Result struct {
 	// RetryAfter is set for InFlight: the time until the holder's lease
 	// ends, on the store's clock.
 	RetryAfter time.Duration
-	// Err is the handler's error for Failed and DeadLettered; for a key
+	// Err is the handler's error for Released and DeadLettered; for a key
 	// dead-lettered by an earlier delivery, an error with the kept text.
 	Err error
 }
@@ -196,7 +198,7 @@ func (d *Deduplicator) Key(msgKey string) (idem.Key, error) { return d.scope.Key
 // mismatch (idem.ErrMismatch) with a zero Result; a *idem.StoreError with a
 // zero Result when the store failed before fn ran (fn did not run). When
 // fn ran but its result could not be recorded, Handle returns the Result
-// (Processed, Failed) together with the store's error.
+// (Executed, Released) together with the store's error.
 func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx context.Context) error) (Result, error) {
 	res, err := d.handle(ctx, dl, fn)
 	if d.tel != nil {
@@ -213,7 +215,7 @@ func (d *Deduplicator) observe(ctx context.Context, dl Delivery, res Result, err
 	case errors.Is(err, idem.ErrMismatch):
 		outcome = "mismatch"
 	case errors.Is(err, idem.ErrInvalidKey):
-		outcome = "invalid_key"
+		outcome = "rejected"
 	default:
 		outcome = "store_error"
 	}
@@ -245,7 +247,7 @@ func (d *Deduplicator) handle(ctx context.Context, dl Delivery, fn func(ctx cont
 		if text, ok := deadLetterText(acq.Response); ok {
 			return Result{Outcome: DeadLettered, Err: &DeadLetterError{Text: text}}, nil
 		}
-		return Result{Outcome: Duplicate}, nil
+		return Result{Outcome: Replayed}, nil
 	case idem.InFlight:
 		return Result{Outcome: InFlight, RetryAfter: acq.RetryAfter}, nil
 	case idem.Mismatch:
@@ -268,7 +270,7 @@ func (d *Deduplicator) handle(ctx context.Context, dl Delivery, fn func(ctx cont
 	done = true
 
 	if ferr == nil {
-		return Result{Outcome: Processed}, att.Complete(finish, &idem.Response{Status: StatusProcessed})
+		return Result{Outcome: Executed}, att.Complete(finish, &idem.Response{Status: StatusExecuted})
 	}
 	// A handler stopped from outside (the consumer shutting down, the
 	// lease lost) did not fail on its own: never dead-letter for that.
@@ -280,11 +282,11 @@ func (d *Deduplicator) handle(ctx context.Context, dl Delivery, fn func(ctx cont
 			}
 			// Not recorded (Complete released the key unless the lease
 			// was lost): the next delivery fails and tries again.
-			return Result{Outcome: Failed, Err: ferr}, err
+			return Result{Outcome: Released, Err: ferr}, err
 		}
 		return Result{Outcome: DeadLettered, Err: ferr}, nil
 	}
-	return Result{Outcome: Failed, Err: ferr}, att.Release(finish)
+	return Result{Outcome: Released, Err: ferr}, att.Release(finish)
 }
 
 // DeadLetterError is Result.Err for a key dead-lettered by an earlier

@@ -69,25 +69,25 @@ func TestOutcomes(t *testing.T) {
 		var runs atomic.Int32
 		count := func(context.Context) error { runs.Add(1); return nil }
 
-		// Processed, then Duplicate.
-		if res := handle(t, d, idemmsg.Delivery{Key: "m1", Attempt: 1}, count); res.Outcome != idemmsg.Processed || res.Err != nil {
-			t.Fatalf("first delivery: got %+v, want processed", res)
+		// Executed, then Replayed.
+		if res := handle(t, d, idemmsg.Delivery{Key: "m1", Attempt: 1}, count); res.Outcome != idemmsg.Executed || res.Err != nil {
+			t.Fatalf("first delivery: got %+v, want executed", res)
 		}
-		if res := handle(t, d, idemmsg.Delivery{Key: "m1", Attempt: 2}, count); res.Outcome != idemmsg.Duplicate {
-			t.Fatalf("second delivery: got %v, want duplicate", res.Outcome)
+		if res := handle(t, d, idemmsg.Delivery{Key: "m1", Attempt: 2}, count); res.Outcome != idemmsg.Replayed {
+			t.Fatalf("second delivery: got %v, want replayed", res.Outcome)
 		}
 		if got := runs.Load(); got != 1 {
 			t.Fatalf("handler ran %d times, want 1", got)
 		}
 
-		// Failed releases: the next delivery runs again.
+		// Released: the key is free, and the next delivery runs again.
 		boom := errors.New("boom")
 		res := handle(t, d, idemmsg.Delivery{Key: "m2", Attempt: 1}, func(context.Context) error { return boom })
-		if res.Outcome != idemmsg.Failed || !errors.Is(res.Err, boom) {
-			t.Fatalf("failing delivery: got %+v, want failed with boom", res)
+		if res.Outcome != idemmsg.Released || !errors.Is(res.Err, boom) {
+			t.Fatalf("failing delivery: got %+v, want released with boom", res)
 		}
-		if res := handle(t, d, idemmsg.Delivery{Key: "m2", Attempt: 2}, count); res.Outcome != idemmsg.Processed {
-			t.Fatalf("retry after failure: got %v, want processed", res.Outcome)
+		if res := handle(t, d, idemmsg.Delivery{Key: "m2", Attempt: 2}, count); res.Outcome != idemmsg.Executed {
+			t.Fatalf("retry after failure: got %v, want executed", res.Outcome)
 		}
 
 		// InFlight while another consumer holds the key.
@@ -107,8 +107,8 @@ func TestOutcomes(t *testing.T) {
 			t.Fatalf("concurrent delivery: got %+v, want in_flight with 0 < RetryAfter <= 1s", res)
 		}
 		close(release)
-		if res := <-done; res.Outcome != idemmsg.Processed {
-			t.Fatalf("holder: got %v, want processed", res.Outcome)
+		if res := <-done; res.Outcome != idemmsg.Executed {
+			t.Fatalf("holder: got %v, want executed", res.Outcome)
 		}
 		if got := runs.Load(); got != 2 {
 			t.Fatalf("handler ran %d times, want 2", got)
@@ -122,8 +122,8 @@ func TestDeadLetter(t *testing.T) {
 		var runs atomic.Int32
 		poison := func(context.Context) error { runs.Add(1); return fmt.Errorf("bad payload %d", runs.Load()) }
 		for attempt := 1; attempt <= 2; attempt++ {
-			if res := handle(t, d, idemmsg.Delivery{Key: "p", Attempt: attempt}, poison); res.Outcome != idemmsg.Failed {
-				t.Fatalf("attempt %d: got %v, want failed", attempt, res.Outcome)
+			if res := handle(t, d, idemmsg.Delivery{Key: "p", Attempt: attempt}, poison); res.Outcome != idemmsg.Released {
+				t.Fatalf("attempt %d: got %v, want released", attempt, res.Outcome)
 			}
 		}
 		res := handle(t, d, idemmsg.Delivery{Key: "p", Attempt: 3}, poison)
@@ -190,21 +190,21 @@ func TestConcurrentDeliveries(t *testing.T) {
 		if got := runs.Load(); got != 1 {
 			t.Fatalf("handler ran %d times, want 1", got)
 		}
-		processed := 0
+		executed := 0
 		for i, o := range outcomes {
 			if errs[i] != nil {
 				t.Fatalf("delivery %d: %v", i, errs[i])
 			}
 			switch o {
-			case idemmsg.Processed:
-				processed++
-			case idemmsg.InFlight, idemmsg.Duplicate:
+			case idemmsg.Executed:
+				executed++
+			case idemmsg.InFlight, idemmsg.Replayed:
 			default:
-				t.Fatalf("delivery %d: got %v, want processed, in_flight or duplicate", i, o)
+				t.Fatalf("delivery %d: got %v, want executed, in_flight or replayed", i, o)
 			}
 		}
-		if processed != 1 {
-			t.Fatalf("got %d processed, want 1", processed)
+		if executed != 1 {
+			t.Fatalf("got %d executed, want 1", executed)
 		}
 	})
 }
@@ -222,8 +222,8 @@ func TestPanicReleases(t *testing.T) {
 			t.Fatal("Handle returned, want panic")
 		}()
 		// Released: the next delivery runs at once (not InFlight).
-		if res := handle(t, d, idemmsg.Delivery{Key: "k", Attempt: 2}, ok); res.Outcome != idemmsg.Processed {
-			t.Fatalf("after panic: got %v, want processed", res.Outcome)
+		if res := handle(t, d, idemmsg.Delivery{Key: "k", Attempt: 2}, ok); res.Outcome != idemmsg.Executed {
+			t.Fatalf("after panic: got %v, want executed", res.Outcome)
 		}
 	})
 }
@@ -267,8 +267,8 @@ func TestLeaseRenewedWhileHandlerRuns(t *testing.T) {
 			other, _ = d.Handle(context.Background(), idemmsg.Delivery{Key: "slow", Attempt: 1}, ok)
 			return context.Cause(ctx)
 		})
-		if res.Outcome != idemmsg.Processed || other.Outcome != idemmsg.InFlight || renewals.Load() == 0 {
-			t.Fatalf("got %v, other delivery %v, %d renewals; want processed, in_flight, some renewals",
+		if res.Outcome != idemmsg.Executed || other.Outcome != idemmsg.InFlight || renewals.Load() == 0 {
+			t.Fatalf("got %v, other delivery %v, %d renewals; want executed, in_flight, some renewals",
 				res.Outcome, other.Outcome, renewals.Load())
 		}
 	})
@@ -307,8 +307,8 @@ func TestKeyValidation(t *testing.T) {
 			t.Errorf("key %q: got %+v, %v (ran %v); want idem.ErrInvalidKey, not run", key, res, err, ran)
 		}
 	}
-	if res := handle(t, d, idemmsg.Delivery{Key: strings.Repeat("k", idem.MaxKeyLen)}, ok); res.Outcome != idemmsg.Processed {
-		t.Errorf("255-byte key: got %v, want processed", res.Outcome)
+	if res := handle(t, d, idemmsg.Delivery{Key: strings.Repeat("k", idem.MaxKeyLen)}, ok); res.Outcome != idemmsg.Executed {
+		t.Errorf("255-byte key: got %v, want executed", res.Outcome)
 	}
 }
 
@@ -317,8 +317,8 @@ func TestNamespaceScopes(t *testing.T) {
 	a := newDedup(t, store, idemmsg.Config{Namespace: "orders/billing"})
 	b := newDedup(t, store, idemmsg.Config{Namespace: "orders/shipping"})
 	for _, d := range []*idemmsg.Deduplicator{a, b} {
-		if res := handle(t, d, idemmsg.Delivery{Key: "m"}, ok); res.Outcome != idemmsg.Processed {
-			t.Fatalf("got %v, want processed in each namespace", res.Outcome)
+		if res := handle(t, d, idemmsg.Delivery{Key: "m"}, ok); res.Outcome != idemmsg.Executed {
+			t.Fatalf("got %v, want executed in each namespace", res.Outcome)
 		}
 	}
 }
@@ -328,8 +328,8 @@ func TestFingerprint(t *testing.T) {
 		Fingerprint: func(dl idemmsg.Delivery) idem.Fingerprint { return idem.SumFingerprint(dl.Body) },
 	})
 	handle(t, d, idemmsg.Delivery{Key: "m", Body: []byte("a")}, ok)
-	if res := handle(t, d, idemmsg.Delivery{Key: "m", Body: []byte("a")}, ok); res.Outcome != idemmsg.Duplicate {
-		t.Fatalf("same body: got %v, want duplicate", res.Outcome)
+	if res := handle(t, d, idemmsg.Delivery{Key: "m", Body: []byte("a")}, ok); res.Outcome != idemmsg.Replayed {
+		t.Fatalf("same body: got %v, want replayed", res.Outcome)
 	}
 	if _, err := d.Handle(context.Background(), idemmsg.Delivery{Key: "m", Body: []byte("b")}, ok); !errors.Is(err, idem.ErrMismatch) {
 		t.Fatalf("other body: got %v, want idem.ErrMismatch", err)
@@ -337,8 +337,8 @@ func TestFingerprint(t *testing.T) {
 	// Without Fingerprint, identical keys with other content are duplicates.
 	d2 := newDedup(t, memstore.New(memstore.Options{}), idemmsg.Config{})
 	handle(t, d2, idemmsg.Delivery{Key: "m", Body: []byte("a")}, ok)
-	if res := handle(t, d2, idemmsg.Delivery{Key: "m", Body: []byte("b")}, ok); res.Outcome != idemmsg.Duplicate {
-		t.Fatalf("no fingerprint: got %v, want duplicate", res.Outcome)
+	if res := handle(t, d2, idemmsg.Delivery{Key: "m", Body: []byte("b")}, ok); res.Outcome != idemmsg.Replayed {
+		t.Fatalf("no fingerprint: got %v, want replayed", res.Outcome)
 	}
 }
 
@@ -365,7 +365,7 @@ func TestNewValidates(t *testing.T) {
 
 // A handler stopped from outside on its last allowed attempt (the consumer
 // shutting down) failed for a reason that is not the message's: it is
-// Failed and released, never dead-lettered, and the next delivery runs.
+// Released (the key freed), never dead-lettered, and the next delivery runs.
 func TestCancelledHandlerNotDeadLettered(t *testing.T) {
 	d := newDedup(t, memstore.New(memstore.Options{}), idemmsg.Config{MaxFailures: 1})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -374,13 +374,13 @@ func TestCancelledHandlerNotDeadLettered(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	})
-	if res.Outcome != idemmsg.Failed {
-		t.Fatalf("cancelled handler: got %v, want Failed", res.Outcome)
+	if res.Outcome != idemmsg.Released {
+		t.Fatalf("cancelled handler: got %v, want Released", res.Outcome)
 	}
 	ran := false
 	res, err := d.Handle(context.Background(), idemmsg.Delivery{Key: "k", Attempt: 2}, func(context.Context) error { ran = true; return nil })
-	if err != nil || res.Outcome != idemmsg.Processed || !ran {
-		t.Fatalf("next delivery: got %v, ran %t, %v; want Processed", res.Outcome, ran, err)
+	if err != nil || res.Outcome != idemmsg.Executed || !ran {
+		t.Fatalf("next delivery: got %v, ran %t, %v; want Executed", res.Outcome, ran, err)
 	}
 }
 
@@ -388,8 +388,8 @@ func TestCancelledHandlerNotDeadLettered(t *testing.T) {
 // Outcome of the Result that comes with an error) too.
 func TestOutcomeNames(t *testing.T) {
 	for o, want := range map[idemmsg.Outcome]string{
-		idemmsg.NoOutcome: "none", idemmsg.Processed: "processed", idemmsg.Duplicate: "duplicate",
-		idemmsg.InFlight: "in_flight", idemmsg.Failed: "failed", idemmsg.DeadLettered: "dead_lettered",
+		idemmsg.NoOutcome: "none", idemmsg.Executed: "executed", idemmsg.Replayed: "replayed",
+		idemmsg.InFlight: "in_flight", idemmsg.Released: "released", idemmsg.DeadLettered: "dead_lettered",
 	} {
 		if got := o.String(); got != want {
 			t.Errorf("Outcome(%d).String(): got %q, want %q", uint8(o), got, want)
@@ -397,5 +397,50 @@ func TestOutcomeNames(t *testing.T) {
 	}
 	if idemmsg.NoOutcome.Ack() {
 		t.Error("NoOutcome.Ack(): got true, want false")
+	}
+}
+
+// TestStoredRecordsKeepTheirForm: the records an earlier release wrote (the
+// literal status and header, not the constants) are read as before: an
+// executed key as Replayed, a dead-lettered one as DeadLettered with its
+// kept text. Renaming the outcomes changed no stored value.
+func TestStoredRecordsKeepTheirForm(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	d := newDedup(t, store, idemmsg.Config{Namespace: "q"})
+	g, err := idem.New(store, idem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for msgKey, resp := range map[string]*idem.Response{
+		"done": {Status: 200},
+		"dead": {Status: 500, Header: map[string][]string{"Idem-Outcome": {"dead-lettered"}}, Body: []byte("poison")},
+	} {
+		key, err := d.Key(msgKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		att, acq, err := g.Begin(context.Background(), key, idem.Fingerprint{})
+		if err != nil || acq.Outcome != idem.Acquired {
+			t.Fatalf("Begin %s: got %v, %v", msgKey, acq.Outcome, err)
+		}
+		if err := att.Complete(context.Background(), resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ran := false
+	fn := func(context.Context) error { ran = true; return nil }
+	if res := handle(t, d, idemmsg.Delivery{Key: "done"}, fn); res.Outcome != idemmsg.Replayed || res.Err != nil {
+		t.Errorf("executed key: got %v, %v; want replayed", res.Outcome, res.Err)
+	}
+	res := handle(t, d, idemmsg.Delivery{Key: "dead"}, fn)
+	if res.Outcome != idemmsg.DeadLettered || res.Err == nil || res.Err.Error() != "poison" {
+		t.Errorf("dead-lettered key: got %v, %v; want dead_lettered, poison", res.Outcome, res.Err)
+	}
+	if ran {
+		t.Error("the handler ran for a completed key")
+	}
+	if idemmsg.StatusExecuted != 200 || idemmsg.StatusDeadLettered != 500 || idemmsg.OutcomeHeader != "Idem-Outcome" {
+		t.Errorf("stored constants: got %d, %d, %q; want 200, 500, Idem-Outcome",
+			idemmsg.StatusExecuted, idemmsg.StatusDeadLettered, idemmsg.OutcomeHeader)
 	}
 }

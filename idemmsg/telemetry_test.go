@@ -24,12 +24,12 @@ func TestDeduplicatorTelemetry(t *testing.T) {
 	ctx := context.Background()
 	ok := func(context.Context) error { return nil }
 	boom := func(context.Context) error { return errors.New("poison") }
-	d.Handle(ctx, idemmsg.Delivery{Key: "m1", Attempt: 1}, ok)  // processed
-	d.Handle(ctx, idemmsg.Delivery{Key: "m1", Attempt: 2}, ok)  // duplicate
-	d.Handle(ctx, idemmsg.Delivery{Key: "p", Attempt: 1}, boom) // failed
+	d.Handle(ctx, idemmsg.Delivery{Key: "m1", Attempt: 1}, ok)  // executed
+	d.Handle(ctx, idemmsg.Delivery{Key: "m1", Attempt: 2}, ok)  // replayed
+	d.Handle(ctx, idemmsg.Delivery{Key: "p", Attempt: 1}, boom) // released
 	d.Handle(ctx, idemmsg.Delivery{Key: "p", Attempt: 2}, boom) // dead-lettered now
 	d.Handle(ctx, idemmsg.Delivery{Key: "p", Attempt: 3}, boom) // dead-lettered before
-	d.Handle(ctx, idemmsg.Delivery{Key: "", Attempt: 1}, ok)    // invalid key
+	d.Handle(ctx, idemmsg.Delivery{Key: "", Attempt: 1}, ok)    // invalid key: rejected
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(ctx, &rm); err != nil {
@@ -48,8 +48,8 @@ func TestDeduplicatorTelemetry(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]int64{"idem.outcomes/processed": 1, "idem.outcomes/duplicate": 1, "idem.outcomes/failed": 1,
-		"idem.outcomes/dead_lettered": 2, "idem.outcomes/invalid_key": 1, "idem.dead_letters/": 1}
+	want := map[string]int64{"idem.outcomes/executed": 1, "idem.outcomes/replayed": 1, "idem.outcomes/released": 1,
+		"idem.outcomes/dead_lettered": 2, "idem.outcomes/rejected": 1, "idem.dead_letters/": 1}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s: got %d, want %d (all: %v)", k, got[k], v, got)
@@ -91,8 +91,8 @@ func TestDeduplicatorTelemetryBatch(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]int64{"idem.outcomes/processed": 1, "idem.outcomes/duplicate": 1, "idem.outcomes/failed": 1,
-		"idem.outcomes/dead_lettered": 1, "idem.outcomes/invalid_key": 1, "idem.dead_letters/": 1}
+	want := map[string]int64{"idem.outcomes/executed": 1, "idem.outcomes/replayed": 1, "idem.outcomes/released": 1,
+		"idem.outcomes/dead_lettered": 1, "idem.outcomes/rejected": 1, "idem.dead_letters/": 1}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s: got %d, want %d (all: %v)", k, got[k], v, got)

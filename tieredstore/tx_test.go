@@ -676,14 +676,14 @@ func TestUnderIdemHTTPAndIdemmsg(t *testing.T) {
 	}
 	handled := 0
 	fn := func(context.Context) error { handled++; return nil }
-	for i, want := range []idemmsg.Outcome{idemmsg.Processed, idemmsg.Duplicate} {
+	for i, want := range []idemmsg.Outcome{idemmsg.Executed, idemmsg.Replayed} {
 		res, err := d.Handle(e.ctx, idemmsg.Delivery{Key: "msg-1", Attempt: i + 1}, fn)
 		if err != nil || res.Outcome != want {
 			t.Fatalf("delivery %d: got %v %v, want %v", i+1, res.Outcome, err, want)
 		}
 	}
 	e.flushAll()
-	if res, err := d.Handle(e.ctx, idemmsg.Delivery{Key: "msg-1", Attempt: 3}, fn); err != nil || res.Outcome != idemmsg.Duplicate || handled != 1 {
+	if res, err := d.Handle(e.ctx, idemmsg.Delivery{Key: "msg-1", Attempt: 3}, fn); err != nil || res.Outcome != idemmsg.Replayed || handled != 1 {
 		t.Fatalf("delivery after FLUSHALL: got %v %v after %d runs, want a duplicate and 1 run", res.Outcome, err, handled)
 	}
 }

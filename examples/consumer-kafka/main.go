@@ -10,7 +10,7 @@
 // The deduplication records are kept in Redis, shared by every member of
 // the group; with -redis "" they are kept in memory (memstore), which
 // deduplicates within one process only. Each handled order prints one
-// "effect" line with its fencing token; duplicates print "duplicate". Stop
+// "effect" line with its fencing token; duplicates print "replayed". Stop
 // it with Ctrl-C.
 package main
 
@@ -97,7 +97,7 @@ func main() {
 				fmt.Printf("error      %d@%d: %v\n", rec.Partition, rec.Offset, err)
 			case res.Err != nil:
 				fmt.Printf("%-10s %s (%d@%d): %v\n", res.Outcome, rec.Key, rec.Partition, rec.Offset, res.Err)
-			case res.Outcome != idemmsg.Processed:
+			case res.Outcome != idemmsg.Executed:
 				fmt.Printf("%-10s %s (%d@%d)\n", res.Outcome, rec.Key, rec.Partition, rec.Offset)
 			}
 		},

@@ -14,7 +14,7 @@
 // the durable consumer when missing. JetStream drops a republished
 // Nats-Msg-Id within the stream's duplicate window, so -publish waits the
 // window out between the two copies of each order; the second copy reaches
-// the consumer and prints "duplicate". Each handled order prints one
+// the consumer and prints "replayed". Each handled order prints one
 // "effect" line with its fencing token. Stop it with Ctrl-C.
 package main
 
@@ -121,7 +121,7 @@ func main() {
 				fmt.Printf("error      %s: %v\n", id, err)
 			case res.Err != nil:
 				fmt.Printf("%-10s %s: %v\n", res.Outcome, id, res.Err)
-			case res.Outcome != idemmsg.Processed:
+			case res.Outcome != idemmsg.Executed:
 				fmt.Printf("%-10s %s\n", res.Outcome, id)
 			}
 		},

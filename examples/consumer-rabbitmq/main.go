@@ -13,7 +13,7 @@
 // It declares the queue (with a dead-letter exchange <queue>.dlx routing to
 // the queue <queue>.dlq) when missing. Each handled order prints one
 // "effect" line with its fencing token; the second copy of each order
-// prints "duplicate". Stop it with Ctrl-C.
+// prints "replayed". Stop it with Ctrl-C.
 package main
 
 import (
@@ -114,7 +114,7 @@ func main() {
 				fmt.Printf("error      %s: %v\n", d.MessageId, err)
 			case res.Err != nil:
 				fmt.Printf("%-10s %s: %v\n", res.Outcome, d.MessageId, res.Err)
-			case res.Outcome != idemmsg.Processed:
+			case res.Outcome != idemmsg.Executed:
 				fmt.Printf("%-10s %s\n", res.Outcome, d.MessageId)
 			}
 		},

@@ -9,7 +9,7 @@
 //	go run ./examples/consumer-redisstream -consumer c2    # a second consumer, same group
 //
 // Each handled order prints one "effect" line with its fencing token;
-// duplicates print "duplicate". Stop it with Ctrl-C.
+// duplicates print "replayed". Stop it with Ctrl-C.
 package main
 
 import (
@@ -76,7 +76,7 @@ func main() {
 				fmt.Printf("error      entry %s: %v\n", msg.ID, err)
 			case res.Err != nil:
 				fmt.Printf("%-10s %s (entry %s): %v\n", res.Outcome, msg.Values["order"], msg.ID, res.Err)
-			case res.Outcome != idemmsg.Processed:
+			case res.Outcome != idemmsg.Executed:
 				fmt.Printf("%-10s %s (entry %s)\n", res.Outcome, msg.Values["order"], msg.ID)
 			}
 		},

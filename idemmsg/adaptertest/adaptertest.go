@@ -226,7 +226,7 @@ func (o *outcomes) get(k idemmsg.Outcome) int {
 	return o.n[k]
 }
 
-// duplicates: one consumer, 30 messages over 10 keys: 10 processed, 20
+// duplicates: one consumer, 30 messages over 10 keys: 10 executed, 20
 // duplicates acknowledged without running the handler.
 func (s *suite) duplicates(t *testing.T) {
 	e := s.env(t, Config{})
@@ -239,8 +239,8 @@ func (s *suite) duplicates(t *testing.T) {
 	e.waitSettled("every message settled")
 	e.stopAll(stop)
 	e.ledger.WantOneEach(t, keys)
-	if p, d := got.get(idemmsg.Processed), got.get(idemmsg.Duplicate); p != 10 || d != 20 {
-		t.Errorf("outcomes: %d processed, %d duplicate; want 10 and 20", p, d)
+	if p, d := got.get(idemmsg.Executed), got.get(idemmsg.Replayed); p != 10 || d != 20 {
+		t.Errorf("outcomes: %d executed, %d replayed; want 10 and 20", p, d)
 	}
 }
 
@@ -266,7 +266,7 @@ func (s *suite) twoConsumers(t *testing.T) {
 
 // crashBeforeAck: a consumer applies and records the effect of its third
 // message, then dies before the ack; restarted beside a second consumer,
-// the message comes back and is answered Duplicate. With concurrency > 1
+// the message comes back and is answered Replayed. With concurrency > 1
 // (CrashBeforeAckConcurrent) the handlers running beside the third may
 // record their effects too before the crash; none of them acks.
 func (s *suite) crashBeforeAck(t *testing.T, concurrency int) {
@@ -281,7 +281,7 @@ func (s *suite) crashBeforeAck(t *testing.T, concurrency int) {
 	c.Concurrency = concurrency
 	c.BeforeAck = func(string) bool { return decided.Add(1) < 3 }
 	c.OnResult = func(key string, res idemmsg.Result, err error) {
-		if res.Outcome == idemmsg.Processed && err == nil {
+		if res.Outcome == idemmsg.Executed && err == nil {
 			mu.Lock()
 			recorded[key] = true
 			mu.Unlock()
@@ -328,7 +328,7 @@ func (s *suite) crashBeforeAck(t *testing.T, concurrency int) {
 	} else {
 		e.ledger.WantOneEach(t, keys)
 	}
-	if d := got.get(idemmsg.Duplicate); d < 1 {
+	if d := got.get(idemmsg.Replayed); d < 1 {
 		t.Errorf("%d duplicates after the restart, want at least 1 (the message whose ack was lost)", d)
 	}
 }
@@ -391,8 +391,8 @@ func (s *suite) restart(t *testing.T) {
 	e.waitSettled("the messages after the restart settled")
 	e.stopAll(stop)
 	e.ledger.WantOneEach(t, append(first, second...))
-	if p, d := got.get(idemmsg.Processed), got.get(idemmsg.Duplicate); p != 5 || d != 10 {
-		t.Errorf("after the restart: %d processed, %d duplicate; want 5 and 10", p, d)
+	if p, d := got.get(idemmsg.Executed), got.get(idemmsg.Replayed); p != 5 || d != 10 {
+		t.Errorf("after the restart: %d executed, %d replayed; want 5 and 10", p, d)
 	}
 }
 

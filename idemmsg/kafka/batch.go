@@ -14,7 +14,7 @@ import (
 // partitionBatches is partition with Consumer.Batch: the records, in
 // offset order, in batches of up to BatchSize, each decided with one
 // HandleBatch call (InOrder). After each batch the offset is committed
-// past the records done; the first record not done (InFlight or Failed:
+// past the records done; the first record not done (InFlight or Released:
 // it stopped its batch) is retried in place after a backoff, at the head
 // of the next batch. It returns only errCrashed.
 func (r *runner) partitionBatches(ctx context.Context, recs []*kgo.Record) error {

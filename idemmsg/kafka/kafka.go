@@ -9,12 +9,12 @@
 // records that are done. For each record it calls Deduplicator.Handle and
 // then:
 //
-//	Processed, Duplicate   done
+//	Executed, Replayed     done
 //	DeadLettered           produced to DeadLetterTopic (when set), then done
-//	InFlight, Failed       retried in place after a backoff; the records
+//	InFlight, Released     retried in place after a backoff; the records
 //	                       after it in its partition wait
 //	invalid key, mismatch  as DeadLettered (permanent)
-//	store failure          retried in place, as Failed
+//	store failure          retried in place, as Released
 //
 // The backoff is min(100ms·n, 5s) for the n-th retry of a record, or, for
 // InFlight, Result.RetryAfter when shorter. Done records are committed
@@ -32,7 +32,7 @@
 // AllowRebalance after each batch), at the cost of holding up rebalances
 // while a record is retried; without it, a partition may move to another
 // member mid-batch, and both may handle its records for a while: the
-// Deduplicator answers the second one Duplicate or InFlight, so effects are
+// Deduplicator answers the second one Replayed or InFlight, so effects are
 // not repeated, though a commit may move back and cause more duplicates.
 //
 // When Run stops, records it polled but did not finish are not committed,
@@ -150,7 +150,7 @@ type Consumer struct {
 	// handlers finished are recorded in one step per group (see
 	// FlushInterval); the partition's offset is committed once per batch,
 	// after its completions, past the records done. Handlers still run
-	// one at a time in offset order, and a record InFlight or Failed
+	// one at a time in offset order, and a record InFlight or Released
 	// stops its batch: the records after it wait, and it is retried in
 	// place after a backoff, as without Batch. The leases of a whole
 	// batch are taken at once, so a consumer that crashes holds up to
@@ -369,10 +369,10 @@ func (r *runner) decide(ctx context.Context, rec *kgo.Record, res idemmsg.Result
 	if outcome == idemmsg.DeadLettered && r.DeadLetterTopic != "" {
 		if err := r.deadLetter(ctx, rec, res.Err); err != nil {
 			r.onError(fmt.Errorf("kafka: produce %s (dead letter of %s/%d@%d): %w", r.DeadLetterTopic, rec.Topic, rec.Partition, rec.Offset, err))
-			return idemmsg.Failed, 0, false // retried: the next delivery is dead-lettered again
+			return idemmsg.Released, 0, false // retried: the next delivery is dead-lettered again
 		}
 	}
-	return outcome, res.RetryAfter, outcome == idemmsg.Failed && res.Err != nil
+	return outcome, res.RetryAfter, outcome == idemmsg.Released && res.Err != nil
 }
 
 func (r *runner) deadLetter(ctx context.Context, rec *kgo.Record, cause error) error {

@@ -286,7 +286,7 @@ func TestRebalanceUnderLoad(t *testing.T) {
 // effect of its third record, before committing, committed none of the
 // records of its batch (a partition's records are committed when its part
 // of the batch is finished); the next member re-reads them all and answers
-// each handled one Duplicate. (The adapter suite's crashing consumer polls
+// each handled one Replayed. (The adapter suite's crashing consumer polls
 // one record at a time.)
 func TestCrashCommitsNothingOfItsBatch(t *testing.T) {
 	e := newEnv(t, 0)
@@ -315,7 +315,7 @@ func TestCrashCommitsNothingOfItsBatch(t *testing.T) {
 	var duplicates atomic.Int32
 	c := e.consumer("c2")
 	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
-		if res.Outcome == idemmsg.Duplicate {
+		if res.Outcome == idemmsg.Replayed {
 			duplicates.Add(1)
 		}
 	}
@@ -329,7 +329,7 @@ func TestCrashCommitsNothingOfItsBatch(t *testing.T) {
 
 // TestDeadLetterFields checks what the adapter suite does not: the
 // failing record is retried in place (the record after it in its
-// partition waits) with in-process attempts, Failed twice then
+// partition waits) with in-process attempts, Released twice then
 // DeadLettered; the dead letter keeps the record's headers and value and
 // gains where it came from and the error.
 func TestDeadLetterFields(t *testing.T) {
@@ -365,7 +365,7 @@ func TestDeadLetterFields(t *testing.T) {
 		t.Errorf("poison handler ran %d times, want 3 (MaxFailures)", got)
 	}
 	mu.Lock()
-	if want := []int{int(idemmsg.Failed), int(idemmsg.Failed), int(idemmsg.DeadLettered)}; fmt.Sprint(attempts) != fmt.Sprint(want) {
+	if want := []int{int(idemmsg.Released), int(idemmsg.Released), int(idemmsg.DeadLettered)}; fmt.Sprint(attempts) != fmt.Sprint(want) {
 		t.Errorf("poison outcomes: got %v, want %v", attempts, want)
 	}
 	mu.Unlock()
@@ -418,7 +418,7 @@ func TestInFlightRetried(t *testing.T) {
 	e := newEnv(t, 0)
 	// Another holder takes the key's lease: the consumer gets InFlight and
 	// retries in place, commits nothing past it, and once the holder
-	// completes, answers Duplicate without running the handler.
+	// completes, answers Replayed without running the handler.
 	g, err := idem.New(e.store, idem.Config{Lease: testLease})
 	if err != nil {
 		t.Fatal(err)
@@ -438,7 +438,7 @@ func TestInFlightRetried(t *testing.T) {
 		switch res.Outcome {
 		case idemmsg.InFlight:
 			inFlight.Add(1)
-		case idemmsg.Duplicate:
+		case idemmsg.Replayed:
 			duplicate.Add(1)
 		}
 	}
@@ -447,7 +447,7 @@ func TestInFlightRetried(t *testing.T) {
 	if e.settled() {
 		t.Fatal("committed past a record that is in flight")
 	}
-	if err := att.Complete(context.Background(), &idem.Response{Status: idemmsg.StatusProcessed}); err != nil {
+	if err := att.Complete(context.Background(), &idem.Response{Status: idemmsg.StatusExecuted}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "all records committed", e.settled)

@@ -7,14 +7,14 @@
 // time, and settles each one. For each message it calls
 // Deduplicator.Handle and then:
 //
-//	Processed, Duplicate   Ack
+//	Executed, Replayed     Ack
 //	DeadLettered           publish to DeadLetterSubject (when set), then Term
 //	InFlight               NakWithDelay(Result.RetryAfter)
-//	Failed                 NakWithDelay(Backoff(attempt)), default
+//	Released               NakWithDelay(Backoff(attempt)), default
 //	                       min(attempt·1s, 30s)
 //	no key, invalid key,   as DeadLettered (permanent)
 //	mismatch
-//	store failure          as Failed
+//	store failure          as Released
 //
 // Several Run loops, in one process or many, may share one durable
 // consumer: JetStream hands each message to one of them at a time, and the
@@ -44,7 +44,7 @@
 //     InFlight while the handler still holds the key;
 //   - a message left unsettled (a crash, or messages buffered when Run
 //     stops) is redelivered after AckWait and, if its key completed, is
-//     answered Duplicate and acknowledged.
+//     answered Replayed and acknowledged.
 //
 // # Dead letters
 //
@@ -141,7 +141,7 @@ type Consumer struct {
 	// least Concurrency. Several Run loops sharing the durable consumer
 	// give the same parallelism.
 	Concurrency int
-	// Backoff is the redelivery delay of a Failed delivery (or one the
+	// Backoff is the redelivery delay of a Released delivery (or one the
 	// store could not decide), given its attempt. Default
 	// min(attempt·1s, 30s).
 	Backoff func(attempt int) time.Duration
@@ -161,7 +161,7 @@ type Consumer struct {
 	// Concurrency at a time. The leases of a whole batch are taken at
 	// once, so a Run loop that crashes holds up to MaxMessages keys until
 	// their lease ends. Two messages of one batch with the same key: the
-	// second is decided once the first is recorded (Duplicate, usually),
+	// second is decided once the first is recorded (Replayed, usually),
 	// instead of InFlight. A batch's handlers start while the batch before
 	// records and settles its last group, unless the two share a key
 	// (then it waits for that batch).
@@ -344,7 +344,7 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, meta *jetstrea
 		return errCrashed
 	}
 	switch outcome {
-	case idemmsg.Processed, idemmsg.Duplicate:
+	case idemmsg.Executed, idemmsg.Replayed:
 		if err := msg.Ack(); err != nil {
 			c.onError(fmt.Errorf("natsjs: ack %s: %w", describe(msg), err))
 		}
@@ -365,7 +365,7 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, meta *jetstrea
 		}
 	case idemmsg.InFlight:
 		c.nak(msg, max(res.RetryAfter, minNakDelay))
-	default: // Failed, or the store could not decide
+	default: // Released, or the store could not decide
 		c.nak(msg, c.backoff(attempt))
 	}
 	return nil

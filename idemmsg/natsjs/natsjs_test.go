@@ -190,7 +190,7 @@ func seqOf(msg jetstream.Msg) uint64 {
 }
 
 // TestDuplicatesDefaultKey: with the default key, Nats-Msg-Id, copies
-// republished after the stream's duplicate window are answered Duplicate.
+// republished after the stream's duplicate window are answered Replayed.
 // (The adapter suite keys by payload.) Run also stops promptly.
 func TestDuplicatesDefaultKey(t *testing.T) {
 	// Each round of republications waits out the stream's duplicate
@@ -214,8 +214,8 @@ func TestDuplicatesDefaultKey(t *testing.T) {
 		t.Errorf("Run took %v to stop, want under 1s", d)
 	}
 	e.checkLedger(keys)
-	if counts := countOutcomes(&outcomes); counts[idemmsg.Processed] != 10 || counts[idemmsg.Duplicate] != 20 {
-		t.Errorf("outcomes: got %v, want 10 processed, 20 duplicate", counts)
+	if counts := countOutcomes(&outcomes); counts[idemmsg.Executed] != 10 || counts[idemmsg.Replayed] != 20 {
+		t.Errorf("outcomes: got %v, want 10 executed, 20 replayed", counts)
 	}
 }
 
@@ -249,7 +249,7 @@ func TestInFlightNaked(t *testing.T) {
 			if inFlight.Add(1) == 1 {
 				close(release)
 			}
-		case idemmsg.Duplicate:
+		case idemmsg.Replayed:
 			duplicates.Add(1)
 		}
 	}
@@ -260,7 +260,7 @@ func TestInFlightNaked(t *testing.T) {
 	}
 	e.checkLedger([]string{"same"})
 	if inFlight.Load() != 1 || duplicates.Load() != 1 {
-		t.Errorf("got %d in-flight and %d duplicate outcomes, want 1 and 1", inFlight.Load(), duplicates.Load())
+		t.Errorf("got %d in-flight and %d replayed outcomes, want 1 and 1", inFlight.Load(), duplicates.Load())
 	}
 }
 

@@ -153,7 +153,7 @@ func (r *run) processBatch(batch []amqp.Delivery) error {
 				return errCrashed
 			}
 			switch outcome {
-			case idemmsg.Processed, idemmsg.Duplicate:
+			case idemmsg.Executed, idemmsg.Replayed:
 				r.forget(e.key)
 				acks = append(acks, e.d.DeliveryTag)
 			case idemmsg.DeadLettered:
@@ -161,7 +161,7 @@ func (r *run) processBatch(batch []amqp.Delivery) error {
 				r.acks.nack(c, e.d, e.key, false)
 			case idemmsg.InFlight:
 				r.requeueAfter(e.d, e.key, max(res.RetryAfter, minRetryDelay))
-			default: // Failed, or the store could not decide
+			default: // Released, or the store could not decide
 				r.requeueAfter(e.d, e.key, c.retryDelay(e.attempt))
 			}
 		}

@@ -7,15 +7,15 @@
 // Concurrency at a time), and settles each one. For each delivery it
 // calls Deduplicator.Handle and then:
 //
-//	Processed, Duplicate   Ack
+//	Executed, Replayed     Ack
 //	DeadLettered           Nack(requeue=false): to the queue's dead-letter
 //	                       exchange
 //	InFlight               Nack(requeue=true) after Result.RetryAfter
-//	Failed                 Nack(requeue=true) after RetryDelay(attempt),
+//	Released               Nack(requeue=true) after RetryDelay(attempt),
 //	                       default min(attempt·1s, 30s)
 //	no key, invalid key,   as DeadLettered (permanent)
 //	mismatch
-//	store failure          as Failed
+//	store failure          as Released
 //
 // Several Run loops, on several channels, in one process or many, may
 // consume one queue: RabbitMQ hands each message to one of them at a time,
@@ -56,7 +56,7 @@
 // # Delayed requeue
 //
 // AMQP 0-9-1 has no delayed negative acknowledgement. The Consumer holds an
-// InFlight or Failed delivery unacknowledged for its delay (RetryAfter, or
+// InFlight or Released delivery unacknowledged for its delay (RetryAfter, or
 // RetryDelay(attempt); at most MaxRetryDelay) in the process, without
 // blocking the next deliveries, then Nacks it with requeue. The held
 // deliveries count against Prefetch. For long delays, a delay queue is the
@@ -70,7 +70,7 @@
 // but not handled and held delayed ones are requeued at once, and Run
 // returns nil. Unacknowledged deliveries of a consumer that crashes return
 // to the queue when its channel or connection closes and, if their key
-// completed, are answered Duplicate and acknowledged.
+// completed, are answered Replayed and acknowledged.
 package rabbitmq
 
 import (
@@ -94,7 +94,7 @@ import (
 // DefaultPrefetch is Consumer.Prefetch's default.
 const DefaultPrefetch = 16
 
-// MaxRetryDelay bounds the in-process delay before an InFlight or Failed
+// MaxRetryDelay bounds the in-process delay before an InFlight or Released
 // delivery is requeued.
 const MaxRetryDelay = 30 * time.Second
 
@@ -152,7 +152,7 @@ type Consumer struct {
 	// valid key (idem.ValidateKey) is dead-lettered.
 	Key func(d amqp.Delivery) string
 
-	// RetryDelay is how long a Failed delivery (or one the store could not
+	// RetryDelay is how long a Released delivery (or one the store could not
 	// decide) is held before it is requeued, given its attempt. Default
 	// min(attempt·1s, 30s); at most MaxRetryDelay.
 	RetryDelay func(attempt int) time.Duration
@@ -169,7 +169,7 @@ type Consumer struct {
 	// The leases of a whole batch are taken at once, so a Run loop that
 	// crashes holds up to Prefetch keys until their lease ends. Two
 	// deliveries of one batch with the same key: the second is decided
-	// once the first is recorded (Duplicate, usually), instead of
+	// once the first is recorded (Replayed, usually), instead of
 	// InFlight. The channel must be this Run's alone, with nothing
 	// unacknowledged from before: a multiple-ack covers every
 	// unacknowledged delivery of the channel up to its tag.
@@ -410,7 +410,7 @@ func (r *run) process(d amqp.Delivery) error {
 		return errCrashed
 	}
 	switch outcome {
-	case idemmsg.Processed, idemmsg.Duplicate:
+	case idemmsg.Executed, idemmsg.Replayed:
 		r.forget(key)
 		if err := d.Ack(false); err != nil {
 			c.onError(fmt.Errorf("rabbitmq: ack %s: %w", describe(d, key), err))
@@ -420,7 +420,7 @@ func (r *run) process(d amqp.Delivery) error {
 		c.nack(d, key, false)
 	case idemmsg.InFlight:
 		r.requeueAfter(d, key, max(res.RetryAfter, minRetryDelay))
-	default: // Failed, or the store could not decide
+	default: // Released, or the store could not decide
 		r.requeueAfter(d, key, c.retryDelay(attempt))
 	}
 	return nil

@@ -108,7 +108,7 @@ type env struct {
 	dlq    string
 	dedup  *idemmsg.Deduplicator
 	ledger *msgtest.Ledger
-	acked  atomic.Int32 // deliveries decided Processed, Duplicate or DeadLettered
+	acked  atomic.Int32 // deliveries decided Executed, Replayed or DeadLettered
 }
 
 type envOpts struct {
@@ -315,7 +315,7 @@ func TestInFlightRequeued(t *testing.T) {
 			if inFlight.Add(1) == 1 {
 				close(release)
 			}
-		case idemmsg.Duplicate:
+		case idemmsg.Replayed:
 			duplicates.Add(1)
 		}
 	})
@@ -326,14 +326,14 @@ func TestInFlightRequeued(t *testing.T) {
 	}
 	e.checkLedger([]string{"same"}, stop)
 	if inFlight.Load() != 1 || duplicates.Load() != 1 {
-		t.Errorf("got %d in-flight and %d duplicate outcomes, want 1 and 1", inFlight.Load(), duplicates.Load())
+		t.Errorf("got %d in-flight and %d replayed outcomes, want 1 and 1", inFlight.Load(), duplicates.Load())
 	}
 }
 
 // TestCrashConnectionClosed: a consumer dies, on its own connection,
 // after the effect of a delivery and before its ack; closing the
 // connection returns its unacknowledged deliveries to the queue, and the
-// next consumer answers exactly that one Duplicate. (The adapter suite
+// next consumer answers exactly that one Replayed. (The adapter suite
 // crashes consumers by closing their channel.)
 func TestCrashConnectionClosed(t *testing.T) {
 	e := newEnv(t, envOpts{})
@@ -355,7 +355,7 @@ func TestCrashConnectionClosed(t *testing.T) {
 	before := e.acked.Load() // c1's two decisions, one of them not acked
 	var duplicates atomic.Int32
 	c := e.consumer("c2", nil, nil, func(_ amqp.Delivery, res idemmsg.Result, _ error) {
-		if res.Outcome == idemmsg.Duplicate {
+		if res.Outcome == idemmsg.Replayed {
 			duplicates.Add(1)
 		}
 	})

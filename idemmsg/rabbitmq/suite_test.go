@@ -38,7 +38,7 @@ type suiteTopic struct {
 
 	mu        sync.Mutex
 	published int
-	// settled counts the deliveries settled: decided Processed, Duplicate
+	// settled counts the deliveries settled: decided Executed, Replayed
 	// or DeadLettered and past beforeAck, that is, acked or rejected.
 	settled int
 	// rejected counts the deliveries rejected to the dead-letter exchange.
@@ -82,7 +82,7 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		switch res.Outcome {
-		case idemmsg.Processed, idemmsg.Duplicate:
+		case idemmsg.Executed, idemmsg.Replayed:
 			s.settled++
 		case idemmsg.DeadLettered:
 			s.settled++

@@ -13,12 +13,12 @@
 // after a handler error). For each entry it calls Deduplicator.Handle and
 // then:
 //
-//	Processed, Duplicate   XACK
+//	Executed, Replayed     XACK
 //	DeadLettered           XADD to DeadLetterStream (when set), then XACK
-//	InFlight, Failed       nothing: the entry stays pending and is claimed
+//	InFlight, Released     nothing: the entry stays pending and is claimed
 //	                       again once idle for MinIdle
 //	invalid key, mismatch  as DeadLettered (permanent)
-//	store failure          nothing, as Failed
+//	store failure          nothing, as Released
 //
 // So MinIdle is the retry delay of a failed entry, and an entry whose
 // handler outlives MinIdle may be claimed by another consumer meanwhile;
@@ -145,7 +145,7 @@ type Consumer struct {
 	// the handlers of a batch run in parallel and finish in any order; the
 	// next batch is read when the whole batch is settled. Two entries of
 	// one batch with the same key then run side by side: the second is
-	// answered InFlight and left pending, and is acknowledged as Duplicate
+	// answered InFlight and left pending, and is acknowledged as Replayed
 	// only when claimed after MinIdle. Several Run loops of one group give
 	// the same parallelism, with one connection each blocked in
 	// XREADGROUP.
@@ -165,7 +165,7 @@ type Consumer struct {
 	// taken at once, so a consumer that crashes holds up to Count keys
 	// until their lease ends, not only those it was handling. Two entries
 	// of one batch with the same key: the second is decided once the
-	// first is recorded (Duplicate, usually), instead of InFlight. The
+	// first is recorded (Replayed, usually), instead of InFlight. The
 	// next batch is read while a full batch is handled, and its handlers
 	// start while the batch before records and settles its last group,
 	// unless the two share a key (then it waits for that batch).

@@ -7,7 +7,7 @@ import "sync"
 // settled) with the start of the next (its keys acquired, its handlers
 // run), when the two share no key. Keys shared with the batch before go
 // the safe way: the next batch waits until that one has returned, so that
-// a repeated key finds its first delivery recorded (Duplicate) instead of
+// a repeated key finds its first delivery recorded (Replayed) instead of
 // in flight. Its methods are for one goroutine, the loop's.
 type Pipeline struct {
 	prev *call
