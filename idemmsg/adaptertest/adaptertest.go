@@ -226,8 +226,9 @@ func (o *outcomes) get(k idemmsg.Outcome) int {
 	return o.n[k]
 }
 
-// duplicates: one consumer, 30 messages over 10 keys: 10 executed, 20
-// duplicates acknowledged without running the handler.
+// duplicates: one consumer, 30 messages over 10 keys: 10 executed, the 20
+// copies (and any redelivery) replayed and acknowledged without running
+// the handler.
 func (s *suite) duplicates(t *testing.T) {
 	e := s.env(t, Config{})
 	keys := keysWithDuplicates("order", 30, 10)
@@ -239,8 +240,11 @@ func (s *suite) duplicates(t *testing.T) {
 	e.waitSettled("every message settled")
 	e.stopAll(stop)
 	e.ledger.WantOneEach(t, keys)
-	if p, d := got.get(idemmsg.Executed), got.get(idemmsg.Replayed); p != 10 || d != 20 {
-		t.Errorf("outcomes: %d executed, %d replayed; want 10 and 20", p, d)
+	// At least 20 replayed: an at-least-once broker may deliver a message
+	// again (a Kafka consumer group that rebalances before its offsets are
+	// committed does), and the copy is replayed like any other.
+	if p, d := got.get(idemmsg.Executed), got.get(idemmsg.Replayed); p != 10 || d < 20 {
+		t.Errorf("outcomes: %d executed, %d replayed; want 10 and at least 20", p, d)
 	}
 }
 
