@@ -60,12 +60,12 @@ type Config struct {
 	// the key and true, or false when the request carries none (an empty
 	// AIP-155 request_id, say). A key it returns takes precedence over the
 	// idempotency-key metadata, which is read only when it returns false.
-	// The key must be 1 to 255 visible ASCII characters, as in metadata,
-	// or the call gets InvalidArgument. Default nil: metadata only.
+	// The key must be 1 to 255 printable ASCII characters, as in metadata
+	// (idem.ValidateKey), or the call gets InvalidArgument. Default nil: metadata only.
 	Key func(ctx context.Context, fullMethod string, req any) (string, bool)
 
 	// Tenant says whose call this is; keys of different tenants never
-	// share a record. Default AuthorizationTenant: a hash of the
+	// share a record. Default DefaultTenant: a hash of the
 	// authorization metadata, else of the peer's TLS client certificate,
 	// "" for calls with neither (which then share one scope: a caller who
 	// sends a key another such caller used gets that caller's stored
@@ -221,7 +221,7 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 	return idem.SumFingerprint(b, fullMethod), nil
 }
 
-// AuthorizationTenant scopes keys by the caller's credentials, as
+// DefaultTenant scopes keys by the caller's credentials, as
 // idemhttp.DefaultTenant does: a hash of the single authorization metadata
 // value ("authz:..."); without one, a hash of the TLS client certificate
 // the peer presented ("cert:...", with credentials.NewTLS and ClientAuth
@@ -229,7 +229,7 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 // authorization value). A client that refreshes its token between two
 // retries becomes a new tenant and runs the call again; prefer a stable
 // account id where tokens rotate.
-func AuthorizationTenant(ctx context.Context) string {
+func DefaultTenant(ctx context.Context) string {
 	vs := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(vs) == 1 {
 		sum := sha256.Sum256([]byte(vs[0]))
@@ -278,26 +278,17 @@ func UnaryServerInterceptor(store idem.Store, cfg Config) grpc.UnaryServerInterc
 // NewUnaryServerInterceptor is UnaryServerInterceptor with the
 // configuration error returned.
 func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerInterceptor, error) {
-	switch {
-	case cfg.Wait < 0:
-		return nil, fmt.Errorf("idemgrpc: Config.Wait %v is negative", cfg.Wait)
-	case cfg.MaxExecution < 0:
-		return nil, fmt.Errorf("idemgrpc: Config.MaxExecution %v is negative", cfg.MaxExecution)
-	case cfg.MaxResponseSize < 0:
+	if cfg.MaxResponseSize < 0 {
 		return nil, fmt.Errorf("idemgrpc: Config.MaxResponseSize %d is negative", cfg.MaxResponseSize)
 	}
 	if cfg.MaxResponseSize == 0 {
 		cfg.MaxResponseSize = DefaultMaxResponseSize
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	// idem.New refuses a nil store, and an interface holding a nil pointer.
-	eng, err := engine.New(store, engine.Config{Layer: "grpc", Lease: cfg.Lease, Retention: cfg.Retention,
+	eng, err := engine.New(store, engine.Config{Name: "idemgrpc", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
 		Wait: cfg.Wait, MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("idemgrpc: %w", err)
+		return nil, err
 	}
 	s := &server{cfg: cfg, eng: eng, deny: map[string]bool{}}
 	if len(cfg.Methods) > 0 {
@@ -316,7 +307,7 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 		s.deny[strings.ToLower(k)] = true
 	}
 	if s.cfg.Tenant == nil {
-		s.cfg.Tenant = AuthorizationTenant
+		s.cfg.Tenant = DefaultTenant
 	}
 	if s.cfg.Fingerprint == nil {
 		s.cfg.Fingerprint = DefaultFingerprint
@@ -326,6 +317,9 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 	}
 	if s.cfg.Types == nil {
 		s.cfg.Types = protoregistry.GlobalTypes
+	}
+	if s.cfg.Logger == nil {
+		s.cfg.Logger = slog.Default()
 	}
 	return s.intercept, nil
 }
@@ -363,7 +357,7 @@ func (s *server) required(ctx context.Context, method string) bool {
 func (s *server) clientKey(ctx context.Context, method string, req any) (string, error) {
 	if s.cfg.Key != nil {
 		if k, ok := s.cfg.Key(ctx, method, req); ok {
-			return k, ValidateKey(k)
+			return k, validate(k)
 		}
 	}
 	return ParseKey(ctx)
@@ -395,7 +389,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			slog.String("method", method), slog.Any("error", err))
 		return nil, errorStatus(codes.Internal, ReasonNotFingerprinted, err.Error(), 0)
 	}
-	// clientKey passed ValidateKey, which is stricter than Scope.Key's.
+	// clientKey passed idem.ValidateKey, Scope.Key's own check.
 	key, _ := idem.Scope{Tenant: s.cfg.Tenant(ctx), Method: method}.Key(clientKey)
 	return s.serve(ctx, req, method, handler, key, fp)
 }

@@ -294,12 +294,6 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.MaxBodySize < 0 {
 		return nil, fmt.Errorf("idemhttp: Config.MaxBodySize %d is negative", cfg.MaxBodySize)
 	}
-	if cfg.Wait < 0 {
-		return nil, fmt.Errorf("idemhttp: Config.Wait %v is negative", cfg.Wait)
-	}
-	if cfg.MaxExecution < 0 {
-		return nil, fmt.Errorf("idemhttp: Config.MaxExecution %v is negative", cfg.MaxExecution)
-	}
 	if cfg.BlobTimeout < 0 {
 		return nil, fmt.Errorf("idemhttp: Config.BlobTimeout %v is negative", cfg.BlobTimeout)
 	}
@@ -315,10 +309,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.ClientWriteTimeout == 0 {
 		cfg.ClientWriteTimeout = DefaultClientWriteTimeout
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	eng, err := engine.New(store, engine.Config{Layer: "http", Lease: cfg.Lease, Retention: cfg.Retention,
+	eng, err := engine.New(store, engine.Config{Name: "idemhttp", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
 		Wait: cfg.Wait, MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
 	if err != nil {
@@ -351,6 +342,9 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	}
 	if m.cfg.ErrorHandler == nil {
 		m.cfg.ErrorHandler = WriteProblem
+	}
+	if m.cfg.Logger == nil {
+		m.cfg.Logger = slog.Default()
 	}
 	return m.wrap, nil
 }

@@ -21,7 +21,9 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -53,8 +55,9 @@ const (
 
 // Config is what the engine takes from idemhttp's and idemgrpc's Config.
 type Config struct {
-	// Layer names the protocol in telemetry: "http" or "grpc".
-	Layer string
+	// Name is the package, "idemhttp" or "idemgrpc": the prefix of New's
+	// errors, and without "idem" the layer in telemetry ("http", "grpc").
+	Name string
 
 	// Lease, Retention, MaxResponseSize, OnRenew, TracerProvider and
 	// MeterProvider go to the idem.Guard (see idem.Config).
@@ -77,38 +80,50 @@ type Config struct {
 	// what it means.
 	FailOpen bool
 
-	// Logger receives store failures and lost leases. Required.
+	// Logger receives store failures and lost leases. Default
+	// slog.Default().
 	Logger *slog.Logger
 }
 
 // Engine runs keyed requests for one middleware or interceptor.
 type Engine struct {
 	cfg     Config
+	layer   string
 	g       *idem.Guard
 	tel     *telemetry.T // nil without providers
 	waiters waiters.Set
 }
 
-// New returns an engine over store. Its errors are idem.New's and
-// telemetry.New's, unwrapped.
+// New returns an engine over store, or the configuration's error (prefixed
+// with cfg.Name).
 func New(store idem.Store, cfg Config) (*Engine, error) {
+	switch {
+	case cfg.Wait < 0:
+		return nil, fmt.Errorf("%s: Config.Wait %v is negative", cfg.Name, cfg.Wait)
+	case cfg.MaxExecution < 0:
+		return nil, fmt.Errorf("%s: Config.MaxExecution %v is negative", cfg.Name, cfg.MaxExecution)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	// idem.New refuses a nil store, and an interface holding a nil pointer.
 	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize,
 		OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
 	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
-	return &Engine{cfg: cfg, g: g, tel: tel}, nil
+	return &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}, nil
 }
 
 // Report records outcome o of the request whose context is ctx: the
 // counter idem.outcomes and the span attribute idem.outcome. The adapter
 // calls its OnOutcome after it.
 func (e *Engine) Report(ctx context.Context, o Outcome) {
-	e.tel.Outcome(ctx, e.cfg.Layer, string(o))
+	e.tel.Outcome(ctx, e.layer, string(o))
 }
 
 // Decision is what Acquire decided for a keyed request. Outcome says which
