@@ -3,10 +3,12 @@ package idemgrpc
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
 )
 
 // MetadataKey is the request metadata that carries the idempotency key.
@@ -23,7 +25,7 @@ const MetadataBodyOmitted = "idempotent-replay-body-omitted"
 
 // errKeyMissing reports a call without a key: it wraps idem.ErrMissingKey,
 // not idem.ErrInvalidKey.
-var errKeyMissing error = &keyError{why: "no idempotency key", missing: true}
+var errKeyMissing error = &engine.KeyError{Pkg: "idemgrpc", Why: "no idempotency key", Missing: true}
 
 // ParseKey returns the client key of an incoming call: the single value of
 // its idempotency-key metadata, valid by idem.ValidateKey (1 to 255
@@ -47,25 +49,9 @@ func ParseKey(ctx context.Context) (string, error) {
 // applies to keys from metadata and from Config.Key alike.
 func validate(key string) error {
 	if err := idem.ValidateKey(key); err != nil {
-		return fmt.Errorf("idemgrpc: %w", err)
+		return invalidKey(strings.TrimPrefix(err.Error(), "idem: "))
 	}
 	return nil
 }
 
-func invalidKey(why string) error { return &keyError{why: why} }
-
-// keyError is a ParseKey error: a missing key (idem.ErrMissingKey), or an
-// invalid one (idem.ErrInvalidKey).
-type keyError struct {
-	why     string
-	missing bool
-}
-
-func (e *keyError) Error() string { return "idemgrpc: " + e.why }
-
-func (e *keyError) Is(target error) bool {
-	if e.missing {
-		return target == idem.ErrMissingKey
-	}
-	return target == idem.ErrInvalidKey
-}
+func invalidKey(why string) error { return &engine.KeyError{Pkg: "idemgrpc", Why: why} }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
 )
 
 // HeaderKey is the request header that carries the idempotency key.
@@ -13,7 +14,7 @@ const HeaderKey = "Idempotency-Key"
 // HeaderReplayed is set to "true" on replayed responses.
 const HeaderReplayed = "Idempotent-Replayed"
 
-var errKeyMissing error = &keyError{why: "no Idempotency-Key", missing: true}
+var errKeyMissing error = &engine.KeyError{Pkg: "idemhttp", Why: "no Idempotency-Key", Missing: true}
 
 // ParseKey returns the client key of a request: the single Idempotency-Key
 // header, either a bare token of visible ASCII (0x21-0x7E) or an RFC 8941
@@ -80,28 +81,12 @@ func parseSFString(v string) (string, error) {
 	return "", invalidKey("Idempotency-Key string has no closing quote")
 }
 
-func invalidKey(why string) error { return &keyError{why: why} }
+func invalidKey(why string) error { return &engine.KeyError{Pkg: "idemhttp", Why: why} }
 
 // keyErrorDetail is the text of a ParseKey error, for a problem's detail.
 func keyErrorDetail(err error) string {
-	if ke, ok := err.(*keyError); ok {
-		return ke.why
+	if ke, ok := err.(*engine.KeyError); ok {
+		return ke.Why
 	}
 	return err.Error()
-}
-
-// keyError is a ParseKey error: a missing key (idem.ErrMissingKey), or an
-// invalid one (idem.ErrInvalidKey).
-type keyError struct {
-	why     string
-	missing bool
-}
-
-func (e *keyError) Error() string { return "idemhttp: " + e.why }
-
-func (e *keyError) Is(target error) bool {
-	if e.missing {
-		return target == idem.ErrMissingKey
-	}
-	return target == idem.ErrInvalidKey
 }
