@@ -13,6 +13,11 @@ var (
 	// bytes, or holds bytes outside printable ASCII.
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 
+	// ErrMissingKey reports a request that carries no idempotency key:
+	// idemhttp.ParseKey and idemgrpc.ParseKey return it, wrapped, when no
+	// key was sent. It is not an ErrInvalidKey.
+	ErrMissingKey = errors.New("idem: no idempotency key")
+
 	// ErrLeaseLost reports that a lease is no longer the current one: it
 	// expired, was taken over, or was already released. The store changed
 	// nothing.

@@ -35,7 +35,8 @@ type ClientConfig struct {
 	MethodFunc func(fullMethod string) bool
 
 	// NewKey returns the key of a call that has none in its outgoing
-	// metadata; it must return 1 to 255 visible ASCII characters.
+	// metadata; it must return 1 to 255 printable ASCII characters
+	// (idem.ValidateKey).
 	// Default: a random UUIDv4.
 	NewKey func() string
 
@@ -207,7 +208,7 @@ func (c *client) send(ctx context.Context, method string, req, reply any, cc *gr
 func (c *client) newKey() (string, error) {
 	if c.cfg.NewKey != nil {
 		k := c.cfg.NewKey()
-		if err := ValidateKey(k); err != nil {
+		if err := validate(k); err != nil {
 			return "", status.Errorf(codes.Internal, "idemgrpc: ClientConfig.NewKey: %v", err)
 		}
 		return k, nil

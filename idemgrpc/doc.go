@@ -34,14 +34,15 @@
 // it), so a client can tell them from its handler's errors.
 //
 // The key is the single value of the idempotency-key metadata, 1 to 255
-// visible ASCII characters, or what Config.Key takes from the request
+// printable ASCII characters (idem.ValidateKey, the rule of idemhttp's
+// quoted form: spaces allowed), or what Config.Key takes from the request
 // message: a field such as AIP-155's request_id. A key from the message
 // wins over the metadata. Google's AIP-155 asks that a request_id reused
 // with a different request be refused; that is FailedPrecondition here
 // (the request is well formed; the key's state forbids it).
 //
 // The record is scoped by tenant, full method name and key. The tenant is
-// AuthorizationTenant by default, a hash of the authorization metadata, as
+// DefaultTenant by default, a hash of the authorization metadata, as
 // idemhttp does with the Authorization header, else of the peer's TLS
 // client certificate; calls with neither share one scope, so such a
 // caller that sends a key another caller used gets that caller's stored

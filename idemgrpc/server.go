@@ -23,8 +23,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/telemetry"
-	"github.com/idemkit/idem/internal/waiters"
 )
 
 // DefaultMaxResponseSize is Config.MaxResponseSize's default: grpc-go's
@@ -60,12 +60,12 @@ type Config struct {
 	// the key and true, or false when the request carries none (an empty
 	// AIP-155 request_id, say). A key it returns takes precedence over the
 	// idempotency-key metadata, which is read only when it returns false.
-	// The key must be 1 to 255 visible ASCII characters, as in metadata,
-	// or the call gets InvalidArgument. Default nil: metadata only.
+	// The key must be 1 to 255 printable ASCII characters, as in metadata
+	// (idem.ValidateKey), or the call gets InvalidArgument. Default nil: metadata only.
 	Key func(ctx context.Context, fullMethod string, req any) (string, bool)
 
 	// Tenant says whose call this is; keys of different tenants never
-	// share a record. Default AuthorizationTenant: a hash of the
+	// share a record. Default DefaultTenant: a hash of the
 	// authorization metadata, else of the peer's TLS client certificate,
 	// "" for calls with neither (which then share one scope: a caller who
 	// sends a key another such caller used gets that caller's stored
@@ -163,25 +163,6 @@ type Config struct {
 	MeterProvider  metric.MeterProvider
 }
 
-// Outcome is what the interceptor did with a call of a covered method.
-type Outcome string
-
-const (
-	OutcomePassedThrough Outcome = "passed_through" // no key, none required: handler ran unprotected
-	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease; its outcome was stored (a failure to store it is logged)
-	OutcomeReplayed      Outcome = "replayed"       // the stored outcome was replayed
-	OutcomeConflict      Outcome = "conflict"       // Aborted: in flight (after the wait, if any)
-	OutcomeMismatch      Outcome = "mismatch"       // FailedPrecondition
-	OutcomeRejected      Outcome = "rejected"       // InvalidArgument (key missing or invalid), or Internal (no fingerprint)
-	OutcomeStoreError    Outcome = "store_error"    // the store failed: Unavailable, or the handler ran unprotected (FailOpen); or a stored outcome could not be decoded
-	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
-	// OutcomeReleased: the handler ran under a lease, and the key was
-	// released rather than completed: ShouldStore refused its code (by
-	// default a transient one), it panicked, or its outcome could not be
-	// encoded. A retry runs the handler again.
-	OutcomeReleased Outcome = "released"
-)
-
 // DefaultShouldStore stores the outcomes that a retry of the same request
 // would get again, and releases those that say "try again":
 //
@@ -220,7 +201,7 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 	return idem.SumFingerprint(b, fullMethod), nil
 }
 
-// AuthorizationTenant scopes keys by the caller's credentials, as
+// DefaultTenant scopes keys by the caller's credentials, as
 // idemhttp.DefaultTenant does: a hash of the single authorization metadata
 // value ("authz:..."); without one, a hash of the TLS client certificate
 // the peer presented ("cert:...", with credentials.NewTLS and ClientAuth
@@ -228,7 +209,7 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 // authorization value). A client that refreshes its token between two
 // retries becomes a new tenant and runs the call again; prefer a stable
 // account id where tokens rotate.
-func AuthorizationTenant(ctx context.Context) string {
+func DefaultTenant(ctx context.Context) string {
 	vs := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(vs) == 1 {
 		sum := sha256.Sum256([]byte(vs[0]))
@@ -277,28 +258,19 @@ func UnaryServerInterceptor(store idem.Store, cfg Config) grpc.UnaryServerInterc
 // NewUnaryServerInterceptor is UnaryServerInterceptor with the
 // configuration error returned.
 func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerInterceptor, error) {
-	switch {
-	case cfg.Wait < 0:
-		return nil, fmt.Errorf("idemgrpc: Config.Wait %v is negative", cfg.Wait)
-	case cfg.MaxExecution < 0:
-		return nil, fmt.Errorf("idemgrpc: Config.MaxExecution %v is negative", cfg.MaxExecution)
-	case cfg.MaxResponseSize < 0:
+	if cfg.MaxResponseSize < 0 {
 		return nil, fmt.Errorf("idemgrpc: Config.MaxResponseSize %d is negative", cfg.MaxResponseSize)
 	}
 	if cfg.MaxResponseSize == 0 {
 		cfg.MaxResponseSize = DefaultMaxResponseSize
 	}
-	// idem.New refuses a nil store, and an interface holding a nil pointer.
-	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew,
-		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+	eng, err := engine.New(store, engine.Config{Name: "idemgrpc", Lease: cfg.Lease, Retention: cfg.Retention,
+		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
+		Wait: cfg.Wait, MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("idemgrpc: %w", err)
+		return nil, err
 	}
-	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
-	if err != nil {
-		return nil, fmt.Errorf("idemgrpc: %w", err)
-	}
-	s := &server{cfg: cfg, g: g, deny: map[string]bool{}}
+	s := &server{cfg: cfg, eng: eng, deny: map[string]bool{}}
 	if len(cfg.Methods) > 0 {
 		s.methods = map[string]bool{}
 		for _, m := range cfg.Methods {
@@ -315,7 +287,7 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 		s.deny[strings.ToLower(k)] = true
 	}
 	if s.cfg.Tenant == nil {
-		s.cfg.Tenant = AuthorizationTenant
+		s.cfg.Tenant = DefaultTenant
 	}
 	if s.cfg.Fingerprint == nil {
 		s.cfg.Fingerprint = DefaultFingerprint
@@ -329,17 +301,6 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 	if s.cfg.Logger == nil {
 		s.cfg.Logger = slog.Default()
 	}
-	switch onOutcome := s.cfg.OnOutcome; {
-	case tel != nil && onOutcome != nil:
-		s.cfg.OnOutcome = func(ctx context.Context, m string, o Outcome) {
-			tel.Outcome(ctx, "grpc", string(o))
-			onOutcome(ctx, m, o)
-		}
-	case tel != nil:
-		s.cfg.OnOutcome = func(ctx context.Context, _ string, o Outcome) { tel.Outcome(ctx, "grpc", string(o)) }
-	case onOutcome == nil:
-		s.cfg.OnOutcome = func(context.Context, string, Outcome) {}
-	}
 	return s.intercept, nil
 }
 
@@ -351,10 +312,9 @@ func validMethod(m string) bool {
 
 type server struct {
 	cfg     Config
-	g       *idem.Guard
+	eng     *engine.Engine
 	methods map[string]bool // nil: every method
 	deny    map[string]bool // lower-case metadata keys
-	waiters waiters.Set
 }
 
 func (s *server) covers(method string) bool {
@@ -377,7 +337,7 @@ func (s *server) required(ctx context.Context, method string) bool {
 func (s *server) clientKey(ctx context.Context, method string, req any) (string, error) {
 	if s.cfg.Key != nil {
 		if k, ok := s.cfg.Key(ctx, method, req); ok {
-			return k, ValidateKey(k)
+			return k, validate(k)
 		}
 	}
 	return ParseKey(ctx)
@@ -392,24 +352,24 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	switch {
 	case errors.Is(err, errKeyMissing):
 		if s.required(ctx, method) {
-			s.cfg.OnOutcome(ctx, method, OutcomeRejected)
+			s.outcome(ctx, method, OutcomeRejected)
 			return nil, errorStatus(codes.InvalidArgument, ReasonKeyMissing,
 				"idemgrpc: "+method+" requires an idempotency key: send one in the "+MetadataKey+" metadata", 0)
 		}
-		s.cfg.OnOutcome(ctx, method, OutcomePassedThrough)
+		s.outcome(ctx, method, OutcomePassedThrough)
 		return handler(ctx, req)
 	case err != nil:
-		s.cfg.OnOutcome(ctx, method, OutcomeRejected)
+		s.outcome(ctx, method, OutcomeRejected)
 		return nil, errorStatus(codes.InvalidArgument, ReasonKeyInvalid, err.Error(), 0)
 	}
 	fp, err := s.cfg.Fingerprint(method, req)
 	if err != nil {
-		s.cfg.OnOutcome(ctx, method, OutcomeRejected)
+		s.outcome(ctx, method, OutcomeRejected)
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: request not fingerprinted; the call was not run",
 			slog.String("method", method), slog.Any("error", err))
 		return nil, errorStatus(codes.Internal, ReasonNotFingerprinted, err.Error(), 0)
 	}
-	// clientKey passed ValidateKey, which is stricter than Scope.Key's.
+	// clientKey passed idem.ValidateKey, Scope.Key's own check.
 	key, _ := idem.Scope{Tenant: s.cfg.Tenant(ctx), Method: method}.Key(clientKey)
 	return s.serve(ctx, req, method, handler, key, fp)
 }
@@ -418,122 +378,67 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 // FailedPrecondition or Unavailable; with Config.Wait, an in-flight key is
 // waited for first.
 func (s *server) serve(ctx context.Context, req any, method string, handler grpc.UnaryHandler, key idem.Key, fp idem.Fingerprint) (any, error) {
-	deadline := time.Now().Add(s.cfg.Wait)
-	pause := waiters.FirstPause
 	// The work's context keeps the call's values, not its cancellation
 	// nor its deadline: once acquired, the key's work runs to its end
-	// whatever the client does. The acquire itself is bounded by the
-	// store's timeouts; a client that leaves meanwhile is caught below.
-	parent := context.WithoutCancel(ctx)
-	for {
-		att, acq, err := s.g.Begin(parent, key, fp)
-		if err != nil && ctx.Err() != nil {
-			s.cfg.OnOutcome(ctx, method, OutcomeGone)
-			return nil, status.FromContextError(ctx.Err()).Err() // nobody to answer, nothing to run
-		}
-		if err != nil {
-			s.cfg.OnOutcome(ctx, method, OutcomeStoreError)
-			s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: store failed before the handler ran",
-				slog.String("method", method), slog.String("key", key.String()), slog.Bool("fail_open", s.cfg.FailOpen), slog.Any("error", err))
-			if s.cfg.FailOpen {
-				return handler(ctx, req)
-			}
-			return nil, errorStatus(codes.Unavailable, ReasonStoreUnavailable,
-				"idemgrpc: the idempotency store is unavailable; the call was not run. Retry with the same key.", storeRetryDelay)
-		}
-		switch acq.Outcome {
-		case idem.Acquired:
-			if ctx.Err() != nil {
-				// The client left before the key was acquired: nothing
-				// has run, so nothing runs.
-				s.release(parent, att)
-				s.cfg.OnOutcome(ctx, method, OutcomeGone)
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-			return s.execute(ctx, req, handler, att, method, fp)
-		case idem.Replay:
-			telemetry.Event(ctx, telemetry.EventReplay)
-			return s.replay(ctx, method, key, acq.Response)
-		case idem.Mismatch:
-			s.cfg.OnOutcome(ctx, method, OutcomeMismatch)
-			return nil, errorStatus(codes.FailedPrecondition, ReasonMismatch,
-				"idemgrpc: this idempotency key was already used with a different request to "+method+"; send a new request with a new key", 0)
-		case idem.InFlight:
-			left := time.Until(deadline)
-			if left <= 0 {
-				s.cfg.OnOutcome(ctx, method, OutcomeConflict)
-				return nil, errorStatus(codes.Aborted, ReasonInFlight,
-					"idemgrpc: a call with this idempotency key is in progress; retry with the same key to get its result",
-					max(min(acq.RetryAfter, maxInFlightDelay), time.Millisecond))
-			}
-			if pause == waiters.FirstPause {
-				telemetry.Event(ctx, telemetry.EventWait)
-			}
-			live, done := s.waiters.Wait(ctx, key, min(pause, left, acq.RetryAfter+time.Millisecond))
-			if !live {
-				s.cfg.OnOutcome(ctx, method, OutcomeGone)
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-			if stored := done.For(fp); stored != nil {
-				// A holder in this process stored it: the store's answer,
-				// without asking it.
-				telemetry.Event(ctx, telemetry.EventReplay)
-				return s.replay(ctx, method, key, stored)
-			}
-			pause = min(2*pause, waiters.MaxPause)
-			continue
-		default: // a store answering something else is a broken store
-			s.cfg.OnOutcome(ctx, method, OutcomeStoreError)
-			s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store gave an unknown outcome",
-				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
-			return nil, errorStatus(codes.Unavailable, ReasonStoreUnavailable,
-				"idemgrpc: the idempotency store gave an unknown answer; the call was not run", storeRetryDelay)
-		}
+	// whatever the client does.
+	d := s.eng.Acquire(ctx, context.WithoutCancel(ctx), key, fp, method)
+	switch d.Outcome {
+	case engine.OutcomeExecuted:
+		return s.execute(ctx, req, handler, d.Attempt, method, fp)
+	case engine.OutcomeReplayed:
+		telemetry.Event(ctx, telemetry.EventReplay)
+		return s.replay(ctx, method, key, d.Response)
+	case engine.OutcomeMismatch:
+		s.outcome(ctx, method, OutcomeMismatch)
+		return nil, errorStatus(codes.FailedPrecondition, ReasonMismatch,
+			"idemgrpc: this idempotency key was already used with a different request to "+method+"; send a new request with a new key", 0)
+	case engine.OutcomeConflict:
+		s.outcome(ctx, method, OutcomeConflict)
+		return nil, errorStatus(codes.Aborted, ReasonInFlight,
+			"idemgrpc: a call with this idempotency key is in progress; retry with the same key to get its result",
+			max(min(d.RetryAfter, maxInFlightDelay), time.Millisecond))
+	case engine.OutcomeGone:
+		s.outcome(ctx, method, OutcomeGone)
+		return nil, status.FromContextError(ctx.Err()).Err() // nobody to answer, nothing to run
+	}
+	// engine.OutcomeStoreError
+	s.outcome(ctx, method, OutcomeStoreError)
+	switch {
+	case d.Unknown:
+		return nil, errorStatus(codes.Unavailable, ReasonStoreUnavailable,
+			"idemgrpc: the idempotency store gave an unknown answer; the call was not run", storeRetryDelay)
+	case s.cfg.FailOpen:
+		return handler(ctx, req)
+	}
+	return nil, errorStatus(codes.Unavailable, ReasonStoreUnavailable,
+		"idemgrpc: the idempotency store is unavailable; the call was not run. Retry with the same key.", storeRetryDelay)
+}
+
+// outcome reports what the interceptor did with a call: telemetry, then
+// Config.OnOutcome.
+func (s *server) outcome(ctx context.Context, method string, o Outcome) {
+	s.eng.Report(ctx, engine.Outcome(o))
+	if s.cfg.OnOutcome != nil {
+		s.cfg.OnOutcome(ctx, method, o)
 	}
 }
 
-// workContext adds MaxExecution and StopContext to the attempt's context.
-// stop releases its resources once the work has returned.
-func (s *server) workContext(parent context.Context) (ctx context.Context, stop func()) {
-	if s.cfg.MaxExecution <= 0 && s.cfg.StopContext == nil {
-		return parent, func() {}
-	}
-	ctx, cancel := context.WithCancelCause(parent)
-	unhook := func() bool { return false }
-	if s.cfg.StopContext != nil {
-		unhook = context.AfterFunc(s.cfg.StopContext, func() { cancel(idem.ErrStopped) })
-	}
-	cancelTimer := context.CancelFunc(func() {})
-	if s.cfg.MaxExecution > 0 {
-		ctx, cancelTimer = context.WithTimeoutCause(ctx, s.cfg.MaxExecution, idem.ErrMaxExecution)
-	}
-	return ctx, func() {
-		unhook()
-		cancelTimer()
-		cancel(nil)
-	}
-}
-
-// execute runs the handler under the lease, with the attempt's context and
+// execute runs the handler under the lease, with the work's context and
 // a stream that captures the metadata it sets, then stores its outcome or
 // releases the key according to ShouldStore. A panic releases the key and
 // goes on. It reports the outcome once the key is completed or released:
 // executed, or released. The calls in this process that wait for the key
 // get the stored outcome handed to them (fp is the request's fingerprint).
 func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt, method string, fp idem.Fingerprint) (resp any, err error) {
-	key := att.Lease().Key
 	cs := &captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}
-	work, stop := s.workContext(att.Context())
-	defer stop()
-	work = grpc.NewContextWithServerTransportStream(work, cs)
-	finish := context.WithoutCancel(work)
-	var handed *waiters.Result                     // set once the outcome is stored
-	defer func() { s.waiters.Wake(key, handed) }() // after the release below
+	w := s.eng.Start(att, fp)
+	defer w.End() // after the release below
+	work := grpc.NewContextWithServerTransportStream(w.Ctx, cs)
 	returned := false
 	defer func() {
 		if !returned { // the handler panicked: free the key, let the panic go on
-			s.release(finish, att)
-			s.cfg.OnOutcome(ctx, method, OutcomeReleased)
+			w.Release()
+			s.outcome(ctx, method, OutcomeReleased)
 		}
 	}()
 	resp, err = handler(work, req)
@@ -549,49 +454,26 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 		c.st, code = st, st.Code()
 	}
 	if !s.cfg.ShouldStore(work, code) {
-		s.release(finish, att)
-		s.cfg.OnOutcome(ctx, method, OutcomeReleased)
+		w.Release()
+		s.outcome(ctx, method, OutcomeReleased)
 		return resp, err
 	}
 	c.header, c.trailer = cs.metadata()
 	stored, encErr := encode(c, s.deny, s.cfg.Types)
 	if encErr != nil {
-		s.cfg.Logger.LogAttrs(finish, slog.LevelError, "idem: handler ran but its outcome cannot be stored; a retry will run it again",
-			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", encErr))
-		s.release(finish, att)
-		s.cfg.OnOutcome(ctx, method, OutcomeReleased)
+		w.Failed("idem: handler ran but its outcome cannot be stored; a retry will run it again", encErr)
+		w.Release()
+		s.outcome(ctx, method, OutcomeReleased)
 		return resp, err
 	}
 	// Reported before Complete: a retry that replays the outcome must
 	// find the execution counted.
-	s.cfg.OnOutcome(ctx, method, OutcomeExecuted)
-	switch cerr := att.Complete(finish, stored); {
-	case cerr == nil:
-		handed = &waiters.Result{Fingerprint: fp, Response: stored}
-	case errors.Is(cerr, idem.ErrNotReplicated):
-		s.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
-			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", cerr))
-	default:
-		s.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again",
-			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", cerr))
-	}
+	s.outcome(ctx, method, OutcomeExecuted)
+	w.Complete(stored)
 	if ctx.Err() != nil {
-		s.cfg.Logger.LogAttrs(finish, slog.LevelDebug, "idem: the client left while the handler ran; its outcome was kept for the retry",
-			slog.String("key", key.String()), slog.Any("error", context.Cause(ctx)))
+		w.ClientGone(context.Cause(ctx))
 	}
 	return resp, err
-}
-
-func (s *server) release(ctx context.Context, att *idem.Attempt) {
-	switch err := att.Release(ctx); {
-	case err == nil:
-	case errors.Is(err, idem.ErrLeaseLost):
-		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost before the release; another call may hold the key",
-			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
-	default:
-		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: release failed; the key stays blocked until its lease ends",
-			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
-	}
 }
 
 // trueValue is the value of the replay markers; grpc-go copies metadata
@@ -604,13 +486,13 @@ var trueValue = []string{"true"}
 func (s *server) replay(ctx context.Context, method string, key idem.Key, r *idem.Response) (any, error) {
 	c, err := decode(r, s.cfg.Types)
 	if err != nil {
-		s.cfg.OnOutcome(ctx, method, OutcomeStoreError)
+		s.outcome(ctx, method, OutcomeStoreError)
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored outcome cannot be replayed; the call was not run",
 			slog.String("method", method), slog.String("key", key.String()), slog.Any("error", err))
 		return nil, errorStatus(codes.Internal, ReasonUnreplayable,
 			"idemgrpc: the stored outcome for this idempotency key cannot be decoded; the call was not run again", 0)
 	}
-	s.cfg.OnOutcome(ctx, method, OutcomeReplayed)
+	s.outcome(ctx, method, OutcomeReplayed)
 	header := c.header
 	if header == nil {
 		header = make(metadata.MD, 2)

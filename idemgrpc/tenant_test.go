@@ -23,7 +23,7 @@ import (
 )
 
 // Without authorization metadata, the peer's TLS client certificate is
-// the tenant (AuthorizationTenant): two certificates never share a
+// the tenant (DefaultTenant): two certificates never share a
 // record, over a real TLS connection; a call without one has its own
 // scope.
 func TestTenantByClientCertificate(t *testing.T) {
@@ -33,7 +33,7 @@ func TestTenantByClientCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &server{h: func(ctx context.Context, _ string, _ *structpb.Struct) (*wrapperspb.StringValue, error) {
-		return wrapperspb.String(idemgrpc.AuthorizationTenant(ctx)), nil
+		return wrapperspb.String(idemgrpc.DefaultTenant(ctx)), nil
 	}}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -274,7 +274,7 @@ func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, key idem
 	dog.leave()
 	if err != nil {
 		if r.Context().Err() != nil {
-			m.cfg.OnOutcome(r, OutcomeGone)
+			m.outcome(r, OutcomeGone)
 			return
 		}
 		m.replayFailed(w, r, key, resp.Blob, stalled(ctx, err))
@@ -392,11 +392,11 @@ func stalled(ctx context.Context, err error) error {
 // header was sent.
 func (m *middleware) replayed(r *http.Request, err error) {
 	if err == nil {
-		m.cfg.OnOutcome(r, OutcomeReplayed)
+		m.outcome(r, OutcomeReplayed)
 		telemetry.Event(r.Context(), telemetry.EventReplay)
 		return
 	}
-	m.cfg.OnOutcome(r, OutcomeReplayFailed)
+	m.outcome(r, OutcomeReplayFailed)
 	m.blobError(r, BlobOpRead, err)
 	m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idem: the stored body broke off during its replay; the response was aborted",
 		slog.Any("error", err))
@@ -406,7 +406,7 @@ func (m *middleware) replayed(r *http.Request, err error) {
 // from the blob store. Nothing runs again. A missing or corrupt blob is
 // logged with the stored key and how to run it again (idem purge).
 func (m *middleware) replayFailed(w http.ResponseWriter, r *http.Request, key idem.Key, ref *idem.BlobRef, err error) {
-	m.cfg.OnOutcome(r, OutcomeReplayFailed)
+	m.outcome(r, OutcomeReplayFailed)
 	if !errors.Is(err, errNoBlobStore) {
 		m.blobError(r, BlobOpRead, err)
 	}

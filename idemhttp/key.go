@@ -1,11 +1,11 @@
 package idemhttp
 
 import (
-	"errors"
 	"net/http"
 	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
 )
 
 // HeaderKey is the request header that carries the idempotency key.
@@ -14,15 +14,15 @@ const HeaderKey = "Idempotency-Key"
 // HeaderReplayed is set to "true" on replayed responses.
 const HeaderReplayed = "Idempotent-Replayed"
 
-var errKeyMissing = errors.New("idemhttp: no Idempotency-Key")
+var errKeyMissing error = &engine.KeyError{Pkg: "idemhttp", Why: "no Idempotency-Key", Missing: true}
 
 // ParseKey returns the client key of a request: the single Idempotency-Key
 // header, either a bare token of visible ASCII (0x21-0x7E) or an RFC 8941
 // sf-string ("..." with \" and \\ escapes, printable ASCII inside),
 // surrounded by optional whitespace, 1 to 255 characters after unquoting.
-// A missing header gives an error for which errors.Is(err,
-// idem.ErrInvalidKey) is false; everything else wrong (two headers, control
-// bytes, non-ASCII, bad quoting, length) wraps idem.ErrInvalidKey.
+// A missing header gives an error that wraps idem.ErrMissingKey; everything
+// else wrong (two headers, control bytes, non-ASCII, bad quoting, length)
+// wraps idem.ErrInvalidKey.
 func ParseKey(h http.Header) (string, error) {
 	vs := h.Values(HeaderKey)
 	switch len(vs) {
@@ -81,17 +81,12 @@ func parseSFString(v string) (string, error) {
 	return "", invalidKey("Idempotency-Key string has no closing quote")
 }
 
-func invalidKey(why string) error { return &keyError{why} }
+func invalidKey(why string) error { return &engine.KeyError{Pkg: "idemhttp", Why: why} }
 
 // keyErrorDetail is the text of a ParseKey error, for a problem's detail.
 func keyErrorDetail(err error) string {
-	if ke, ok := err.(*keyError); ok {
-		return ke.why
+	if ke, ok := err.(*engine.KeyError); ok {
+		return ke.Why
 	}
 	return err.Error()
 }
-
-type keyError struct{ why string }
-
-func (e *keyError) Error() string        { return "idemhttp: " + e.why }
-func (e *keyError) Is(target error) bool { return target == idem.ErrInvalidKey }

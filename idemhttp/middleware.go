@@ -19,8 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/telemetry"
-	"github.com/idemkit/idem/internal/waiters"
 )
 
 // Defaults for Config's zero fields.
@@ -230,29 +230,6 @@ type Config struct {
 	MeterProvider  metric.MeterProvider
 }
 
-// Outcome is what the middleware did with a request of a covered method.
-type Outcome string
-
-const (
-	OutcomePassedThrough Outcome = "passed_through" // no key, none required: handler ran unprotected
-	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease; its response was stored (a failure to store it is logged)
-	OutcomeReplayed      Outcome = "replayed"       // the stored response was replayed
-	OutcomeConflict      Outcome = "conflict"       // 409: in flight (after the wait, if any)
-	OutcomeMismatch      Outcome = "mismatch"       // 422
-	OutcomeRejected      Outcome = "rejected"       // 400 or 413: key missing or invalid, body too large or unreadable
-	OutcomeStoreError    Outcome = "store_error"    // the store failed or is full (idem.ErrStoreFull): 503, or the handler ran unprotected (FailOpen)
-	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
-	// OutcomeReleased: the handler ran under a lease, and the key was
-	// released rather than completed: ShouldStore refused its status (by
-	// default a 5xx, 408, 409, 425 or 429), it panicked, or it hijacked
-	// the connection. A retry runs the handler again.
-	OutcomeReleased Outcome = "released"
-	// OutcomeReplayFailed: the key is completed but its stored body could
-	// not be read from the blob store: 503 (or an aborted response, when
-	// the blob broke off after the header was sent); nothing ran.
-	OutcomeReplayFailed Outcome = "replay_failed"
-)
-
 // DefaultFingerprint hashes the method, path, query, Content-Type and body.
 func DefaultFingerprint(r *http.Request, body []byte) idem.Fingerprint {
 	return idem.SumFingerprint(body, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
@@ -292,12 +269,6 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.MaxBodySize < 0 {
 		return nil, fmt.Errorf("idemhttp: Config.MaxBodySize %d is negative", cfg.MaxBodySize)
 	}
-	if cfg.Wait < 0 {
-		return nil, fmt.Errorf("idemhttp: Config.Wait %v is negative", cfg.Wait)
-	}
-	if cfg.MaxExecution < 0 {
-		return nil, fmt.Errorf("idemhttp: Config.MaxExecution %v is negative", cfg.MaxExecution)
-	}
 	if cfg.BlobTimeout < 0 {
 		return nil, fmt.Errorf("idemhttp: Config.BlobTimeout %v is negative", cfg.BlobTimeout)
 	}
@@ -313,19 +284,16 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if cfg.ClientWriteTimeout == 0 {
 		cfg.ClientWriteTimeout = DefaultClientWriteTimeout
 	}
-	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew,
-		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
-	if err != nil {
-		return nil, err
-	}
-	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	eng, err := engine.New(store, engine.Config{Name: "idemhttp", Lease: cfg.Lease, Retention: cfg.Retention,
+		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
+		Wait: cfg.Wait, MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	m := &middleware{cfg: cfg, g: g, tel: tel, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
+	m := &middleware{cfg: cfg, eng: eng, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
 	if n, ok := store.(idem.Namespacer); ok {
 		m.blobNS = n.Namespace()
 	}
@@ -353,29 +321,16 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if m.cfg.Logger == nil {
 		m.cfg.Logger = slog.Default()
 	}
-	switch onOutcome := m.cfg.OnOutcome; {
-	case tel != nil && onOutcome != nil:
-		m.cfg.OnOutcome = func(r *http.Request, o Outcome) {
-			tel.Outcome(r.Context(), "http", string(o))
-			onOutcome(r, o)
-		}
-	case tel != nil:
-		m.cfg.OnOutcome = func(r *http.Request, o Outcome) { tel.Outcome(r.Context(), "http", string(o)) }
-	case onOutcome == nil:
-		m.cfg.OnOutcome = func(*http.Request, Outcome) {}
-	}
 	return m.wrap, nil
 }
 
 type middleware struct {
 	cfg     Config
-	g       *idem.Guard
-	tel     *telemetry.T // nil without providers
+	eng     *engine.Engine
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
 	blobNS  string          // the store's idem.Namespacer namespace, for blob names; "" if it has none
-	waiters waiters.Set
 	// omittedRoutes holds the routes whose omitted body was logged (once
 	// per route), omittedCount their number.
 	omittedRoutes sync.Map
@@ -397,22 +352,22 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 		switch {
 		case errors.Is(err, errKeyMissing):
 			if m.required(r) {
-				m.cfg.OnOutcome(r, OutcomeRejected)
+				m.outcome(r, OutcomeRejected)
 				m.problem(w, r, problemKeyMissing)
 				return
 			}
-			m.cfg.OnOutcome(r, OutcomePassedThrough)
+			m.outcome(r, OutcomePassedThrough)
 			next.ServeHTTP(w, r)
 			return
 		case err != nil:
-			m.cfg.OnOutcome(r, OutcomeRejected)
+			m.outcome(r, OutcomeRejected)
 			m.problem(w, r, Problem{Type: ProblemKeyInvalid, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest,
 				Detail: keyErrorDetail(err)})
 			return
 		}
 		body, ok := m.readBody(w, r)
 		if !ok {
-			m.cfg.OnOutcome(r, OutcomeRejected)
+			m.outcome(r, OutcomeRejected)
 			return
 		}
 		tenant, rt := m.cfg.Tenant(r), route(r)
@@ -493,128 +448,71 @@ type request struct {
 // 503; with Config.Wait, an in-flight key is waited for first. start is
 // when the middleware got the request.
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, req request, body []byte, start time.Time) {
-	key, fp := req.key, req.fp
-	deadline := time.Now().Add(m.cfg.Wait)
-	pause := waiters.FirstPause
 	// The work's context keeps the request's values, not its cancellation:
 	// once acquired, the key's work runs to its end whatever the client
-	// does (unless CancelOnDisconnect). The acquire itself is bounded by
-	// the store's timeouts; a client that leaves meanwhile is caught below.
+	// does (unless CancelOnDisconnect).
 	parent := r.Context()
 	if !m.cfg.CancelOnDisconnect {
 		parent = context.WithoutCancel(parent)
 	}
-	for {
-		att, acq, err := m.g.Begin(parent, key, fp)
-		if err != nil && r.Context().Err() != nil {
-			m.cfg.OnOutcome(r, OutcomeGone)
-			return // the client is gone (or an outer deadline passed): nobody to answer, nothing to run
+	d := m.eng.Acquire(r.Context(), parent, req.key, req.fp, "")
+	switch d.Outcome {
+	case engine.OutcomeExecuted:
+		toBlob := m.cfg.Blobs != nil
+		if toBlob {
+			if err := m.gate.check(r.Context()); err != nil {
+				// The blob store does not answer: a large response
+				// could not be stored. Fail closed, as for the store,
+				// unless FailOpen: then the handler runs, and a body
+				// too large for the record is not stored.
+				m.blobError(r, BlobOpCheck, err)
+				m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: blob store unavailable before the handler ran",
+					slog.String("key", req.key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
+				if !m.cfg.FailOpen {
+					m.eng.Release(context.WithoutCancel(r.Context()), d.Attempt)
+					m.outcome(r, OutcomeStoreError)
+					m.problem(w, r, problemBlobStore)
+					return
+				}
+				toBlob = false
+			}
 		}
-		if err != nil {
-			m.cfg.OnOutcome(r, OutcomeStoreError)
-			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: store failed before the handler ran",
-				slog.String("key", key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
-			if m.cfg.FailOpen {
-				next.ServeHTTP(w, withBody(r, r.Context(), body))
-				return
-			}
-			if errors.Is(err, idem.ErrStoreFull) {
-				m.problem(w, r, problemStoreFull)
-				return
-			}
-			m.problem(w, r, problemStore)
+		m.execute(w, r, body, next, d.Attempt, req, toBlob, start)
+	case engine.OutcomeReplayed:
+		m.replayStored(w, r, req.key, d.Response, start)
+	case engine.OutcomeMismatch:
+		m.outcome(r, OutcomeMismatch)
+		if req.byCookies {
+			m.problem(w, r, problemMismatchCookies)
+		} else {
+			m.problem(w, r, problemMismatch)
+		}
+	case engine.OutcomeConflict:
+		m.outcome(r, OutcomeConflict)
+		m.problem(w, r, problemInFlight)
+	case engine.OutcomeGone:
+		m.outcome(r, OutcomeGone) // nobody to answer, nothing to run
+	default: // engine.OutcomeStoreError
+		m.outcome(r, OutcomeStoreError)
+		switch {
+		case d.Unknown:
+		case m.cfg.FailOpen:
+			next.ServeHTTP(w, withBody(r, r.Context(), body))
+			return
+		case errors.Is(d.Err, idem.ErrStoreFull):
+			m.problem(w, r, problemStoreFull)
 			return
 		}
-		switch acq.Outcome {
-		case idem.Acquired:
-			if r.Context().Err() != nil {
-				// The client left before the key was acquired: nothing
-				// has run, so nothing runs.
-				m.release(context.WithoutCancel(r.Context()), att)
-				m.cfg.OnOutcome(r, OutcomeGone)
-				return
-			}
-			toBlob := m.cfg.Blobs != nil
-			if toBlob {
-				if err := m.gate.check(r.Context()); err != nil {
-					// The blob store does not answer: a large response
-					// could not be stored. Fail closed, as for the store,
-					// unless FailOpen: then the handler runs, and a body
-					// too large for the record is not stored.
-					m.blobError(r, BlobOpCheck, err)
-					m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: blob store unavailable before the handler ran",
-						slog.String("key", key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
-					if !m.cfg.FailOpen {
-						m.release(context.WithoutCancel(r.Context()), att)
-						m.cfg.OnOutcome(r, OutcomeStoreError)
-						m.problem(w, r, problemBlobStore)
-						return
-					}
-					toBlob = false
-				}
-			}
-			m.execute(w, r, body, next, att, req, toBlob, start)
-		case idem.Replay:
-			m.replayStored(w, r, key, acq.Response, start)
-		case idem.Mismatch:
-			m.cfg.OnOutcome(r, OutcomeMismatch)
-			if req.byCookies {
-				m.problem(w, r, problemMismatchCookies)
-			} else {
-				m.problem(w, r, problemMismatch)
-			}
-		case idem.InFlight:
-			left := time.Until(deadline)
-			if left <= 0 {
-				m.cfg.OnOutcome(r, OutcomeConflict)
-				m.problem(w, r, problemInFlight)
-				return
-			}
-			if pause == waiters.FirstPause {
-				telemetry.Event(r.Context(), telemetry.EventWait)
-			}
-			live, done := m.waiters.Wait(r.Context(), key, min(pause, left, acq.RetryAfter+time.Millisecond))
-			if !live {
-				m.cfg.OnOutcome(r, OutcomeGone)
-				return // the client is gone
-			}
-			if stored := done.For(fp); stored != nil {
-				// A holder in this process stored it: the store's answer,
-				// without asking it.
-				m.replayStored(w, r, key, stored, start)
-				return
-			}
-			pause = min(2*pause, waiters.MaxPause)
-			continue
-		default: // a store answering something else is a broken store
-			m.cfg.OnOutcome(r, OutcomeStoreError)
-			m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idem: store gave an unknown outcome",
-				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
-			m.problem(w, r, problemStore)
-		}
-		return
+		m.problem(w, r, problemStore)
 	}
 }
 
-// workContext adds MaxExecution and StopContext to the attempt's context.
-// stop releases its resources once the work has returned.
-func (m *middleware) workContext(parent context.Context) (ctx context.Context, stop func()) {
-	if m.cfg.MaxExecution <= 0 && m.cfg.StopContext == nil {
-		return parent, func() {}
-	}
-	ctx, cancel := context.WithCancelCause(parent)
-	unhook := func() bool { return false }
-	if m.cfg.StopContext != nil {
-		unhook = context.AfterFunc(m.cfg.StopContext, func() { cancel(idem.ErrStopped) })
-	}
-	cancelTimer := context.CancelFunc(func() {})
-	if m.cfg.MaxExecution > 0 {
-		ctx, cancelTimer = context.WithTimeoutCause(ctx, m.cfg.MaxExecution, idem.ErrMaxExecution)
-	}
-	return ctx, func() {
-		unhook()
-		cancelTimer()
-		cancel(nil)
+// outcome reports what the middleware did with r: telemetry, then
+// Config.OnOutcome.
+func (m *middleware) outcome(r *http.Request, o Outcome) {
+	m.eng.Report(r.Context(), engine.Outcome(o))
+	if m.cfg.OnOutcome != nil {
+		m.cfg.OnOutcome(r, o)
 	}
 }
 
@@ -635,18 +533,18 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 	return r
 }
 
-// execute runs the handler under the lease, with the attempt's context and
+// execute runs the handler under the lease, with the work's context and
 // the body read for the fingerprint, then stores its response or releases
 // the key according to ShouldStore. A panic releases the key and goes on.
 // It reports the outcome once the handler has returned: executed, or
 // released.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, req request, toBlob bool, start time.Time) {
-	key := att.Lease().Key
-	ctx, stop := m.workContext(att.Context())
-	defer stop()
+	key := req.key
+	work := m.eng.Start(att, req.fp)
+	defer work.End()
 	outer := r
-	r = withBody(r, ctx, body)
-	finish := context.WithoutCancel(ctx)
+	r = withBody(r, work.Ctx, body)
+	finish := work.Finish
 	c := newCapture(w, m.cfg.MaxResponseSize, m.clientWrites(r, start))
 	if toBlob {
 		c.toBlob = func() *spill {
@@ -656,13 +554,11 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 			return m.newSpill(att.Context(), r, att.Lease())
 		}
 	}
-	var handed *waiters.Result // set once the response is stored
-	defer func() { m.waiters.Wake(key, handed) }()
 	defer func() {
 		if p := recover(); p != nil {
 			c.spill.abort()
-			m.release(finish, att)
-			m.cfg.OnOutcome(outer, OutcomeReleased)
+			work.Release()
+			m.outcome(outer, OutcomeReleased)
 			panic(p)
 		}
 	}()
@@ -670,21 +566,20 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	header := c.finish()
 	if c.hijacked || !m.cfg.ShouldStore(r, c.status) {
 		c.spill.abort()
-		m.release(finish, att)
-		m.cfg.OnOutcome(outer, OutcomeReleased)
+		work.Release()
+		m.outcome(outer, OutcomeReleased)
 		return
 	}
 	// Reported before Complete: a retry that replays the response must
 	// find the execution counted.
-	m.cfg.OnOutcome(outer, OutcomeExecuted)
+	m.outcome(outer, OutcomeExecuted)
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
 	if c.spill != nil {
 		// The blob is written whole before Complete: a completed record
 		// never points to a blob that is not there.
 		if ref, err := c.spill.commit(); err != nil {
 			resp.BodyOmitted = true
-			m.cfg.Logger.LogAttrs(finish, slog.LevelError, "idem: the response body could not be written to the blob store; the key completes without it",
-				slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
+			work.Failed("idem: the response body could not be written to the blob store; the key completes without it", err)
 		} else {
 			resp.Blob = ref
 			resp.Header.Del("Content-Length") // a replay sends the blob's size
@@ -693,37 +588,14 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	if resp.BodyOmitted {
 		m.bodyOmitted(finish, outer, req.route, key)
 	}
-	switch err := att.Complete(finish, resp); {
-	case err == nil:
-		handed = &waiters.Result{Fingerprint: req.fp, Response: resp}
-	case errors.Is(err, idem.ErrNotReplicated):
-		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it",
-			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
-	default:
-		m.cfg.Logger.LogAttrs(finish, slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again",
-			slog.String("key", key.String()), slog.Uint64("token", att.Lease().Token), slog.Any("error", err))
-		if resp.Blob != nil && errors.Is(err, idem.ErrLeaseLost) {
-			// Not stored for sure (other errors may hide a completion whose
-			// reply was lost: the sweep decides those by the record).
-			m.deleteBlob(finish, resp.Blob.Name)
-		}
+	if err := work.Complete(resp); resp.Blob != nil && errors.Is(err, idem.ErrLeaseLost) {
+		// Not stored for sure (other errors may hide a completion whose
+		// reply was lost: the sweep decides those by the record).
+		m.deleteBlob(finish, resp.Blob.Name)
 	}
 	if c.gone != nil {
 		telemetry.Event(finish, telemetry.EventClientGone)
-		m.cfg.Logger.LogAttrs(finish, slog.LevelDebug, "idem: the client left while the handler ran; its response was kept for the retry",
-			slog.String("key", key.String()), slog.Any("error", c.gone))
-	}
-}
-
-func (m *middleware) release(ctx context.Context, att *idem.Attempt) {
-	switch err := att.Release(ctx); {
-	case err == nil:
-	case errors.Is(err, idem.ErrLeaseLost):
-		m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost before the release; another request may hold the key",
-			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
-	default:
-		m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: release failed; the key stays blocked until its lease ends",
-			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
+		work.ClientGone(c.gone)
 	}
 }
 
@@ -766,7 +638,7 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key id
 		m.replayNotKept(w, r, resp)
 		return
 	}
-	m.cfg.OnOutcome(r, OutcomeReplayed)
+	m.outcome(r, OutcomeReplayed)
 	telemetry.Event(r.Context(), telemetry.EventReplay)
 	m.replayHeader(w, resp)
 	w.WriteHeader(resp.Status)
@@ -792,7 +664,7 @@ func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 // its body cannot be replayed. Its outcome is OutcomeReplayed: the work
 // ran once and this is the key's answer.
 func (m *middleware) replayNotKept(w http.ResponseWriter, r *http.Request, resp *idem.Response) {
-	m.cfg.OnOutcome(r, OutcomeReplayed)
+	m.outcome(r, OutcomeReplayed)
 	telemetry.Event(r.Context(), telemetry.EventReplay)
 	h := w.Header()
 	h.Set(HeaderReplayed, "true")

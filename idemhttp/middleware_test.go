@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -293,6 +294,19 @@ func TestBadKeys(t *testing.T) {
 	required.do(t, "POST", "/charges", `"k-1"`, "{}")
 	if a := required.do(t, "POST", "/charges", "k-1", "{}"); a.header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Errorf(`"k-1" then k-1: got %d without a replay, want a replay`, a.status)
+	}
+}
+
+// ParseKey's errors: a missing key is idem.ErrMissingKey, a bad one
+// idem.ErrInvalidKey, never both.
+func TestParseKeyErrors(t *testing.T) {
+	if _, err := idemhttp.ParseKey(http.Header{}); !errors.Is(err, idem.ErrMissingKey) || errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("no header: got %v, want idem.ErrMissingKey", err)
+	}
+	for _, v := range []string{"", "a b", `"unterminated`, "caf\xc3\xa9"} {
+		if _, err := idemhttp.ParseKey(http.Header{idemhttp.HeaderKey: {v}}); !errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMissingKey) {
+			t.Errorf("%q: got %v, want idem.ErrInvalidKey", v, err)
+		}
 	}
 }
 

@@ -100,6 +100,15 @@ mutant tieredstore-completetx-expiry tieredstore/tx.go ./tieredstore 'TestComple
 	$'fp, err := s.redis.Hold(ctx, l, max(l.TTL, time.Millisecond))\n\tif err != nil {' \
 	$'fp, err := s.redis.Hold(ctx, l, max(l.TTL, time.Millisecond))\n\tif err != nil && !errors.Is(err, idem.ErrLeaseLost) {'
 
+# --- the engine under idemhttp and idemgrpc: the work context (its bounds),
+# and idemgrpc's detachment from the caller, seen through idemgrpc.
+mutant engine-work-context-max-execution internal/engine/engine.go ./idemgrpc 'TestMaxExecutionAndStop' \
+	"context.WithTimeoutCause(ctx, e.cfg.MaxExecution, idem.ErrMaxExecution)" \
+	"context.WithTimeoutCause(ctx, e.cfg.MaxExecution, nil)"
+mutant idemgrpc-work-context idemgrpc/server.go ./idemgrpc 'TestClientTimeoutThenRetry' \
+	"d := s.eng.Acquire(ctx, context.WithoutCancel(ctx), key, fp, method)" \
+	"d := s.eng.Acquire(ctx, ctx, key, fp, method)"
+
 # --- idemhttp: the work context, the capture after a client leaves, the
 # Transport's key.
 mutant idemhttp-work-context idemhttp/middleware.go ./idemhttp 'TestClientTimeoutWorkRunsToEnd|TestClientLeavesMidBody' \

@@ -1,0 +1,321 @@
+// Package engine owns the life of a keyed request for idemhttp and idemgrpc:
+// acquiring its key (waiting for an in-flight holder when asked to), the
+// decision to run, replay or refuse, the context the work runs in, and
+// completing or releasing the key once the work has returned, with the
+// outcome's telemetry. What a protocol answers, and how it captures and
+// encodes a response, stays in its package.
+//
+// A request's life, as an adapter drives it:
+//
+//	d := e.Acquire(ctx, parent, key, fp, method)
+//	switch d.Outcome {
+//	case OutcomeExecuted: // run: the key is held
+//		w := e.Start(d.Attempt, fp)
+//		defer w.End()
+//		... run the handler with w.Ctx; then w.Complete(resp), or w.Release()
+//	case OutcomeReplayed: // answer with d.Response
+//	case ...:             // answer the refusal
+//	}
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/telemetry"
+	"github.com/idemkit/idem/internal/waiters"
+)
+
+// Outcome is what a protocol layer did with a request of a covered method:
+// the one list of names idemhttp and idemgrpc report (OnOutcome, the
+// counter idem.outcomes, the span attribute idem.outcome). Each package
+// defines its public constants from these.
+type Outcome string
+
+const (
+	OutcomePassedThrough Outcome = "passed_through" // no key, none required: the handler ran unprotected
+	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease; its response was stored
+	OutcomeReplayed      Outcome = "replayed"       // the stored response was replayed
+	OutcomeConflict      Outcome = "conflict"       // in flight (after the wait, if any)
+	OutcomeMismatch      Outcome = "mismatch"       // the key was used with another request
+	OutcomeRejected      Outcome = "rejected"       // the request was refused before its key was acquired
+	OutcomeStoreError    Outcome = "store_error"    // the store failed (or the handler ran unprotected: FailOpen)
+	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
+	OutcomeReleased      Outcome = "released"       // the handler ran under a lease; the key was released
+	OutcomeReplayFailed  Outcome = "replay_failed"  // the stored body could not be read (idemhttp's blob store)
+)
+
+// Config is what the engine takes from idemhttp's and idemgrpc's Config.
+type Config struct {
+	// Name is the package, "idemhttp" or "idemgrpc": the prefix of New's
+	// errors, and without "idem" the layer in telemetry ("http", "grpc").
+	Name string
+
+	// Lease, Retention, MaxResponseSize, OnRenew, TracerProvider and
+	// MeterProvider go to the idem.Guard (see idem.Config).
+	Lease, Retention time.Duration
+	MaxResponseSize  int
+	OnRenew          func(key idem.Key, err error)
+	TracerProvider   trace.TracerProvider
+	MeterProvider    metric.MeterProvider
+
+	// Wait, when positive, makes Acquire wait up to this long for an
+	// in-flight key's result (Config.Wait of both packages).
+	Wait time.Duration
+
+	// MaxExecution and StopContext bound the work's context (Config's
+	// fields of the same name).
+	MaxExecution time.Duration
+	StopContext  context.Context
+
+	// FailOpen is only logged with a store failure: the adapter decides
+	// what it means.
+	FailOpen bool
+
+	// Logger receives store failures and lost leases. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine runs keyed requests for one middleware or interceptor.
+type Engine struct {
+	cfg     Config
+	layer   string
+	g       *idem.Guard
+	tel     *telemetry.T // nil without providers
+	waiters waiters.Set
+}
+
+// New returns an engine over store, or the configuration's error (prefixed
+// with cfg.Name).
+func New(store idem.Store, cfg Config) (*Engine, error) {
+	switch {
+	case cfg.Wait < 0:
+		return nil, fmt.Errorf("%s: Config.Wait %v is negative", cfg.Name, cfg.Wait)
+	case cfg.MaxExecution < 0:
+		return nil, fmt.Errorf("%s: Config.MaxExecution %v is negative", cfg.Name, cfg.MaxExecution)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	// idem.New refuses a nil store, and an interface holding a nil pointer.
+	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize,
+		OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
+	}
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
+	}
+	return &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}, nil
+}
+
+// Report records outcome o of the request whose context is ctx: the
+// counter idem.outcomes and the span attribute idem.outcome. The adapter
+// calls its OnOutcome after it.
+func (e *Engine) Report(ctx context.Context, o Outcome) {
+	e.tel.Outcome(ctx, e.layer, string(o))
+}
+
+// Decision is what Acquire decided for a keyed request. Outcome says which
+// of the other fields is set:
+//
+//	OutcomeExecuted    run the work under Attempt (Start); its outcome,
+//	                   executed or released, is reported once it returns
+//	OutcomeReplayed    answer with Response, the stored one
+//	OutcomeMismatch    the key was used with another fingerprint
+//	OutcomeConflict    in flight (past the wait); RetryAfter is the time
+//	                   until the holder's lease ends
+//	OutcomeGone        the client left (ctx is done): nothing ran, nobody
+//	                   to answer
+//	OutcomeStoreError  Err is the store's failure (logged); Unknown when
+//	                   the store answered an outcome it may not (logged)
+//
+// Acquire reports none of them: the adapter does, with its own OnOutcome.
+type Decision struct {
+	Outcome    Outcome
+	Attempt    *idem.Attempt
+	Response   *idem.Response
+	RetryAfter time.Duration
+	Err        error
+	Unknown    bool
+}
+
+// Acquire acquires key for a request with fingerprint fp, and with
+// Config.Wait waits for an in-flight holder: it wakes as soon as a holder
+// in this process finishes the key, and is handed the response it stored;
+// for a holder in another process it asks the store again after growing
+// pauses. ctx is the request's: once it is done, the client is gone.
+// parent is the work's parent context (ctx's values; with ctx's
+// cancellation or without it); the acquire itself is bounded by the
+// store's timeouts. method, when not empty, is logged with a store failure.
+func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fingerprint, method string) Decision {
+	deadline := time.Now().Add(e.cfg.Wait)
+	pause := waiters.FirstPause
+	for {
+		att, acq, err := e.g.Begin(parent, key, fp)
+		if err != nil && ctx.Err() != nil {
+			return Decision{Outcome: OutcomeGone} // or an outer deadline passed
+		}
+		if err != nil {
+			attrs := []slog.Attr{slog.String("key", key.String()), slog.Bool("fail_open", e.cfg.FailOpen), slog.Any("error", err)}
+			if method != "" {
+				attrs = append([]slog.Attr{slog.String("method", method)}, attrs...)
+			}
+			e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: store failed before the handler ran", attrs...)
+			return Decision{Outcome: OutcomeStoreError, Err: err}
+		}
+		switch acq.Outcome {
+		case idem.Acquired:
+			if ctx.Err() != nil {
+				// The client left before the key was acquired: nothing
+				// has run, so nothing runs.
+				e.Release(context.WithoutCancel(ctx), att)
+				return Decision{Outcome: OutcomeGone}
+			}
+			return Decision{Outcome: OutcomeExecuted, Attempt: att}
+		case idem.Replay:
+			return Decision{Outcome: OutcomeReplayed, Response: acq.Response}
+		case idem.Mismatch:
+			return Decision{Outcome: OutcomeMismatch}
+		case idem.InFlight:
+			left := time.Until(deadline)
+			if left <= 0 {
+				return Decision{Outcome: OutcomeConflict, RetryAfter: acq.RetryAfter}
+			}
+			if pause == waiters.FirstPause {
+				telemetry.Event(ctx, telemetry.EventWait)
+			}
+			live, done := e.waiters.Wait(ctx, key, min(pause, left, acq.RetryAfter+time.Millisecond))
+			if !live {
+				return Decision{Outcome: OutcomeGone}
+			}
+			if stored := done.For(fp); stored != nil {
+				// A holder in this process stored it: the store's answer,
+				// without asking it.
+				return Decision{Outcome: OutcomeReplayed, Response: stored}
+			}
+			pause = min(2*pause, waiters.MaxPause)
+		default: // a store answering something else is a broken store
+			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: store gave an unknown outcome",
+				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
+			return Decision{Outcome: OutcomeStoreError, Unknown: true}
+		}
+	}
+}
+
+// Release releases att's key, and logs a failure.
+func (e *Engine) Release(ctx context.Context, att *idem.Attempt) {
+	switch err := att.Release(ctx); {
+	case err == nil:
+	case errors.Is(err, idem.ErrLeaseLost):
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost before the release; another request may hold the key",
+			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
+	default:
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: release failed; the key stays blocked until its lease ends",
+			slog.String("key", att.Lease().Key.String()), slog.Any("error", err))
+	}
+}
+
+// Work is one run of a request's work under its lease. Build it with
+// Start, end it with End (deferred), and in between either Complete or
+// Release the key once the work has returned (also when it panicked).
+type Work struct {
+	// Ctx is the work's context: the attempt's (cancelled when the lease
+	// is lost), bounded by Config.MaxExecution (cause
+	// idem.ErrMaxExecution) and stopped by Config.StopContext (cause
+	// idem.ErrStopped).
+	Ctx context.Context
+	// Finish is Ctx without its cancellation, for what comes after the
+	// work: completing, releasing, logging.
+	Finish context.Context
+	// Attempt holds the lease.
+	Attempt *idem.Attempt
+
+	e      *Engine
+	fp     idem.Fingerprint
+	stop   func()
+	handed *waiters.Result // set once the response is stored
+}
+
+// Start starts the work of a request with fingerprint fp under att.
+func (e *Engine) Start(att *idem.Attempt, fp idem.Fingerprint) Work {
+	ctx, stop := e.workContext(att.Context())
+	return Work{Ctx: ctx, Finish: context.WithoutCancel(ctx), Attempt: att, e: e, fp: fp, stop: stop}
+}
+
+// workContext adds MaxExecution and StopContext to the attempt's context.
+// stop releases its resources once the work has returned.
+func (e *Engine) workContext(parent context.Context) (ctx context.Context, stop func()) {
+	if e.cfg.MaxExecution <= 0 && e.cfg.StopContext == nil {
+		return parent, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	unhook := func() bool { return false }
+	if e.cfg.StopContext != nil {
+		unhook = context.AfterFunc(e.cfg.StopContext, func() { cancel(idem.ErrStopped) })
+	}
+	cancelTimer := context.CancelFunc(func() {})
+	if e.cfg.MaxExecution > 0 {
+		ctx, cancelTimer = context.WithTimeoutCause(ctx, e.cfg.MaxExecution, idem.ErrMaxExecution)
+	}
+	return ctx, func() {
+		unhook()
+		cancelTimer()
+		cancel(nil)
+	}
+}
+
+// Release releases the key: the work's result is not kept, and a retry
+// runs it again.
+func (w *Work) Release() { w.e.Release(w.Finish, w.Attempt) }
+
+// Complete stores resp as the key's response, and logs a failure. Once it
+// is stored, End hands it to the requests of this process that wait for
+// the key.
+func (w *Work) Complete(resp *idem.Response) error {
+	err := w.Attempt.Complete(w.Finish, resp)
+	switch {
+	case err == nil:
+		w.handed = &waiters.Result{Fingerprint: w.fp, Response: resp}
+	case errors.Is(err, idem.ErrNotReplicated):
+		w.log(slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it", err)
+	default:
+		w.log(slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again", err)
+	}
+	return err
+}
+
+// Failed logs that the work ran but its result cannot be stored (why is
+// err); the caller then releases the key.
+func (w *Work) Failed(msg string, err error) { w.log(slog.LevelError, msg, err) }
+
+func (w *Work) log(level slog.Level, msg string, err error) {
+	w.e.cfg.Logger.LogAttrs(w.Finish, level, msg,
+		slog.String("key", w.Attempt.Lease().Key.String()), slog.Uint64("token", w.Attempt.Lease().Token), slog.Any("error", err))
+}
+
+// ClientGone logs that the client left (why is err) while the work ran,
+// which went on to its end.
+func (w *Work) ClientGone(err error) {
+	w.e.cfg.Logger.LogAttrs(w.Finish, slog.LevelDebug, "idem: the client left while the handler ran; its response was kept for the retry",
+		slog.String("key", w.Attempt.Lease().Key.String()), slog.Any("error", err))
+}
+
+// End wakes the requests of this process that wait for the key (handing
+// them the stored response, if any), then frees the work context. Defer
+// it right after Start: it must run after the key is completed or
+// released, also when the work panicked.
+func (w *Work) End() {
+	w.e.waiters.Wake(w.Attempt.Lease().Key, w.handed)
+	w.stop()
+}

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/memstore"
+)
+
+// signalStore says on inFlight when an Acquire found the key in flight.
+type signalStore struct {
+	idem.Store
+	inFlight chan struct{}
+}
+
+func (s signalStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	acq, err := s.Store.Acquire(ctx, req)
+	if err == nil && acq.Outcome == idem.InFlight {
+		select {
+		case s.inFlight <- struct{}{}:
+		default:
+		}
+	}
+	return acq, err
+}
+
+func newEngine(t *testing.T, cfg Config) *Engine {
+	t.Helper()
+	return newEngineOn(t, memstore.New(memstore.Options{}), cfg)
+}
+
+func newEngineOn(t *testing.T, store idem.Store, cfg Config) *Engine {
+	t.Helper()
+	cfg.Name = "idemtest"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func key(t *testing.T, k string) idem.Key {
+	t.Helper()
+	key, err := idem.Scope{Method: "test"}.Key(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// A request's life: run, then replay; another fingerprint is a mismatch.
+func TestAcquireDecisions(t *testing.T) {
+	e := newEngine(t, Config{})
+	ctx := t.Context()
+	k, fp, other := key(t, "k"), idem.Fingerprint{1}, idem.Fingerprint{2}
+	d := e.Acquire(ctx, ctx, k, fp, "")
+	if d.Outcome != OutcomeExecuted || d.Attempt == nil {
+		t.Fatalf("first: got %+v, want executed with an attempt", d)
+	}
+	if d := e.Acquire(ctx, ctx, k, fp, ""); d.Outcome != OutcomeConflict || d.RetryAfter <= 0 {
+		t.Fatalf("while held, no wait: got %+v, want conflict with a RetryAfter", d)
+	}
+	w := e.Start(d.Attempt, fp)
+	if err := w.Complete(&idem.Response{Status: 201, Body: []byte("done")}); err != nil {
+		t.Fatal(err)
+	}
+	w.End()
+	if d := e.Acquire(ctx, ctx, k, fp, ""); d.Outcome != OutcomeReplayed || string(d.Response.Body) != "done" {
+		t.Fatalf("after Complete: got %+v, want the replay", d)
+	}
+	if d := e.Acquire(ctx, ctx, k, other, ""); d.Outcome != OutcomeMismatch {
+		t.Fatalf("other fingerprint: got %+v, want mismatch", d)
+	}
+}
+
+// With Wait, a duplicate is handed the holder's response; a released key
+// is acquired again; a client gone while it waits is gone.
+func TestAcquireWait(t *testing.T) {
+	store := signalStore{memstore.New(memstore.Options{}), make(chan struct{}, 1)}
+	e := newEngineOn(t, store, Config{Wait: 5 * time.Second})
+	ctx := t.Context()
+	waiting := func() { // the waiter found the key in flight, and waits
+		<-store.inFlight
+		time.Sleep(20 * time.Millisecond)
+	}
+	k, fp := key(t, "w"), idem.Fingerprint{1}
+	d := e.Acquire(ctx, ctx, k, fp, "")
+	w := e.Start(d.Attempt, fp)
+	got := make(chan Decision, 1)
+	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
+	waiting()
+	w.Complete(&idem.Response{Status: 200, Body: []byte("handed")})
+	w.End()
+	// Handed over (the same *Response), or read from the store if the
+	// waiter was between two store checks when it was stored.
+	if d := <-got; d.Outcome != OutcomeReplayed || string(d.Response.Body) != "handed" {
+		t.Fatalf("waiter: got %+v, want the replay", d)
+	}
+
+	k = key(t, "released")
+	d = e.Acquire(ctx, ctx, k, fp, "")
+	w = e.Start(d.Attempt, fp)
+	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
+	waiting()
+	w.Release()
+	w.End()
+	d = <-got
+	if d.Outcome != OutcomeExecuted {
+		t.Fatalf("waiter after a release: got %+v, want executed", d)
+	}
+	// Still held: the waiter's client leaves.
+	gone, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if d := e.Acquire(gone, context.WithoutCancel(gone), k, fp, ""); d.Outcome != OutcomeGone {
+		t.Fatalf("client gone while waiting: got %+v, want gone", d)
+	}
+	e.Release(ctx, d.Attempt)
+}
+
+// A client gone before the key was acquired: nothing runs, and the key is
+// released for its retry.
+func TestAcquireClientGone(t *testing.T) {
+	e := newEngine(t, Config{})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	k := key(t, "g")
+	if d := e.Acquire(ctx, context.WithoutCancel(ctx), k, idem.Fingerprint{}, ""); d.Outcome != OutcomeGone {
+		t.Fatalf("got %+v, want gone", d)
+	}
+	d := e.Acquire(t.Context(), t.Context(), k, idem.Fingerprint{}, "")
+	if d.Outcome != OutcomeExecuted {
+		t.Fatalf("retry: got %+v, want executed (the key released)", d)
+	}
+	e.Release(t.Context(), d.Attempt)
+}
+
+// The work context: MaxExecution and StopContext cancel it with their
+// causes; Finish outlives it.
+func TestWorkContext(t *testing.T) {
+	stop, stopNow := context.WithCancel(context.Background())
+	defer stopNow()
+	e := newEngine(t, Config{MaxExecution: 30 * time.Millisecond, StopContext: stop})
+	ctx := t.Context()
+	d := e.Acquire(ctx, ctx, key(t, "max"), idem.Fingerprint{}, "")
+	w := e.Start(d.Attempt, idem.Fingerprint{})
+	<-w.Ctx.Done()
+	if err := context.Cause(w.Ctx); !errors.Is(err, idem.ErrMaxExecution) {
+		t.Fatalf("past MaxExecution: cause %v, want idem.ErrMaxExecution", err)
+	}
+	if w.Finish.Err() != nil {
+		t.Fatalf("Finish: %v, want live", w.Finish.Err())
+	}
+	w.Release()
+	w.End()
+
+	d = e.Acquire(ctx, ctx, key(t, "stop"), idem.Fingerprint{}, "")
+	w = e.Start(d.Attempt, idem.Fingerprint{})
+	stopNow()
+	<-w.Ctx.Done()
+	if err := context.Cause(w.Ctx); !errors.Is(err, idem.ErrStopped) {
+		t.Fatalf("StopContext: cause %v, want idem.ErrStopped", err)
+	}
+	w.Release()
+	w.End()
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, cfg := range []Config{{Wait: -1}, {MaxExecution: -1}} {
+		cfg.Name = "idemtest"
+		if _, err := New(memstore.New(memstore.Options{}), cfg); err == nil {
+			t.Errorf("New(%+v): got nil error, want one", cfg)
+		}
+	}
+	if _, err := New(nil, Config{Name: "idemtest"}); err == nil {
+		t.Error("New(nil store): got nil error, want one")
+	}
+}
