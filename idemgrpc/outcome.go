@@ -10,7 +10,7 @@ const (
 	OutcomePassedThrough = Outcome(engine.OutcomePassedThrough) // "passed_through": no key, none required: handler ran unprotected
 	OutcomeExecuted      = Outcome(engine.OutcomeExecuted)      // "executed": the handler ran under a lease; its outcome was stored (a failure to store it is logged)
 	OutcomeReplayed      = Outcome(engine.OutcomeReplayed)      // "replayed": the stored outcome was replayed
-	OutcomeConflict      = Outcome(engine.OutcomeConflict)      // "conflict": Aborted: in flight (after the wait, if any)
+	OutcomeInFlight      = Outcome(engine.OutcomeInFlight)      // "in_flight": Aborted: in flight (after the wait, if any)
 	OutcomeMismatch      = Outcome(engine.OutcomeMismatch)      // "mismatch": FailedPrecondition
 	OutcomeRejected      = Outcome(engine.OutcomeRejected)      // "rejected": InvalidArgument (key missing or invalid), or Internal (no fingerprint)
 	OutcomeStoreError    = Outcome(engine.OutcomeStoreError)    // "store_error": the store failed: Unavailable, or the handler ran unprotected (FailOpen); or a stored outcome could not be decoded

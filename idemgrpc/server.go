@@ -392,8 +392,8 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 		s.outcome(ctx, method, OutcomeMismatch)
 		return nil, errorStatus(codes.FailedPrecondition, ReasonMismatch,
 			"idemgrpc: this idempotency key was already used with a different request to "+method+"; send a new request with a new key", 0)
-	case engine.OutcomeConflict:
-		s.outcome(ctx, method, OutcomeConflict)
+	case engine.OutcomeInFlight:
+		s.outcome(ctx, method, OutcomeInFlight)
 		return nil, errorStatus(codes.Aborted, ReasonInFlight,
 			"idemgrpc: a call with this idempotency key is in progress; retry with the same key to get its result",
 			max(min(d.RetryAfter, maxInFlightDelay), time.Millisecond))

@@ -487,8 +487,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		} else {
 			m.problem(w, r, problemMismatch)
 		}
-	case engine.OutcomeConflict:
-		m.outcome(r, OutcomeConflict)
+	case engine.OutcomeInFlight:
+		m.outcome(r, OutcomeInFlight)
 		m.problem(w, r, problemInFlight)
 	case engine.OutcomeGone:
 		m.outcome(r, OutcomeGone) // nobody to answer, nothing to run

@@ -237,7 +237,7 @@ func TestOnOutcome(t *testing.T) {
 	close(block)
 	<-slow
 	want := map[idemhttp.Outcome]int{idemhttp.OutcomeExecuted: 2, idemhttp.OutcomeReplayed: 1, idemhttp.OutcomeMismatch: 1,
-		idemhttp.OutcomePassedThrough: 1, idemhttp.OutcomeRejected: 1, idemhttp.OutcomeConflict: 1}
+		idemhttp.OutcomePassedThrough: 1, idemhttp.OutcomeRejected: 1, idemhttp.OutcomeInFlight: 1}
 	mu.Lock()
 	defer mu.Unlock()
 	if !reflect.DeepEqual(got, want) {

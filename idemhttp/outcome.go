@@ -10,7 +10,7 @@ const (
 	OutcomePassedThrough = Outcome(engine.OutcomePassedThrough) // "passed_through": no key, none required: handler ran unprotected
 	OutcomeExecuted      = Outcome(engine.OutcomeExecuted)      // "executed": the handler ran under a lease; its response was stored (a failure to store it is logged)
 	OutcomeReplayed      = Outcome(engine.OutcomeReplayed)      // "replayed": the stored response was replayed
-	OutcomeConflict      = Outcome(engine.OutcomeConflict)      // "conflict": 409: in flight (after the wait, if any)
+	OutcomeInFlight      = Outcome(engine.OutcomeInFlight)      // "in_flight": 409: in flight (after the wait, if any)
 	OutcomeMismatch      = Outcome(engine.OutcomeMismatch)      // "mismatch": 422
 	OutcomeRejected      = Outcome(engine.OutcomeRejected)      // "rejected": 400 or 413: key missing or invalid, body too large or unreadable
 	OutcomeStoreError    = Outcome(engine.OutcomeStoreError)    // "store_error": the store failed or is full (idem.ErrStoreFull): 503, or the handler ran unprotected (FailOpen)

@@ -503,7 +503,7 @@ func TestProxyDuplicatesReplayConflictMismatch(t *testing.T) {
 	for series, want := range map[string]float64{
 		`idem_requests_total{outcome="executed"}`:        2,
 		`idem_requests_total{outcome="replayed"}`:        float64(replayed + 1),
-		`idem_requests_total{outcome="conflict"}`:        float64(conflicts + 1),
+		`idem_requests_total{outcome="in_flight"}`:       float64(conflicts + 1),
 		`idem_requests_total{outcome="mismatch"}`:        1,
 		`idem_requests_total{outcome="rejected"}`:        1,
 		`idem_requests_total{outcome="store_error"}`:     0,

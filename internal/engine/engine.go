@@ -44,7 +44,7 @@ const (
 	OutcomePassedThrough Outcome = "passed_through" // no key, none required: the handler ran unprotected
 	OutcomeExecuted      Outcome = "executed"       // the handler ran under a lease; its response was stored
 	OutcomeReplayed      Outcome = "replayed"       // the stored response was replayed
-	OutcomeConflict      Outcome = "conflict"       // in flight (after the wait, if any)
+	OutcomeInFlight      Outcome = "in_flight"      // in flight (after the wait, if any)
 	OutcomeMismatch      Outcome = "mismatch"       // the key was used with another request
 	OutcomeRejected      Outcome = "rejected"       // the request was refused before its key was acquired
 	OutcomeStoreError    Outcome = "store_error"    // the store failed (or the handler ran unprotected: FailOpen)
@@ -133,7 +133,7 @@ func (e *Engine) Report(ctx context.Context, o Outcome) {
 //	                   executed or released, is reported once it returns
 //	OutcomeReplayed    answer with Response, the stored one
 //	OutcomeMismatch    the key was used with another fingerprint
-//	OutcomeConflict    in flight (past the wait); RetryAfter is the time
+//	OutcomeInFlight    in flight (past the wait); RetryAfter is the time
 //	                   until the holder's lease ends
 //	OutcomeGone        the client left (ctx is done): nothing ran, nobody
 //	                   to answer
@@ -190,7 +190,7 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		case idem.InFlight:
 			left := time.Until(deadline)
 			if left <= 0 {
-				return Decision{Outcome: OutcomeConflict, RetryAfter: acq.RetryAfter}
+				return Decision{Outcome: OutcomeInFlight, RetryAfter: acq.RetryAfter}
 			}
 			if pause == waiters.FirstPause {
 				telemetry.Event(ctx, telemetry.EventWait)

@@ -63,7 +63,7 @@ func TestAcquireDecisions(t *testing.T) {
 	if d.Outcome != OutcomeExecuted || d.Attempt == nil {
 		t.Fatalf("first: got %+v, want executed with an attempt", d)
 	}
-	if d := e.Acquire(ctx, ctx, k, fp, ""); d.Outcome != OutcomeConflict || d.RetryAfter <= 0 {
+	if d := e.Acquire(ctx, ctx, k, fp, ""); d.Outcome != OutcomeInFlight || d.RetryAfter <= 0 {
 		t.Fatalf("while held, no wait: got %+v, want conflict with a RetryAfter", d)
 	}
 	w := e.Start(d.Attempt, fp)

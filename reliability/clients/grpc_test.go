@@ -369,7 +369,7 @@ func TestGRPCClientsRetry(t *testing.T) {
 						r.Client, r.key, r.Status, r.Value, r.Replayed, r.Error, r.Seen, effects[0])
 					lost++
 				}
-				if !slices.Contains(outs, string(idemgrpc.OutcomeConflict)) {
+				if !slices.Contains(outs, string(idemgrpc.OutcomeInFlight)) {
 					t.Errorf("key %s: got interceptor outcomes %v, want calls that met the key in flight (conflict)", r.key, outs)
 				}
 				// A later call gets the same replay.
