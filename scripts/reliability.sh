@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the reliability suites (reliability/...) and prints the table of
+# Runs the reliability suites (reliability/..., and the adapters' broker-fault
+# scenarios under idemmsg/...) and prints the table of
 # RELIABILITY.md built from the rows they report.
 #
 #   ./scripts/reliability.sh            the long versions (IDEM_RELIABILITY=long), several minutes
@@ -18,5 +19,5 @@ export IDEM_RELIABILITY_OUT="$PWD/$rows"
 if [ "$mode" = long ]; then
 	export IDEM_RELIABILITY=long
 fi
-go test -race -count=1 -timeout 60m ./reliability/... >&2
+go test -race -count=1 -timeout 60m ./reliability/... ./idemmsg/... >&2
 go run ./internal/reltest/table <"$rows"

@@ -19,22 +19,35 @@
 // and, for adapters with a Concurrency setting, handlers running in
 // parallel. Adapters with a batch mode (Harness.Batch) run them all again
 // in it.
+//
+// The broker-fault scenarios (Harness.BrokerFaults) do to the consumers
+// what a broker and a network do in production: the broker restarts
+// mid-consume; the connections are reset, or black-holed for a few
+// seconds; a message is handed to a second consumer while the first still
+// works on it; the idempotency store is down while messages arrive. Each
+// requires the same: one effect per key, nothing lost, nothing pending or
+// dead-lettered, and the consumers running again on their own.
 package adaptertest
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 )
 
 // Harness connects the suite to one adapter and its broker.
 type Harness struct {
+	// Name names the adapter in the rows the broker-fault scenarios
+	// report for RELIABILITY.md ("rabbitmq", "kafka", ...).
+	Name string
 	// NewTopic returns a fresh, empty topic (stream, queue, subject or
 	// topic, with its consumer group or durable consumer) and a
 	// Deduplicator scoped to it, configured by cfg. It is called once per
@@ -50,14 +63,34 @@ type Harness struct {
 	// Batch set on every consumer.
 	Batch bool
 	// Wait bounds every wait for the broker to settle, including
-	// redeliveries after a crash or a failure. Default 20s.
+	// redeliveries after a crash or a failure. Default 20s; the
+	// broker-fault scenarios wait twice as long.
 	Wait time.Duration
+	// BrokerFaults reports that the harness honours Config.Faults,
+	// Config.RedeliverAfter and Config.Store: the broker-fault scenarios
+	// (BrokerRestart, ConnectionReset, ConnectionBlackhole,
+	// RedeliveredWhileWorking, StoreDown) then run too. Every adapter of
+	// this module sets it.
+	BrokerFaults bool
 }
 
 // Config is what a scenario asks of a topic.
 type Config struct {
 	// MaxFailures is the Deduplicator's (0: its default).
 	MaxFailures int
+	// Faults asks for a topic whose Topic also implements Faults: on a
+	// broker the test owns, reached by the consumers through a proxy the
+	// harness can cut.
+	Faults bool
+	// RedeliverAfter, when positive, asks the broker to hand an
+	// unacknowledged message to another consumer once it has been out
+	// this long (RabbitMQ's consumer timeout, JetStream's AckWait, a Redis
+	// Streams consumer's MinIdle, a Kafka rebalance), and the Deduplicator
+	// to keep its lease meanwhile (renewed while the handler runs).
+	RedeliverAfter time.Duration
+	// Store, when set, is the store the topic's Deduplicator must use
+	// instead of its own.
+	Store idem.Store
 }
 
 // Topic is one scenario's destination on the broker.
@@ -137,6 +170,9 @@ func (s *suite) scenarios() map[string]func(t *testing.T) {
 	if h.Concurrency {
 		scenarios["Concurrency"] = s.concurrency
 		scenarios["CrashBeforeAckConcurrent"] = func(t *testing.T) { s.crashBeforeAck(t, 4) }
+	}
+	if h.BrokerFaults {
+		maps.Copy(scenarios, s.faultScenarios())
 	}
 	return scenarios
 }
