@@ -92,6 +92,12 @@ const (
 	HeaderError    = "idem-error"
 )
 
+// ErrConnectionClosed is what Run returns when the consumer's NATS
+// connection is closed for good: it gave up reconnecting (its
+// MaxReconnects), or it was closed. A nats.Conn never opens again: make a
+// new one, and a Consumer on it, to go on (see Lost connections).
+var ErrConnectionClosed = errors.New("natsjs: the NATS connection is closed")
+
 // ErrNoMsgID is the error of a message dead-lettered by the default Key
 // because it has no Nats-Msg-Id header.
 var ErrNoMsgID = errors.New("natsjs: message has no " + jetstream.MsgIDHeader + " header (publish with one, or set Consumer.Key)")
@@ -104,6 +110,9 @@ const (
 	minNakDelay = 10 * time.Millisecond
 	// maxBackoff caps the default Backoff.
 	maxBackoff = 30 * time.Second
+	// defaultAckWait is JetStream's, for a consumer whose AckWait is
+	// not known.
+	defaultAckWait = 30 * time.Second
 )
 
 // Consumer is one Run loop over a durable pull consumer. Fill in the fields
@@ -202,6 +211,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrConnectionClosed):
+			return fmt.Errorf("%w: %w", ErrConnectionClosed, err)
 		}
 		c.onError(err)
 		failures++
@@ -311,10 +322,46 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) error {
 	if key == "" && c.Key == nil {
 		err = ErrNoMsgID
 	} else {
-		res, err = c.Dedup.Handle(ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()},
-			func(ctx context.Context) error { return c.Handler(ctx, msg) })
+		for try := 1; ; try++ {
+			res, err = c.Dedup.Handle(ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()},
+				func(ctx context.Context) error { return c.Handler(ctx, msg) })
+			if !undecided(res, err) || ctx.Err() != nil {
+				break
+			}
+			c.onError(fmt.Errorf("natsjs: %s kept, to decide again: %w", describe(msg), err))
+			c.hold(ctx, try, msg)
+		}
 	}
 	return c.settle(ctx, msg, meta, key, attempt, res, err)
+}
+
+// undecided reports whether Handle could not decide a delivery because the
+// store failed before the handler ran.
+func undecided(res idemmsg.Result, err error) bool {
+	var se *idem.StoreError
+	return res.Outcome == idemmsg.NoOutcome && errors.As(err, &se)
+}
+
+// hold waits Backoff(try), or until ctx ends, before a delivery the store
+// could not decide is decided again, and meanwhile keeps JetStream from
+// redelivering msgs: InProgress now and every third of the consumer's
+// AckWait. Naking them instead would spend a delivery on every try, and a
+// store outage longer than MaxDeliver tries would leave the messages for
+// good.
+func (c *Consumer) hold(ctx context.Context, try int, msgs ...jetstream.Msg) {
+	every := defaultAckWait
+	if info := c.Consumer.CachedInfo(); info != nil && info.Config.AckWait > 0 {
+		every = info.Config.AckWait
+	}
+	every /= 3
+	for left := c.backoff(try); left > 0 && ctx.Err() == nil; left -= every {
+		for _, msg := range msgs {
+			if err := msg.InProgress(); err != nil {
+				c.onError(fmt.Errorf("natsjs: in progress %s: %w", describe(msg), err))
+			}
+		}
+		loop.Sleep(ctx, min(left, every))
+	}
 }
 
 // attemptOf returns msg's delivery count and its metadata (nil if it has
