@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,14 +128,27 @@ func consumerOptions() []nats.Option {
 // Start runs ac on a connection of its own through the proxy.
 func (f *faultTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	t.Helper()
-	name := ac.Name
+	// The client's callbacks run on a goroutine of its own: log only
+	// until the connection is closed.
+	var mu sync.Mutex
+	closed := false
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !closed {
+			t.Logf(ac.Name+": "+format, args...)
+		}
+	}
 	nc, err := nats.Connect("nats://"+f.proxy.Addr, append(consumerOptions(),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { t.Logf("%s: disconnected: %v", name, err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { t.Logf("%s: reconnected", name) }))...)
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { logf("disconnected: %v", err) }),
+		nats.ReconnectHandler(func(*nats.Conn) { logf("reconnected") }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { logf("nats: %v", err) }))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close) // after the Run loop stopped (cleanups run last first)
+	// After the Run loop stopped (cleanups run last first).
+	t.Cleanup(nc.Close)
+	t.Cleanup(func() { mu.Lock(); closed = true; mu.Unlock() })
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
