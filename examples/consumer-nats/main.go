@@ -69,7 +69,11 @@ func main() {
 		nats.MaxReconnects(-1),            // reconnect for ever (default: 60 tries)
 		nats.PingInterval(10*time.Second), // notice a silent connection in ~30s (default: ~6 min)
 		nats.MaxPingsOutstanding(2),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Printf("disconnected: %v", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: closed by the program
+				log.Printf("disconnected: %v", err)
+			}
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Printf("reconnected to %s", nc.ConnectedUrl()) }),
 	)
 	if err != nil {

@@ -82,7 +82,10 @@
 // JetStream redelivers every message not acknowledged after AckWait; its
 // key is then Replayed (the handler completed) or InFlight (still
 // running), so no handler runs twice. An ack from an earlier delivery
-// still settles a message JetStream redelivered meanwhile.
+// still settles a message JetStream redelivered meanwhile. Right after a
+// reconnect the client may report "slow consumer, messages dropped" to its
+// ErrorHandler: the iterator asked for a full batch again while it still
+// held messages, and the ones that did not fit come back after AckWait.
 //
 // A connection closed for good (MaxReconnects exhausted, or closed by the
 // program) never opens again: Run then returns ErrConnectionClosed.
