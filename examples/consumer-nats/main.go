@@ -16,6 +16,15 @@
 // window out between the two copies of each order; the second copy reaches
 // the consumer and prints "replayed". Each handled order prints one
 // "effect" line with its fencing token. Stop it with Ctrl-C.
+//
+// It survives its broker: the connection reconnects for ever and pings
+// every 10s, so that a restarted nats-server (kill it and start it again
+// with the same -sd) or a dropped connection is noticed at once, and a
+// silent one within about 30s; Run waits meanwhile and goes on after the
+// reconnect, and messages left unacknowledged come back after AckWait and
+// are replayed, not handled again. Run returns only if the connection is
+// closed for good (natsjs.ErrConnectionClosed), which MaxReconnects(-1)
+// leaves to Ctrl-C.
 package main
 
 import (
@@ -54,7 +63,19 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	nc, err := nats.Connect(*url)
+	// The consumer's answer to a lost connection is the client's: see
+	// natsjs's "Lost connections".
+	nc, err := nats.Connect(*url,
+		nats.MaxReconnects(-1),            // reconnect for ever (default: 60 tries)
+		nats.PingInterval(10*time.Second), // notice a silent connection in ~30s (default: ~6 min)
+		nats.MaxPingsOutstanding(2),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: closed by the program
+				log.Printf("disconnected: %v", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Printf("reconnected to %s", nc.ConnectedUrl()) }),
+	)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -127,6 +148,8 @@ func main() {
 		},
 	}
 	fmt.Printf("consumer %s on %s; Ctrl-C to stop\n", *durable, *streamName)
+	// Run resumes by itself after a reconnect; it returns an error only
+	// for a bad configuration or a connection closed for good.
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}

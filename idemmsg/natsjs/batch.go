@@ -109,19 +109,22 @@ func (c *Consumer) consumeBatches(ctx context.Context, it jetstream.MessagesCont
 	}
 }
 
+// batchEntry is one message of a batch, with what settle needs.
+type batchEntry struct {
+	msg     jetstream.Msg
+	meta    *jetstream.MsgMetadata
+	key     string
+	attempt int
+}
+
 // processBatch decides batch with one HandleBatch call and settles each
-// group as process settles one message. Messages left undecided (the
-// context ended first) are handed back at once. handled is
+// group as process settles one message. Messages the store could not
+// decide are held (see hold) and decided again, with one HandleBatch call
+// per try, until the store answers or ctx ends. Messages left undecided
+// (the context ended first) are handed back at once. handled is
 // BatchOptions.Handled.
 func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, handled func()) error {
-	type entry struct {
-		msg     jetstream.Msg
-		meta    *jetstream.MsgMetadata
-		key     string
-		attempt int
-	}
-	entries := make([]entry, 0, len(batch))
-	dls := make([]idemmsg.Delivery, 0, len(batch))
+	entries := make([]batchEntry, 0, len(batch))
 	for _, msg := range batch {
 		attempt, meta := attemptOf(msg)
 		key := c.key(msg)
@@ -131,16 +134,41 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, hand
 			}
 			continue
 		}
-		entries = append(entries, entry{msg, meta, key, attempt})
-		dls = append(dls, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()})
+		entries = append(entries, batchEntry{msg, meta, key, attempt})
+	}
+	for try := 1; len(entries) > 0; try++ {
+		retry, err := c.decideBatch(ctx, entries, handled)
+		if err != nil || len(retry) == 0 {
+			return err
+		}
+		msgs := make([]jetstream.Msg, len(retry))
+		for i, e := range retry {
+			msgs[i] = e.msg
+		}
+		c.hold(ctx, try, msgs...)
+		entries = retry
+	}
+	return nil
+}
+
+// decideBatch is one HandleBatch call over entries. It returns the
+// entries the store could not decide (while ctx lasts), to be decided
+// again, and settles the others.
+func (c *Consumer) decideBatch(ctx context.Context, entries []batchEntry, handled func()) (retry []batchEntry, err error) {
+	dls := make([]idemmsg.Delivery, len(entries))
+	for i, e := range entries {
+		dls[i] = idemmsg.Delivery{Key: e.key, Attempt: e.attempt, Body: e.msg.Data()}
 	}
 	settled := make([]bool, len(entries))
-	err := c.Dedup.HandleBatch(ctx, dls, idemmsg.BatchOptions{Concurrency: c.Concurrency, FlushInterval: c.FlushInterval, Handled: handled},
+	err = c.Dedup.HandleBatch(ctx, dls, idemmsg.BatchOptions{Concurrency: c.Concurrency, FlushInterval: c.FlushInterval, Handled: handled},
 		func(ctx context.Context, i int) error { return c.Handler(ctx, entries[i].msg) },
 		func(group []idemmsg.Settled) error {
 			for _, st := range group {
 				e := entries[st.Index]
-				if err := c.settle(ctx, e.msg, e.meta, e.key, e.attempt, st.Result, st.Err); err != nil {
+				if undecided(st.Result, st.Err) && ctx.Err() == nil {
+					c.onError(fmt.Errorf("natsjs: %s kept, to decide again: %w", describe(e.msg), st.Err))
+					retry = append(retry, e)
+				} else if err := c.settle(ctx, e.msg, e.meta, e.key, e.attempt, st.Result, st.Err); err != nil {
 					return err
 				}
 				settled[st.Index] = true
@@ -148,12 +176,12 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, hand
 			return nil
 		})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i, e := range entries {
 		if !settled[i] {
 			c.nak(e.msg, 0)
 		}
 	}
-	return nil
+	return retry, nil
 }

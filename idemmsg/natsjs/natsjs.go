@@ -14,7 +14,10 @@
 //	                       min(attempt·1s, 30s)
 //	no key, invalid key,   as DeadLettered (permanent)
 //	mismatch
-//	store failure          as Released
+//	store failure before   held: InProgress, and decided again after
+//	the handler ran        Backoff(try), until the store answers
+//	store failure after    by its Outcome (Executed: Ack)
+//	the handler ran
 //
 // Several Run loops, in one process or many, may share one durable
 // consumer: JetStream hands each message to one of them at a time, and the
@@ -45,6 +48,70 @@
 //   - a message left unsettled (a crash, or messages buffered when Run
 //     stops) is redelivered after AckWait and, if its key completed, is
 //     answered Replayed and acknowledged.
+//
+// # Lost connections
+//
+// Run does not reconnect by itself: the nats.Conn under the
+// jetstream.Consumer does, and Run resumes on it. Give that connection
+// the options that make it reconnect for ever and notice a silent
+// network soon:
+//
+//	nats.Connect(url,
+//		nats.MaxReconnects(-1),              // default 60 tries, 2s apart
+//		nats.PingInterval(10*time.Second),   // default 2 minutes
+//		nats.MaxPingsOutstanding(2))         // the default
+//
+// When the server restarts or the connection is reset, the client notices
+// at once and reconnects every ReconnectWait (default 2s); when the
+// network goes silent (no reset), it notices only when MaxPingsOutstanding
+// pings went unanswered: after about PingInterval × (MaxPingsOutstanding+1)
+// (some 6 minutes with the defaults, 30s with the options above). A Run
+// loop meanwhile waits for messages; once reconnected, its Messages
+// iterator sends a new pull request and handling goes on, without an
+// error. A durable consumer of a file-storage stream survives a server
+// restart with its state; if the consumer is gone (a memory stream after
+// a restart, or deleted), Run reports the pull errors to OnError and
+// keeps trying until it is back.
+//
+// Messages in flight when the connection went: a handler that is running
+// goes on (its lease lives in the idempotency store, not in NATS). Acks,
+// Naks and InProgress published while the client knows it is
+// disconnected are buffered (nats.ReconnectBufSize) and sent once it
+// reconnects; those written into a silent connection before the client
+// noticed are lost, and so are the messages the server sent into it.
+// JetStream redelivers every message not acknowledged after AckWait; its
+// key is then Replayed (the handler completed) or InFlight (still
+// running), so no handler runs twice. An ack from an earlier delivery
+// still settles a message JetStream redelivered meanwhile. Right after a
+// reconnect the client may report "slow consumer, messages dropped" to its
+// ErrorHandler: the iterator asked for a full batch again while it still
+// held messages, and the ones that did not fit come back after AckWait.
+//
+// A connection closed for good (MaxReconnects exhausted, or closed by the
+// program) never opens again: Run then returns ErrConnectionClosed.
+// Make a new connection and a Consumer on it to go on, or use
+// MaxReconnects(-1) so that it does not happen.
+//
+// A message that JetStream hands to a second Run loop after AckWait while
+// the first still runs its handler (a handler slower than AckWait) is
+// answered InFlight there: the lease, renewed while the handler runs,
+// keeps the second from running it, and the copy is Naked with the time
+// left on the lease (each such Nak counts as a delivery). The first
+// loop's Ack then settles the message. Set AckWait above the usual
+// handler time, and MaxDeliver (if set) with room for these deliveries.
+//
+// When the idempotency store cannot decide a message (it is down), Run
+// does not Nak it, which would spend one of its MaxDeliver deliveries per
+// try: it holds the message, telling JetStream it is in progress every
+// third of AckWait, and decides it again after Backoff(try), until the
+// store answers or ctx ends. The store errors go to OnError. A store
+// outage thus pauses the Run loops instead of burning deliveries; only
+// the messages the iterator buffered meanwhile may come back after
+// AckWait, once each per AckWait. A store that fails after a handler ran,
+// when its result is recorded, is another matter: the message is settled
+// by its outcome (the effect happened), but the key is not recorded, so a
+// later delivery of it runs the handler again (idemmsg's at-least-once
+// with fencing).
 //
 // # Dead letters
 //
@@ -92,6 +159,12 @@ const (
 	HeaderError    = "idem-error"
 )
 
+// ErrConnectionClosed is what Run returns when the consumer's NATS
+// connection is closed for good: it gave up reconnecting (its
+// MaxReconnects), or it was closed. A nats.Conn never opens again: make a
+// new one, and a Consumer on it, to go on (see Lost connections).
+var ErrConnectionClosed = errors.New("natsjs: the NATS connection is closed")
+
 // ErrNoMsgID is the error of a message dead-lettered by the default Key
 // because it has no Nats-Msg-Id header.
 var ErrNoMsgID = errors.New("natsjs: message has no " + jetstream.MsgIDHeader + " header (publish with one, or set Consumer.Key)")
@@ -104,6 +177,9 @@ const (
 	minNakDelay = 10 * time.Millisecond
 	// maxBackoff caps the default Backoff.
 	maxBackoff = 30 * time.Second
+	// defaultAckWait is JetStream's, for a consumer whose AckWait is
+	// not known.
+	defaultAckWait = 30 * time.Second
 )
 
 // Consumer is one Run loop over a durable pull consumer. Fill in the fields
@@ -141,9 +217,10 @@ type Consumer struct {
 	// least Concurrency. Several Run loops sharing the durable consumer
 	// give the same parallelism.
 	Concurrency int
-	// Backoff is the redelivery delay of a Released delivery (or one the
-	// store could not decide), given its attempt. Default
-	// min(attempt·1s, 30s).
+	// Backoff is the redelivery delay of a Released delivery, given its
+	// attempt, and the wait before deciding again a delivery the store
+	// could not decide, given the number of tries so far (see Lost
+	// connections). Default min(n·1s, 30s).
 	Backoff func(attempt int) time.Duration
 
 	// DeadLetterSubject, when set, receives dead-lettered messages (see
@@ -189,7 +266,9 @@ var errCrashed = errors.New("natsjs: simulated crash")
 // is running when ctx ends gets a cancelled context; its outcome is still
 // settled, and messages buffered but not handled are left for redelivery
 // after AckWait. Pull errors are reported to OnError and retried with
-// backoff; Run returns an error only for an invalid configuration.
+// backoff; while the connection reconnects, Run waits (see Lost
+// connections). Run returns an error only for an invalid configuration,
+// and ErrConnectionClosed when the connection is closed for good.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.validate(); err != nil {
 		return err
@@ -202,6 +281,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrConnectionClosed):
+			return fmt.Errorf("%w: %w", ErrConnectionClosed, err)
 		}
 		c.onError(err)
 		failures++
@@ -311,10 +392,46 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) error {
 	if key == "" && c.Key == nil {
 		err = ErrNoMsgID
 	} else {
-		res, err = c.Dedup.Handle(ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()},
-			func(ctx context.Context) error { return c.Handler(ctx, msg) })
+		for try := 1; ; try++ {
+			res, err = c.Dedup.Handle(ctx, idemmsg.Delivery{Key: key, Attempt: attempt, Body: msg.Data()},
+				func(ctx context.Context) error { return c.Handler(ctx, msg) })
+			if !undecided(res, err) || ctx.Err() != nil {
+				break
+			}
+			c.onError(fmt.Errorf("natsjs: %s kept, to decide again: %w", describe(msg), err))
+			c.hold(ctx, try, msg)
+		}
 	}
 	return c.settle(ctx, msg, meta, key, attempt, res, err)
+}
+
+// undecided reports whether Handle could not decide a delivery because the
+// store failed before the handler ran.
+func undecided(res idemmsg.Result, err error) bool {
+	var se *idem.StoreError
+	return res.Outcome == idemmsg.NoOutcome && errors.As(err, &se)
+}
+
+// hold waits Backoff(try), or until ctx ends, before a delivery the store
+// could not decide is decided again, and meanwhile keeps JetStream from
+// redelivering msgs: InProgress now and every third of the consumer's
+// AckWait. Naking them instead would spend a delivery on every try, and a
+// store outage longer than MaxDeliver tries would leave the messages for
+// good.
+func (c *Consumer) hold(ctx context.Context, try int, msgs ...jetstream.Msg) {
+	every := defaultAckWait
+	if info := c.Consumer.CachedInfo(); info != nil && info.Config.AckWait > 0 {
+		every = info.Config.AckWait
+	}
+	every /= 3
+	for left := c.backoff(try); left > 0 && ctx.Err() == nil; left -= every {
+		for _, msg := range msgs {
+			if err := msg.InProgress(); err != nil {
+				c.onError(fmt.Errorf("natsjs: in progress %s: %w", describe(msg), err))
+			}
+		}
+		loop.Sleep(ctx, min(left, every))
+	}
 }
 
 // attemptOf returns msg's delivery count and its metadata (nil if it has

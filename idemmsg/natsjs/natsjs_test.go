@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/memstore"
@@ -50,6 +51,7 @@ var streamSeq atomic.Int64
 // env is one test's stream, durable consumer, deduplicator and ledger.
 type env struct {
 	t       *testing.T
+	srv     *natsServer
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	stream  string
@@ -65,11 +67,33 @@ type envOpts struct {
 	duplicates  time.Duration // the stream's Duplicates window; 0: the default
 	ackPolicy   jetstream.AckPolicy
 	maxDeliver  int
+	// For the broker-fault scenarios (suite_test.go):
+	server  *natsServer   // default srv
+	file    bool          // a file-storage stream (default memory)
+	ackWait time.Duration // default testAckWait
+	lease   time.Duration // default testLease
+	store   idem.Store    // default a fresh memstore
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
-	nc, err := nats.Connect(srv.url)
+	if o.server == nil {
+		o.server = srv
+	}
+	storage := jetstream.MemoryStorage
+	if o.file {
+		storage = jetstream.FileStorage
+	}
+	if o.ackWait == 0 {
+		o.ackWait = testAckWait
+	}
+	if o.lease == 0 {
+		o.lease = testLease
+	}
+	if o.store == nil {
+		o.store = memstore.New(memstore.Options{})
+	}
+	nc, err := nats.Connect(o.server.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +108,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	name := fmt.Sprintf("S%d_%d", streamSeq.Add(1), time.Now().UnixNano())
 	subject := "orders." + name
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: name, Subjects: []string{subject, "dead." + name}, Duplicates: o.duplicates, Storage: jetstream.MemoryStorage,
+		Name: name, Subjects: []string{subject, "dead." + name}, Duplicates: o.duplicates, Storage: storage,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -95,17 +119,17 @@ func newEnv(t *testing.T, o envOpts) *env {
 		o.maxDeliver = 20
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-		Durable: durable, AckPolicy: o.ackPolicy, AckWait: testAckWait, MaxDeliver: o.maxDeliver,
+		Durable: durable, AckPolicy: o.ackPolicy, AckWait: o.ackWait, MaxDeliver: o.maxDeliver,
 		FilterSubject: subject,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := idemmsg.New(memstore.New(memstore.Options{}), idemmsg.Config{Namespace: name + "/" + durable, Lease: testLease, MaxFailures: o.maxFailures})
+	d, err := idemmsg.New(o.store, idemmsg.Config{Namespace: name + "/" + durable, Lease: o.lease, MaxFailures: o.maxFailures})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, nc: nc, js: js, stream: name, subject: subject, cons: cons, dedup: d, ledger: msgtest.NewLedger()}
+	return &env{t: t, srv: o.server, nc: nc, js: js, stream: name, subject: subject, cons: cons, dedup: d, ledger: msgtest.NewLedger()}
 }
 
 // publish adds one message per key, the key as its payload and, when
@@ -411,4 +435,97 @@ func (e *env) start(c *Consumer) (stop func() error) {
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	msgtest.WaitFor(t, what, waitLimit, cond)
+}
+
+// downStore is a store whose Acquire fails while down is set, as a store
+// that cannot be reached.
+type downStore struct {
+	idem.Store
+	down atomic.Bool
+}
+
+func (s *downStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if s.down.Load() {
+		return idem.Acquisition{}, errors.New("store unreachable")
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// TestStoreDownSpendsNoDelivery: while the store cannot decide a message,
+// the message is held (InProgress) and decided again, rather than naked:
+// a store outage spends no JetStream delivery, so a consumer with a small
+// MaxDeliver still handles the message once the store is back, on its
+// first delivery. Before, each try was a Nak, and JetStream gave the
+// message up after MaxDeliver tries.
+func TestStoreDownSpendsNoDelivery(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			store := &downStore{Store: memstore.New(memstore.Options{})}
+			store.down.Store(true)
+			e := newEnv(t, envOpts{store: store, maxFailures: 3, maxDeliver: 3})
+			e.publish(false, "a", "b")
+			var attempts sync.Map
+			c := e.consumer("c1", payloadKey)
+			c.Batch = batch
+			c.Backoff = func(int) time.Duration { return 5 * time.Millisecond }
+			c.OnError = func(error) {}
+			c.OnResult = func(msg jetstream.Msg, res idemmsg.Result, err error) {
+				meta, _ := msg.Metadata()
+				attempts.Store(string(msg.Data()), fmt.Sprintf("%v %d", res.Outcome, meta.NumDelivered))
+			}
+			stop := e.start(c)
+			time.Sleep(300 * time.Millisecond) // dozens of tries, far beyond MaxDeliver
+			store.down.Store(false)
+			waitFor(t, "all messages settled", e.settled)
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			e.checkLedger([]string{"a", "b"})
+			for _, k := range []string{"a", "b"} {
+				if got, _ := attempts.Load(k); got != "executed 1" {
+					t.Errorf("%s: got %v, want executed on delivery 1", k, got)
+				}
+			}
+		})
+	}
+}
+
+// TestRunReturnsWhenConnectionClosed: a connection closed for good (it
+// gave up reconnecting, or was closed) never comes back, so Run returns
+// ErrConnectionClosed instead of retrying for ever.
+func TestRunReturnsWhenConnectionClosed(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			e := newEnv(t, envOpts{})
+			nc, err := nats.Connect(srv.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons, err := js.Consumer(context.Background(), e.stream, durable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := e.consumer("c1", payloadKey)
+			c.Consumer, c.JetStream, c.Batch = cons, js, batch
+			c.OnError = func(error) {}
+			done := make(chan error, 1)
+			go func() { done <- c.Run(context.Background()) }()
+			e.publish(false, "a")
+			waitFor(t, "the message settled", e.settled)
+			nc.Close()
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrConnectionClosed) {
+					t.Fatalf("Run: got %v, want ErrConnectionClosed", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Run did not return within 5s of the connection's close")
+			}
+		})
+	}
 }

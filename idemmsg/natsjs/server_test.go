@@ -11,11 +11,14 @@ import (
 )
 
 // natsServer is a private nats-server with JetStream, on a free loopback
-// port, storing in its own temporary directory.
+// port, storing in its own temporary directory. Restart starts it again on
+// the same port and directory, so that file-storage streams survive.
 type natsServer struct {
-	cmd  *exec.Cmd
+	bin  string
 	dir  string
+	addr string
 	url  string
+	cmd  *exec.Cmd
 	done chan struct{}
 }
 
@@ -41,45 +44,68 @@ func startNATS() (*natsServer, error) {
 		return nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	logPath := dir + "/nats.log"
-	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", dir, "-l", logPath)
+	s := &natsServer{bin: bin, dir: dir, addr: addr, url: "nats://" + addr}
+	if err := s.start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// start runs the server process and waits until it accepts connections.
+func (s *natsServer) start() error {
+	_, port, _ := net.SplitHostPort(s.addr)
+	logPath := s.dir + "/nats.log"
+	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", s.dir, "-l", logPath)
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("natsjs tests: starting nats-server: %w", err)
+		return fmt.Errorf("natsjs tests: starting nats-server: %w", err)
 	}
-	s := &natsServer{cmd: cmd, dir: dir, url: "nats://" + addr, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(s.done) }()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
 	deadline := time.Now().Add(serverStartTimeout)
 	for {
-		conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		conn, err := net.DialTimeout("tcp", s.addr, 200*time.Millisecond)
 		if err == nil {
 			conn.Close()
-			return s, nil
+			return nil
 		}
 		select {
-		case <-s.done:
+		case <-done:
 			log, _ := os.ReadFile(logPath)
-			s.Stop()
-			return nil, fmt.Errorf("natsjs tests: nats-server exited: %s", log)
+			return fmt.Errorf("natsjs tests: nats-server exited: %s", log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.Stop()
-			return nil, fmt.Errorf("natsjs tests: nats-server not accepting connections on %s after %v", addr, serverStartTimeout)
+			s.kill()
+			return fmt.Errorf("natsjs tests: nats-server not accepting connections on %s after %v", s.addr, serverStartTimeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// Stop kills the server, waits (bounded) for it to exit, and removes its
-// directory.
-func (s *natsServer) Stop() {
+// kill kills the server process and waits (bounded) for it to exit.
+func (s *natsServer) kill() {
 	_ = s.cmd.Process.Kill()
 	select {
 	case <-s.done:
 	case <-time.After(serverStopTimeout):
 	}
+}
+
+// Restart kills the server (SIGKILL: no goodbye to its clients, nothing
+// flushed beyond what the store wrote) and starts it again on the same
+// port and store directory.
+func (s *natsServer) Restart() error {
+	s.kill()
+	return s.start()
+}
+
+// Stop kills the server, waits (bounded) for it to exit, and removes its
+// directory.
+func (s *natsServer) Stop() {
+	s.kill()
 	os.RemoveAll(s.dir)
 }
 
