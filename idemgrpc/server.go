@@ -350,7 +350,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	clientKey, err := s.clientKey(ctx, method, req)
 	switch {
-	case errors.Is(err, errKeyMissing):
+	case errors.Is(err, idem.ErrMissingKey):
 		if s.required(ctx, method) {
 			s.outcome(ctx, method, OutcomeRejected)
 			return nil, errorStatus(codes.InvalidArgument, ReasonKeyMissing,

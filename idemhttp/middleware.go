@@ -350,7 +350,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 		start := time.Now()
 		clientKey, err := ParseKey(r.Header)
 		switch {
-		case errors.Is(err, errKeyMissing):
+		case errors.Is(err, idem.ErrMissingKey):
 			if m.required(r) {
 				m.outcome(r, OutcomeRejected)
 				m.problem(w, r, problemKeyMissing)
