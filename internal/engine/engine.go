@@ -218,9 +218,12 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 }
 
 // Release releases att's key when no work was started under it (the
-// client left at the acquire; an adapter's own check failed), and logs a
-// failure.
-func (e *Engine) Release(ctx context.Context, att *idem.Attempt) { e.release(ctx, att) }
+// client left at the acquire; an adapter's own check failed), logs a
+// failure, and wakes the requests of this process that wait for the key.
+func (e *Engine) Release(ctx context.Context, att *idem.Attempt) {
+	e.release(ctx, att)
+	e.waiters.Wake(att.Lease().Key, nil)
+}
 
 // release releases att's key, and logs a failure.
 func (e *Engine) release(ctx context.Context, att *idem.Attempt) {

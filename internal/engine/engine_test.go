@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/waiters"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -245,4 +246,30 @@ func TestEndAfterPanic(t *testing.T) {
 	if d := e.Acquire(ctx, ctx, k, idem.Fingerprint{}, ""); d.Outcome != OutcomeReplayed {
 		t.Fatalf("after the late panic: got %+v, want the replay", d)
 	}
+}
+
+// A key released without a Work (the client left at the acquire, an
+// adapter's check failed) wakes the requests that wait for it: they do
+// not sleep out their pause (up to waiters.MaxPause).
+func TestReleaseWakesWaiters(t *testing.T) {
+	store := signalStore{memstore.New(memstore.Options{}), make(chan struct{})}
+	e := newEngineOn(t, store, Config{Wait: 5 * time.Second})
+	ctx := t.Context()
+	k, fp := key(t, "wake"), idem.Fingerprint{1}
+	d := e.Acquire(ctx, ctx, k, fp, "")
+	got := make(chan Decision, 1)
+	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
+	// The pauses double from waiters.FirstPause: past the seventh store
+	// check the waiter sleeps waiters.MaxPause.
+	for range 7 {
+		<-store.inFlight
+	}
+	time.Sleep(20 * time.Millisecond) // the waiter waits
+	released := time.Now()
+	e.Release(ctx, d.Attempt)
+	d = <-got
+	if took := time.Since(released); d.Outcome != OutcomeExecuted || took > waiters.MaxPause/2 {
+		t.Fatalf("waiter: got %v after %v, want executed at once", d.Outcome, took)
+	}
+	e.Release(ctx, d.Attempt)
 }
