@@ -24,7 +24,9 @@
 //	                                 RetryInfo 1s; the handler does not run (unless
 //	                                 Config.FailOpen)
 //	handler panics, or ShouldStore   the key is released: a retry runs the handler again
-//	says no                          (a panic is passed on)
+//	says no                          (a panic is passed on); so does a panic after the
+//	                                 handler and before the store (ShouldStore,
+//	                                 OnOutcome)
 //	client leaves after the acquire  the handler runs to its end and its outcome is
 //	                                 stored; the retry gets Aborted (or waits), then the
 //	                                 replay

@@ -3,7 +3,6 @@ package idemgrpc
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"google.golang.org/grpc/metadata"
 
@@ -25,7 +24,7 @@ const MetadataBodyOmitted = "idempotent-replay-body-omitted"
 
 // errKeyMissing reports a call without a key: it wraps idem.ErrMissingKey,
 // not idem.ErrInvalidKey.
-var errKeyMissing error = &engine.KeyError{Pkg: "idemgrpc", Why: "no idempotency key", Missing: true}
+var errKeyMissing error = &engine.KeyError{Pkg: "idemgrpc", Why: "no idempotency key", Err: idem.ErrMissingKey}
 
 // ParseKey returns the client key of an incoming call: the single value of
 // its idempotency-key metadata, valid by idem.ValidateKey (1 to 255
@@ -45,13 +44,16 @@ func ParseKey(ctx context.Context) (string, error) {
 	return vs[0], validate(vs[0])
 }
 
-// validate is idem.ValidateKey with the package's prefix on its error. It
-// applies to keys from metadata and from Config.Key alike.
+// validate is idem.ValidateKey, its error wrapped in an *engine.KeyError
+// (the package's prefix, then idem's message). It applies to keys from
+// metadata and from Config.Key alike.
 func validate(key string) error {
 	if err := idem.ValidateKey(key); err != nil {
-		return invalidKey(strings.TrimPrefix(err.Error(), "idem: "))
+		return &engine.KeyError{Pkg: "idemgrpc", Err: err}
 	}
 	return nil
 }
 
-func invalidKey(why string) error { return &engine.KeyError{Pkg: "idemgrpc", Why: why} }
+func invalidKey(why string) error {
+	return &engine.KeyError{Pkg: "idemgrpc", Why: why, Err: idem.ErrInvalidKey}
+}

@@ -350,7 +350,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	clientKey, err := s.clientKey(ctx, method, req)
 	switch {
-	case errors.Is(err, errKeyMissing):
+	case errors.Is(err, idem.ErrMissingKey):
 		if s.required(ctx, method) {
 			s.outcome(ctx, method, OutcomeRejected)
 			return nil, errorStatus(codes.InvalidArgument, ReasonKeyMissing,
@@ -384,7 +384,7 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 	d := s.eng.Acquire(ctx, context.WithoutCancel(ctx), key, fp, method)
 	switch d.Outcome {
 	case engine.OutcomeExecuted:
-		return s.execute(ctx, req, handler, d.Attempt, method, fp)
+		return s.execute(ctx, req, handler, d, method)
 	case engine.OutcomeReplayed:
 		telemetry.Event(ctx, telemetry.EventReplay)
 		return s.replay(ctx, method, key, d.Response)
@@ -423,26 +423,19 @@ func (s *server) outcome(ctx context.Context, method string, o Outcome) {
 	}
 }
 
-// execute runs the handler under the lease, with the work's context and
-// a stream that captures the metadata it sets, then stores its outcome or
-// releases the key according to ShouldStore. A panic releases the key and
-// goes on. It reports the outcome once the key is completed or released:
-// executed, or released. The calls in this process that wait for the key
-// get the stored outcome handed to them (fp is the request's fingerprint).
-func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, att *idem.Attempt, method string, fp idem.Fingerprint) (resp any, err error) {
+// execute runs the handler under the lease of d, with the work's context
+// and a stream that captures the metadata it sets, then stores its outcome
+// or releases the key according to ShouldStore. The work reports the
+// outcome, executed or released. A panic, in the handler or after it
+// (ShouldStore, OnOutcome, the encoding), releases the key (w.End) and
+// goes on. The calls in this process that wait for the key get the stored
+// outcome handed to them.
+func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, d engine.Decision, method string) (any, error) {
 	cs := &captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}
-	w := s.eng.Start(att, fp)
-	defer w.End() // after the release below
+	w := s.eng.Start(d, func(o engine.Outcome) { s.outcome(ctx, method, Outcome(o)) })
+	defer w.End()
 	work := grpc.NewContextWithServerTransportStream(w.Ctx, cs)
-	returned := false
-	defer func() {
-		if !returned { // the handler panicked: free the key, let the panic go on
-			w.Release()
-			s.outcome(ctx, method, OutcomeReleased)
-		}
-	}()
-	resp, err = handler(work, req)
-	returned = true
+	resp, err := handler(work, req)
 
 	c := &captured{resp: resp}
 	code := codes.OK
@@ -455,7 +448,6 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	}
 	if !s.cfg.ShouldStore(work, code) {
 		w.Release()
-		s.outcome(ctx, method, OutcomeReleased)
 		return resp, err
 	}
 	c.header, c.trailer = cs.metadata()
@@ -463,12 +455,8 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	if encErr != nil {
 		w.Failed("idem: handler ran but its outcome cannot be stored; a retry will run it again", encErr)
 		w.Release()
-		s.outcome(ctx, method, OutcomeReleased)
 		return resp, err
 	}
-	// Reported before Complete: a retry that replays the outcome must
-	// find the execution counted.
-	s.outcome(ctx, method, OutcomeExecuted)
 	w.Complete(stored)
 	if ctx.Err() != nil {
 		w.ClientGone(context.Cause(ctx))

@@ -145,6 +145,9 @@ type spill struct {
 	h    hash.Hash
 	n    int64
 	err  error // the first failure: the blob is abandoned
+	// committed: the blob is written whole; abort leaves it (a sweep
+	// removes it if no record points to it)
+	committed bool
 }
 
 // newSpill starts the blob of the attempt holding lease. ctx is the
@@ -198,15 +201,17 @@ func (s *spill) commit() (*idem.BlobRef, error) {
 		return nil, s.err
 	}
 	s.dog.stop()
+	s.committed = true
 	s.m.gate.report(nil)
 	ref := &idem.BlobRef{Name: s.name, Size: s.n}
 	s.h.Sum(ref.SHA256[:0])
 	return ref, nil
 }
 
-// abort discards the blob. A nil spill is none.
+// abort discards the blob, unless it failed or was committed. A nil spill
+// is none.
 func (s *spill) abort() {
-	if s == nil || s.err != nil {
+	if s == nil || s.err != nil || s.committed {
 		return
 	}
 	s.err = errors.New("aborted")

@@ -26,8 +26,9 @@
 //	a bounded store refuses a        not run (unless Config.FailOpen); keys already in
 //	new key)                         flight or completed answer as usual
 //	handler panics, or ShouldStore   the key is released: a retry runs the handler
-//	says no (default: 5xx, 408,      again (a panic is passed on)
-//	409, 425, 429)
+//	says no (default: 5xx, 408,      again (a panic is passed on); so does a panic
+//	409, 425, 429)                   after the handler and before the store
+//	                                 (ShouldStore, OnBodyOmitted, OnOutcome)
 //	client leaves after the acquire, the handler runs to its end and its response is
 //	or stops reading for             stored; the retry gets 409 (or waits), then the replay
 //	ClientWriteTimeout

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 
@@ -14,7 +15,7 @@ const HeaderKey = "Idempotency-Key"
 // HeaderReplayed is set to "true" on replayed responses.
 const HeaderReplayed = "Idempotent-Replayed"
 
-var errKeyMissing error = &engine.KeyError{Pkg: "idemhttp", Why: "no Idempotency-Key", Missing: true}
+var errKeyMissing error = &engine.KeyError{Pkg: "idemhttp", Why: "no Idempotency-Key", Err: idem.ErrMissingKey}
 
 // ParseKey returns the client key of a request: the single Idempotency-Key
 // header, either a bare token of visible ASCII (0x21-0x7E) or an RFC 8941
@@ -47,10 +48,10 @@ func ParseKey(h http.Header) (string, error) {
 	return v, validate(v)
 }
 
-// validate is idem.ValidateKey with its error as a keyError.
+// validate is idem.ValidateKey, its error wrapped in an *engine.KeyError.
 func validate(key string) error {
 	if err := idem.ValidateKey(key); err != nil {
-		return invalidKey(strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ") + " (Idempotency-Key must be 1 to 255 printable ASCII characters)")
+		return &engine.KeyError{Pkg: "idemhttp", Why: "Idempotency-Key must be 1 to 255 printable ASCII characters", Err: err}
 	}
 	return nil
 }
@@ -81,12 +82,14 @@ func parseSFString(v string) (string, error) {
 	return "", invalidKey("Idempotency-Key string has no closing quote")
 }
 
-func invalidKey(why string) error { return &engine.KeyError{Pkg: "idemhttp", Why: why} }
+func invalidKey(why string) error {
+	return &engine.KeyError{Pkg: "idemhttp", Why: why, Err: idem.ErrInvalidKey}
+}
 
 // keyErrorDetail is the text of a ParseKey error, for a problem's detail.
 func keyErrorDetail(err error) string {
-	if ke, ok := err.(*engine.KeyError); ok {
-		return ke.Why
+	if ke, ok := errors.AsType[*engine.KeyError](err); ok {
+		return ke.Text()
 	}
 	return err.Error()
 }

@@ -350,7 +350,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 		start := time.Now()
 		clientKey, err := ParseKey(r.Header)
 		switch {
-		case errors.Is(err, errKeyMissing):
+		case errors.Is(err, idem.ErrMissingKey):
 			if m.required(r) {
 				m.outcome(r, OutcomeRejected)
 				m.problem(w, r, problemKeyMissing)
@@ -477,7 +477,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				toBlob = false
 			}
 		}
-		m.execute(w, r, body, next, d.Attempt, req, toBlob, start)
+		m.execute(w, r, body, next, d, req, toBlob, start)
 	case engine.OutcomeReplayed:
 		m.replayStored(w, r, req.key, d.Response, start)
 	case engine.OutcomeMismatch:
@@ -533,16 +533,15 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 	return r
 }
 
-// execute runs the handler under the lease, with the work's context and
-// the body read for the fingerprint, then stores its response or releases
-// the key according to ShouldStore. A panic releases the key and goes on.
-// It reports the outcome once the handler has returned: executed, or
-// released.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, att *idem.Attempt, req request, toBlob bool, start time.Time) {
-	key := req.key
-	work := m.eng.Start(att, req.fp)
+// execute runs the handler under the lease of d, with the work's context
+// and the body read for the fingerprint, then stores its response or
+// releases the key according to ShouldStore. The work reports the
+// outcome, executed or released. A panic, in the handler or after it,
+// releases the key (work.End) and goes on: net/http aborts the response.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, d engine.Decision, req request, toBlob bool, start time.Time) {
+	key, att, outer := req.key, d.Attempt, r
+	work := m.eng.Start(d, func(o engine.Outcome) { m.outcome(outer, Outcome(o)) })
 	defer work.End()
-	outer := r
 	r = withBody(r, work.Ctx, body)
 	finish := work.Finish
 	c := newCapture(w, m.cfg.MaxResponseSize, m.clientWrites(r, start))
@@ -553,26 +552,15 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 			}
 			return m.newSpill(att.Context(), r, att.Lease())
 		}
+		defer func() { c.spill.abort() }() // after a panic: the blob is not kept (a committed one stays)
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			c.spill.abort()
-			work.Release()
-			m.outcome(outer, OutcomeReleased)
-			panic(p)
-		}
-	}()
 	next.ServeHTTP(c, r)
 	header := c.finish()
 	if c.hijacked || !m.cfg.ShouldStore(r, c.status) {
 		c.spill.abort()
 		work.Release()
-		m.outcome(outer, OutcomeReleased)
 		return
 	}
-	// Reported before Complete: a retry that replays the response must
-	// find the execution counted.
-	m.outcome(outer, OutcomeExecuted)
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
 	if c.spill != nil {
 		// The blob is written whole before Complete: a completed record

@@ -10,8 +10,8 @@
 //	d := e.Acquire(ctx, parent, key, fp, method)
 //	switch d.Outcome {
 //	case OutcomeExecuted: // run: the key is held
-//		w := e.Start(d.Attempt, fp)
-//		defer w.End()
+//		w := e.Start(d, report)
+//		defer w.End() // releases the key if neither Complete nor Release ran (a panic)
 //		... run the handler with w.Ctx; then w.Complete(resp), or w.Release()
 //	case OutcomeReplayed: // answer with d.Response
 //	case ...:             // answer the refusal
@@ -47,7 +47,7 @@ const (
 	OutcomeInFlight      Outcome = "in_flight"      // in flight (after the wait, if any)
 	OutcomeMismatch      Outcome = "mismatch"       // the key was used with another request
 	OutcomeRejected      Outcome = "rejected"       // the request was refused before its key was acquired
-	OutcomeStoreError    Outcome = "store_error"    // the store failed (or the handler ran unprotected: FailOpen)
+	OutcomeStoreError    Outcome = "store_error"    // the store failed (or the handler ran unprotected: FailOpen); idemgrpc: a stored outcome could not be decoded
 	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
 	OutcomeReleased      Outcome = "released"       // the handler ran under a lease; the key was released
 	OutcomeReplayFailed  Outcome = "replay_failed"  // the stored body could not be read (idemhttp's blob store)
@@ -130,7 +130,8 @@ func (e *Engine) Report(ctx context.Context, o Outcome) {
 // of the other fields is set:
 //
 //	OutcomeExecuted    run the work under Attempt (Start); its outcome,
-//	                   executed or released, is reported once it returns
+//	                   executed or released, is reported by the Work,
+//	                   through the callback given to Start
 //	OutcomeReplayed    answer with Response, the stored one
 //	OutcomeMismatch    the key was used with another fingerprint
 //	OutcomeInFlight    in flight (past the wait); RetryAfter is the time
@@ -140,7 +141,8 @@ func (e *Engine) Report(ctx context.Context, o Outcome) {
 //	OutcomeStoreError  Err is the store's failure (logged); Unknown when
 //	                   the store answered an outcome it may not (logged)
 //
-// Acquire reports none of them: the adapter does, with its own OnOutcome.
+// Acquire reports none of them: the adapter reports the others, with its
+// own OnOutcome.
 type Decision struct {
 	Outcome    Outcome
 	Attempt    *idem.Attempt
@@ -148,6 +150,8 @@ type Decision struct {
 	RetryAfter time.Duration
 	Err        error
 	Unknown    bool
+
+	fp idem.Fingerprint // the request's, for Start
 }
 
 // Acquire acquires key for a request with fingerprint fp, and with
@@ -182,7 +186,7 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 				e.Release(context.WithoutCancel(ctx), att)
 				return Decision{Outcome: OutcomeGone}
 			}
-			return Decision{Outcome: OutcomeExecuted, Attempt: att}
+			return Decision{Outcome: OutcomeExecuted, Attempt: att, fp: fp}
 		case idem.Replay:
 			return Decision{Outcome: OutcomeReplayed, Response: acq.Response}
 		case idem.Mismatch:
@@ -213,8 +217,16 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 	}
 }
 
-// Release releases att's key, and logs a failure.
+// Release releases att's key when no work was started under it (the
+// client left at the acquire; an adapter's own check failed), logs a
+// failure, and wakes the requests of this process that wait for the key.
 func (e *Engine) Release(ctx context.Context, att *idem.Attempt) {
+	e.release(ctx, att)
+	e.waiters.Wake(att.Lease().Key, nil)
+}
+
+// release releases att's key, and logs a failure.
+func (e *Engine) release(ctx context.Context, att *idem.Attempt) {
 	switch err := att.Release(ctx); {
 	case err == nil:
 	case errors.Is(err, idem.ErrLeaseLost):
@@ -228,7 +240,14 @@ func (e *Engine) Release(ctx context.Context, att *idem.Attempt) {
 
 // Work is one run of a request's work under its lease. Build it with
 // Start, end it with End (deferred), and in between either Complete or
-// Release the key once the work has returned (also when it panicked).
+// Release the key once the work has returned. A panic anywhere after
+// Start (the work, or what the adapter does after it) skips both: End
+// then releases the key, and the panic goes on.
+//
+// The outcome is reported once, through the callback given to Start:
+// OutcomeReleased after the key is released (by Release or End),
+// OutcomeExecuted just before Complete stores the response (so that a
+// retry replaying it finds the execution counted).
 type Work struct {
 	// Ctx is the work's context: the attempt's (cancelled when the lease
 	// is lost), bounded by Config.MaxExecution (cause
@@ -241,16 +260,21 @@ type Work struct {
 	// Attempt holds the lease.
 	Attempt *idem.Attempt
 
-	e      *Engine
-	fp     idem.Fingerprint
-	stop   func()
-	handed *waiters.Result // set once the response is stored
+	e        *Engine
+	fp       idem.Fingerprint
+	stop     func()
+	report   func(Outcome)
+	settled  bool            // Complete or Release ran
+	reported bool            // report was called
+	handed   *waiters.Result // set once the response is stored
 }
 
-// Start starts the work of a request with fingerprint fp under att.
-func (e *Engine) Start(att *idem.Attempt, fp idem.Fingerprint) Work {
-	ctx, stop := e.workContext(att.Context())
-	return Work{Ctx: ctx, Finish: context.WithoutCancel(ctx), Attempt: att, e: e, fp: fp, stop: stop}
+// Start starts the work of d, a decision to run (OutcomeExecuted), under
+// its attempt. report is called once with the work's outcome, executed or
+// released (see Work); it may be nil.
+func (e *Engine) Start(d Decision, report func(Outcome)) *Work {
+	ctx, stop := e.workContext(d.Attempt.Context())
+	return &Work{Ctx: ctx, Finish: context.WithoutCancel(ctx), Attempt: d.Attempt, e: e, fp: d.fp, stop: stop, report: report}
 }
 
 // workContext adds MaxExecution and StopContext to the attempt's context.
@@ -275,15 +299,21 @@ func (e *Engine) workContext(parent context.Context) (ctx context.Context, stop 
 	}
 }
 
-// Release releases the key: the work's result is not kept, and a retry
-// runs it again.
-func (w *Work) Release() { w.e.Release(w.Finish, w.Attempt) }
+// Release releases the key, then reports OutcomeReleased: the work's
+// result is not kept, and a retry runs it again.
+func (w *Work) Release() {
+	w.settled = true
+	w.e.release(w.Finish, w.Attempt)
+	w.outcome(OutcomeReleased)
+}
 
-// Complete stores resp as the key's response, and logs a failure. Once it
-// is stored, End hands it to the requests of this process that wait for
-// the key.
+// Complete reports OutcomeExecuted, then stores resp as the key's
+// response, and logs a failure. Once it is stored, End hands it to the
+// requests of this process that wait for the key.
 func (w *Work) Complete(resp *idem.Response) error {
+	w.outcome(OutcomeExecuted)
 	err := w.Attempt.Complete(w.Finish, resp)
+	w.settled = true
 	switch {
 	case err == nil:
 		w.handed = &waiters.Result{Fingerprint: w.fp, Response: resp}
@@ -293,6 +323,15 @@ func (w *Work) Complete(resp *idem.Response) error {
 		w.log(slog.LevelWarn, "idem: handler ran but its response was not stored; a retry will run it again", err)
 	}
 	return err
+}
+
+// outcome reports o, unless an outcome was reported already.
+func (w *Work) outcome(o Outcome) {
+	if w.reported || w.report == nil {
+		return
+	}
+	w.reported = true // before: a report that panics is not made twice
+	w.report(o)
 }
 
 // Failed logs that the work ran but its result cannot be stored (why is
@@ -311,11 +350,16 @@ func (w *Work) ClientGone(err error) {
 		slog.String("key", w.Attempt.Lease().Key.String()), slog.Any("error", err))
 }
 
-// End wakes the requests of this process that wait for the key (handing
-// them the stored response, if any), then frees the work context. Defer
-// it right after Start: it must run after the key is completed or
-// released, also when the work panicked.
+// End releases the key if neither Complete nor Release ran (a panic after
+// Start: the panic goes on once End returns), wakes the requests of this
+// process that wait for the key (handing them the stored response, if
+// any), then frees the work context. Defer it right after Start.
 func (w *Work) End() {
-	w.e.waiters.Wake(w.Attempt.Lease().Key, w.handed)
-	w.stop()
+	defer func() { // also when the release's report panics
+		w.e.waiters.Wake(w.Attempt.Lease().Key, w.handed)
+		w.stop()
+	}()
+	if !w.settled {
+		w.Release()
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/waiters"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -64,9 +65,9 @@ func TestAcquireDecisions(t *testing.T) {
 		t.Fatalf("first: got %+v, want executed with an attempt", d)
 	}
 	if d := e.Acquire(ctx, ctx, k, fp, ""); d.Outcome != OutcomeInFlight || d.RetryAfter <= 0 {
-		t.Fatalf("while held, no wait: got %+v, want conflict with a RetryAfter", d)
+		t.Fatalf("while held, no wait: got %+v, want in_flight with a RetryAfter", d)
 	}
-	w := e.Start(d.Attempt, fp)
+	w := e.Start(d, nil)
 	if err := w.Complete(&idem.Response{Status: 201, Body: []byte("done")}); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestAcquireWait(t *testing.T) {
 	}
 	k, fp := key(t, "w"), idem.Fingerprint{1}
 	d := e.Acquire(ctx, ctx, k, fp, "")
-	w := e.Start(d.Attempt, fp)
+	w := e.Start(d, nil)
 	got := make(chan Decision, 1)
 	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
 	waiting()
@@ -105,7 +106,7 @@ func TestAcquireWait(t *testing.T) {
 
 	k = key(t, "released")
 	d = e.Acquire(ctx, ctx, k, fp, "")
-	w = e.Start(d.Attempt, fp)
+	w = e.Start(d, nil)
 	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
 	waiting()
 	w.Release()
@@ -148,7 +149,7 @@ func TestWorkContext(t *testing.T) {
 	e := newEngine(t, Config{MaxExecution: 30 * time.Millisecond, StopContext: stop})
 	ctx := t.Context()
 	d := e.Acquire(ctx, ctx, key(t, "max"), idem.Fingerprint{}, "")
-	w := e.Start(d.Attempt, idem.Fingerprint{})
+	w := e.Start(d, nil)
 	<-w.Ctx.Done()
 	if err := context.Cause(w.Ctx); !errors.Is(err, idem.ErrMaxExecution) {
 		t.Fatalf("past MaxExecution: cause %v, want idem.ErrMaxExecution", err)
@@ -160,7 +161,7 @@ func TestWorkContext(t *testing.T) {
 	w.End()
 
 	d = e.Acquire(ctx, ctx, key(t, "stop"), idem.Fingerprint{}, "")
-	w = e.Start(d.Attempt, idem.Fingerprint{})
+	w = e.Start(d, nil)
 	stopNow()
 	<-w.Ctx.Done()
 	if err := context.Cause(w.Ctx); !errors.Is(err, idem.ErrStopped) {
@@ -180,4 +181,95 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(nil, Config{Name: "idemtest"}); err == nil {
 		t.Error("New(nil store): got nil error, want one")
 	}
+}
+
+// A panic after Start, before Complete or Release: End releases the key
+// and reports OutcomeReleased, once; the panic goes on. A report that
+// panics (the adapter's OnOutcome) is not made again, and its key is
+// released too.
+func TestEndAfterPanic(t *testing.T) {
+	e := newEngine(t, Config{})
+	ctx := t.Context()
+	var got []Outcome
+	report := func(o Outcome) { got = append(got, o) }
+	run := func(k idem.Key, report func(Outcome), work func(w *Work)) (p any) {
+		d := e.Acquire(ctx, ctx, k, idem.Fingerprint{}, "")
+		if d.Outcome != OutcomeExecuted {
+			t.Fatalf("%v: got %+v, want executed", k, d)
+		}
+		defer func() { p = recover() }()
+		w := e.Start(d, report)
+		defer w.End()
+		work(w)
+		return nil
+	}
+	acquired := func(k idem.Key) {
+		t.Helper()
+		d := e.Acquire(ctx, ctx, k, idem.Fingerprint{}, "")
+		if d.Outcome != OutcomeExecuted {
+			t.Fatalf("retry: got %+v, want executed (the key released)", d)
+		}
+		e.Release(ctx, d.Attempt)
+	}
+
+	k := key(t, "panic")
+	if p := run(k, report, func(*Work) { panic("work") }); p != "work" {
+		t.Fatalf("recovered %v, want the work's panic", p)
+	}
+	if len(got) != 1 || got[0] != OutcomeReleased {
+		t.Fatalf("outcomes: got %v, want [released]", got)
+	}
+	acquired(k)
+
+	// The report of Complete panics: nothing is stored, the key is
+	// released, and nothing more is reported.
+	got = nil
+	k = key(t, "report")
+	p := run(k, func(o Outcome) { report(o); panic("report") }, func(w *Work) {
+		w.Complete(&idem.Response{Status: 200})
+	})
+	if p != "report" || len(got) != 1 || got[0] != OutcomeExecuted {
+		t.Fatalf("recovered %v, outcomes %v; want the report's panic, [executed]", p, got)
+	}
+	acquired(k)
+
+	// Completed, then a panic: the response stays stored.
+	got = nil
+	k = key(t, "late")
+	run(k, report, func(w *Work) {
+		w.Complete(&idem.Response{Status: 200})
+		panic("late")
+	})
+	if len(got) != 1 || got[0] != OutcomeExecuted {
+		t.Fatalf("outcomes: got %v, want [executed]", got)
+	}
+	if d := e.Acquire(ctx, ctx, k, idem.Fingerprint{}, ""); d.Outcome != OutcomeReplayed {
+		t.Fatalf("after the late panic: got %+v, want the replay", d)
+	}
+}
+
+// A key released without a Work (the client left at the acquire, an
+// adapter's check failed) wakes the requests that wait for it: they do
+// not sleep out their pause (up to waiters.MaxPause).
+func TestReleaseWakesWaiters(t *testing.T) {
+	store := signalStore{memstore.New(memstore.Options{}), make(chan struct{})}
+	e := newEngineOn(t, store, Config{Wait: 5 * time.Second})
+	ctx := t.Context()
+	k, fp := key(t, "wake"), idem.Fingerprint{1}
+	d := e.Acquire(ctx, ctx, k, fp, "")
+	got := make(chan Decision, 1)
+	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
+	// The pauses double from waiters.FirstPause: past the seventh store
+	// check the waiter sleeps waiters.MaxPause.
+	for range 7 {
+		<-store.inFlight
+	}
+	time.Sleep(20 * time.Millisecond) // the waiter waits
+	released := time.Now()
+	e.Release(ctx, d.Attempt)
+	d = <-got
+	if took := time.Since(released); d.Outcome != OutcomeExecuted || took > waiters.MaxPause/2 {
+		t.Fatalf("waiter: got %v after %v, want executed at once", d.Outcome, took)
+	}
+	e.Release(ctx, d.Attempt)
 }

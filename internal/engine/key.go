@@ -2,20 +2,28 @@ package engine
 
 import "github.com/idemkit/idem"
 
-// KeyError is a ParseKey error of idemhttp or idemgrpc: a missing key
-// (errors.Is idem.ErrMissingKey) or an invalid one (idem.ErrInvalidKey),
-// never both.
+// KeyError is a ParseKey error of idemhttp or idemgrpc. Err is
+// idem.ErrMissingKey for a missing key, else idem.ErrInvalidKey or an error
+// that wraps it (idem.ValidateKey's): errors.Is tells them apart.
 type KeyError struct {
-	Pkg     string // "idemhttp" or "idemgrpc": the message's prefix
-	Why     string // the message without it
-	Missing bool
+	Pkg string // "idemhttp" or "idemgrpc": the message's prefix
+	Why string // what is wrong; "" when Err says it
+	Err error
 }
 
-func (e *KeyError) Error() string { return e.Pkg + ": " + e.Why }
+func (e *KeyError) Error() string { return e.Pkg + ": " + e.Text() }
 
-func (e *KeyError) Is(target error) bool {
-	if e.Missing {
-		return target == idem.ErrMissingKey
+// Text is the message without the package's prefix: Why, followed by Err
+// in parentheses when Err says more than the sentinel; Err alone without
+// a Why.
+func (e *KeyError) Text() string {
+	switch {
+	case e.Why == "":
+		return e.Err.Error()
+	case e.Err == idem.ErrMissingKey || e.Err == idem.ErrInvalidKey:
+		return e.Why
 	}
-	return target == idem.ErrInvalidKey
+	return e.Why + " (" + e.Err.Error() + ")"
 }
+
+func (e *KeyError) Unwrap() error { return e.Err }
