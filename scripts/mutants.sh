@@ -109,6 +109,15 @@ mutant idemgrpc-work-context idemgrpc/server.go ./idemgrpc 'TestClientTimeoutThe
 	"d := s.eng.Acquire(ctx, context.WithoutCancel(ctx), key, fp, method)" \
 	"d := s.eng.Acquire(ctx, ctx, key, fp, method)"
 
+# The engine's panic handling: a key neither completed nor released is
+# released at End; the outcome is reported once.
+mutant engine-end-releases internal/engine/engine.go ./idemgrpc 'TestPanic' \
+	$'\tif !w.settled {' \
+	$'\tif false {'
+mutant engine-report-once internal/engine/engine.go ./idemgrpc 'TestPanicInOnOutcomeReleases' \
+	"if w.reported || w.report == nil {" \
+	"if w.report == nil {"
+
 # --- idemhttp: the work context, the capture after a client leaves, the
 # Transport's key.
 mutant idemhttp-work-context idemhttp/middleware.go ./idemhttp 'TestClientTimeoutWorkRunsToEnd|TestClientLeavesMidBody' \
