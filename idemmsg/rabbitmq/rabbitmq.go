@@ -2,8 +2,9 @@
 // an idemmsg.Deduplicator: each message key's handler runs at most once per
 // completed key, whatever RabbitMQ redelivers.
 //
-// A Consumer consumes the caller's queue on the caller's channel with
-// manual acknowledgements, handles deliveries one at a time (or
+// A Consumer consumes the caller's queue on the caller's channel (or on
+// channels it opens, surviving lost connections: see Lost connections)
+// with manual acknowledgements, handles deliveries one at a time (or
 // Concurrency at a time), and settles each one. For each delivery it
 // calls Deduplicator.Handle and then:
 //
@@ -64,6 +65,64 @@
 // back to the work queue; publish the message there and Ack it (not done
 // by this package).
 //
+// # Lost connections
+//
+// amqp091-go does not reconnect: once a channel or its connection closes,
+// its deliveries stop. With Consumer.Channel, Run then returns an error
+// wrapping ErrChannelLost, and the caller opens a new channel and runs
+// again. With Consumer.NewChannel (Dialer.Channel, or the caller's own),
+// Run does it: it passes the loss to OnError, waits Backoff (100ms,
+// doubling to 5s), opens a new channel (the Dialer dials a new connection
+// once the old one is closed, and keeps trying while the broker is away)
+// and consumes again, until ctx ends. It returns only when ctx ends, when
+// Qos or Consume are refused (a missing queue, no access), or with a
+// handler's panic. Share one Dialer between the Consumers of a process:
+// one connection, one channel each.
+//
+// How soon Run notices:
+//
+//   - The broker restarts or stops: at once (it closes every connection,
+//     CONNECTION_FORCED). Dialing fails until it is back.
+//   - The connection is reset (a proxy, a load balancer): at once.
+//   - The connection goes silent (a partition, a firewall dropping
+//     packets): after 1.5 heartbeat intervals without a frame from the
+//     broker, when amqp091-go closes the connection: 15s with its default
+//     Config.Heartbeat of 10s (the interval is the lower of the client's
+//     and the broker's, RabbitMQ's heartbeat setting, default 60s). A dial
+//     into the silence gives up after Dialer.Timeout (default 30s). The
+//     broker, on its side, drops the connection after two intervals
+//     without a frame from the client.
+//   - A consumer timeout: RabbitMQ closes a channel whose oldest
+//     delivery stays unacknowledged longer than its consumer_timeout
+//     (PRECONDITION_FAILED; 30 minutes by default; in 3.10 a node setting,
+//     rabbitmq.conf, checked every channel_tick_interval, 60s; per queue
+//     from 3.12) and hands its deliveries to other consumers. Run opens a
+//     new channel.
+//   - The server cancels the consumer (its queue deleted): Run opens a
+//     new channel, and returns the error of a refused Consume.
+//
+// What happens to the messages: the broker requeues every delivery
+// unacknowledged on a lost channel (for a silent connection, once it has
+// dropped it) and delivers it again, to this or another consumer. Run lets
+// the handlers running on the lost channel finish, with Run's context (a
+// lost channel does not cancel them): their results are recorded in the
+// store, but their acknowledgements are lost with the channel (not
+// reported: amqp091-go's ErrClosed). Deliveries held for a delayed requeue
+// and those received but not handled are left to the broker. Delivered
+// again, a key that completed is answered Replayed and acknowledged, and
+// one still running elsewhere InFlight until its result is recorded or
+// its lease ends (the lease is renewed while the handler runs): one effect
+// per key. An acknowledgement sent into a silent connection is lost the
+// same way. Handlers longer than consumer_timeout are safe but wasteful:
+// each one costs its channel and a redelivery; raise consumer_timeout
+// above the longest handler instead.
+//
+// The queue must outlive a broker restart: a durable classic queue with
+// persistent messages (amqp.Persistent), or a quorum queue (durable, its
+// messages always persistent, replicated across a cluster's nodes). A
+// non-durable queue is gone after a restart, with its messages: Consume
+// is refused (NOT_FOUND) and Run returns.
+//
 // # Stopping and crashes
 //
 // When Run's context ends, the consumer is cancelled, deliveries received
@@ -119,7 +178,7 @@ const (
 )
 
 // Consumer is one Run loop over a queue. Fill in the fields and call Run.
-// Channel, Queue, Dedup and Handler are required.
+// Channel or NewChannel, Queue, Dedup and Handler are required.
 type Consumer struct {
 	// Channel is the caller's channel. Run sets its Qos and consumes on it;
 	// it does not close it, and returns when it closes. Use one channel
