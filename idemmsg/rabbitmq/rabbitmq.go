@@ -280,6 +280,24 @@ var errCrashed = errors.New("rabbitmq: simulated crash")
 // channel.
 var ErrChannelLost = errors.New("rabbitmq: channel lost")
 
+// lostError is a lost channel of consumer tag on queue: errors.Is it
+// ErrChannelLost.
+type lostError struct {
+	tag, queue, what string
+	err              error // the cause, when known
+}
+
+func (e *lostError) Error() string {
+	s := "rabbitmq: consumer " + e.tag + " on " + e.queue + ": channel lost (" + e.what + ")"
+	if e.err != nil {
+		s += ": " + e.err.Error()
+	}
+	return s
+}
+
+func (e *lostError) Is(target error) bool { return target == ErrChannelLost }
+func (e *lostError) Unwrap() error        { return e.err }
+
 var tagSeq atomic.Uint64
 
 // DefaultBackoff is Consumer.Backoff's default: 100ms before the first
@@ -340,7 +358,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		fails++
 		wait := backoff(fails)
-		c.onError(fmt.Errorf("%w (opening a new channel in %v)", err, wait.Round(time.Millisecond)))
+		c.onError(fmt.Errorf("%w; opening a new channel in %v", err, wait.Round(time.Millisecond)))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -376,14 +394,14 @@ func (c *Consumer) session(ctx context.Context, ch *amqp.Channel, tag string, pr
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		if lost(err) {
-			return fmt.Errorf("rabbitmq: consumer %s on %s: qos: %w: %w", tag, c.Queue, ErrChannelLost, err)
+			return &lostError{tag: tag, queue: c.Queue, what: "qos", err: err}
 		}
 		return fmt.Errorf("rabbitmq: qos: %w", err)
 	}
 	deliveries, err := ch.Consume(c.Queue, tag, false, false, false, false, nil)
 	if err != nil {
 		if lost(err) {
-			return fmt.Errorf("rabbitmq: consumer %s on %s: consume: %w: %w", tag, c.Queue, ErrChannelLost, err)
+			return &lostError{tag: tag, queue: c.Queue, what: "consume", err: err}
 		}
 		return fmt.Errorf("rabbitmq: consume %s: %w", c.Queue, err)
 	}
@@ -391,20 +409,19 @@ func (c *Consumer) session(ctx context.Context, ch *amqp.Channel, tag string, pr
 	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash or a lost channel)
 	lostErr := func() error {
 		r.abandonHeld() // their channel is gone: they are back in the queue
-		reason := "consumer cancelled by the server"
+		le := &lostError{tag: tag, queue: c.Queue, what: "consumer cancelled by the server"}
 		select {
 		case e, ok := <-closes:
+			le.what = "channel closed"
 			if ok && e != nil {
-				reason = e.Error()
-			} else {
-				reason = "channel closed"
+				le.err = e
 			}
 		default:
 			if ch.IsClosed() {
-				reason = "channel closed"
+				le.what = "channel closed"
 			}
 		}
-		return fmt.Errorf("rabbitmq: consumer %s on %s: deliveries stopped: %w: %s", tag, c.Queue, ErrChannelLost, reason)
+		return le
 	}
 	if c.Batch {
 		r.acks = new(ackTracker)

@@ -564,7 +564,10 @@ func TestInvalidKeyDeadLettered(t *testing.T) {
 func TestRunValidates(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	for name, mutate := range map[string]func(c *Consumer){
-		"no channel":    func(c *Consumer) { c.Channel = nil },
+		"no channel": func(c *Consumer) { c.Channel = nil },
+		"both channels": func(c *Consumer) {
+			c.NewChannel = func(context.Context) (*amqp.Channel, error) { return nil, errors.New("unused") }
+		},
 		"no queue":      func(c *Consumer) { c.Queue = "" },
 		"no dedup":      func(c *Consumer) { c.Dedup = nil },
 		"no handler":    func(c *Consumer) { c.Handler = nil },
