@@ -342,8 +342,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for fails := 0; ; {
 		ch, err := c.NewChannel(ctx)
 		if err == nil {
-			err = c.session(ctx, ch, tag, prefetch, counts)
-			ch.Close()
+			err = func() error {
+				defer ch.Close() // also when a handler's panic goes through
+				return c.session(ctx, ch, tag, prefetch, counts)
+			}()
 			if err == nil || ctx.Err() != nil {
 				return nil
 			}
