@@ -285,6 +285,7 @@ var ErrChannelLost = errors.New("rabbitmq: channel lost")
 type lostError struct {
 	tag, queue, what string
 	err              error // the cause, when known
+	consumed         bool  // the channel consumed before it was lost
 }
 
 func (e *lostError) Error() string {
@@ -352,7 +353,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if !errors.Is(err, ErrChannelLost) {
 				return err
 			}
-			fails = 0 // it consumed: start the backoff again
+			if le := (*lostError)(nil); errors.As(err, &le) && le.consumed {
+				fails = 0 // it consumed: start the backoff again
+			}
 		} else if ctx.Err() != nil {
 			return nil
 		} else {
@@ -411,7 +414,7 @@ func (c *Consumer) session(ctx context.Context, ch *amqp.Channel, tag string, pr
 	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash or a lost channel)
 	lostErr := func() error {
 		r.abandonHeld() // their channel is gone: they are back in the queue
-		le := &lostError{tag: tag, queue: c.Queue, what: "consumer cancelled by the server"}
+		le := &lostError{tag: tag, queue: c.Queue, what: "consumer cancelled by the server", consumed: true}
 		select {
 		case e, ok := <-closes:
 			le.what = "channel closed"
