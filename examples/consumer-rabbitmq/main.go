@@ -10,10 +10,17 @@
 //	go run ./examples/consumer-rabbitmq -redis 127.0.0.1:6379 -publish 20
 //	go run ./examples/consumer-rabbitmq -redis 127.0.0.1:6379   # a second consumer
 //
-// It declares the queue (with a dead-letter exchange <queue>.dlx routing to
-// the queue <queue>.dlq) when missing. Each handled order prints one
-// "effect" line with its fencing token; the second copy of each order
-// prints "replayed". Stop it with Ctrl-C.
+// It declares the queue, durable (with a dead-letter exchange <queue>.dlx
+// routing to the queue <queue>.dlq), when missing, and publishes persistent
+// messages. Each handled order prints one "effect" line with its fencing
+// token; the second copy of each order prints "replayed". Stop it with
+// Ctrl-C.
+//
+// The consumer survives its broker: restart RabbitMQ (or cut the network)
+// while it runs, and it prints the lost channel, dials again with backoff
+// until the broker is back, and resumes; messages whose acknowledgement
+// was lost come back and print "replayed". A silent connection is noticed
+// after 1.5 heartbeats (-heartbeat).
 package main
 
 import (
@@ -25,6 +32,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -41,6 +49,7 @@ func main() {
 	queue := flag.String("queue", "orders", "queue name")
 	redisAddr := flag.String("redis", "", "Redis address of a store shared by all copies (default: an in-process store)")
 	publish := flag.Int("publish", 0, "first publish this many messages, each order twice")
+	heartbeat := flag.Duration("heartbeat", 5*time.Second, "AMQP heartbeat: a silent connection is dropped after 1.5 of them")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -98,9 +107,17 @@ func main() {
 			}
 		}
 	}
+	conn.Close() // the setup's connection; the consumer dials its own
+
+	// The consumer's channels come from a Dialer: one connection, dialed
+	// again whenever it is closed. Run opens a new channel, with backoff,
+	// whenever the broker restarts, the connection drops or goes silent, or
+	// RabbitMQ's consumer timeout closes the channel.
+	dialer := &rabbitmq.Dialer{URL: *url, Config: amqp.Config{Heartbeat: *heartbeat}, Timeout: 10 * time.Second}
+	defer dialer.Close()
 
 	c := &rabbitmq.Consumer{
-		Channel: ch, Queue: *queue, Dedup: dedup,
+		NewChannel: dialer.Channel, Queue: *queue, Dedup: dedup,
 		Handler: func(ctx context.Context, d amqp.Delivery) error {
 			lease, _ := idem.LeaseFromContext(ctx)
 			// The side effect: pass lease.Token to the system of record so it
@@ -118,6 +135,9 @@ func main() {
 				fmt.Printf("%-10s %s\n", res.Outcome, d.MessageId)
 			}
 		},
+		// Each lost channel and failed attempt to open one (and any
+		// failed settle step) lands here.
+		OnError: func(err error) { fmt.Printf("error      %v\n", err) },
 	}
 	fmt.Printf("consuming %s; Ctrl-C to stop\n", *queue)
 	if err := c.Run(ctx); err != nil {

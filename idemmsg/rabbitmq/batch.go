@@ -45,12 +45,13 @@ func (r *run) runBatches(tag string, deliveries <-chan amqp.Delivery, max int) e
 		}
 	}()
 	crashed := false
+	lost := false // the deliveries stopped: the channel is gone with what it held
 	defer func() {
 		close(stopRead)
 		<-readerDone
 		close(in)
 		for d := range in { // received, not handled: back at once (abandoned after a crash)
-			if !crashed {
+			if !crashed && !lost {
 				c.nack(d, c.key(d), true)
 			}
 		}
@@ -74,7 +75,8 @@ func (r *run) runBatches(tag string, deliveries <-chan amqp.Delivery, max int) e
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("rabbitmq: consumer %s on %s: deliveries closed (channel or connection closed, or consumer cancelled by the server)", tag, c.Queue)
+				lost = true
+				return ErrChannelLost
 			}
 		}
 	more:
@@ -91,7 +93,7 @@ func (r *run) runBatches(tag string, deliveries <-chan amqp.Delivery, max int) e
 		}
 		if err := r.processBatch(batch); err != nil {
 			crashed = errors.Is(err, errCrashed)
-			close(r.crashed) // abandon held deliveries at once, as a crash would
+			r.abandonHeld() // abandon held deliveries at once, as a crash would
 			return err
 		}
 	}
@@ -149,7 +151,7 @@ func (r *run) processBatch(batch []amqp.Delivery) error {
 				outcome = idemmsg.DeadLettered // permanent: never handled
 			}
 			if c.beforeAck != nil && !c.beforeAck(e.d) {
-				r.acks.ack(c, acks) // those before it were settled
+				r.acks.ack(c, r.ch, acks) // those before it were settled
 				return errCrashed
 			}
 			switch outcome {
@@ -165,7 +167,7 @@ func (r *run) processBatch(batch []amqp.Delivery) error {
 				r.requeueAfter(e.d, e.key, c.retryDelay(e.attempt))
 			}
 		}
-		r.acks.ack(c, acks)
+		r.acks.ack(c, r.ch, acks)
 		return nil
 	}
 	if len(early) > 0 {
@@ -227,7 +229,7 @@ func (t *ackTracker) drop(tag uint64) bool {
 
 // ack acknowledges tags: one multiple-ack for the longest run of them at
 // the start of the open tags, then one ack for each of the rest.
-func (t *ackTracker) ack(c *Consumer, tags []uint64) {
+func (t *ackTracker) ack(c *Consumer, ch *amqp.Channel, tags []uint64) {
 	if len(tags) == 0 {
 		return
 	}
@@ -243,7 +245,7 @@ func (t *ackTracker) ack(c *Consumer, tags []uint64) {
 	}
 	if n >= 2 {
 		upTo := t.open[n-1]
-		if err := c.Channel.Ack(upTo, true); err != nil {
+		if err := ch.Ack(upTo, true); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			c.onError(fmt.Errorf("rabbitmq: ack up to delivery %d: %w", upTo, err))
 		}
 		for _, tag := range t.open[:n] {
@@ -257,7 +259,7 @@ func (t *ackTracker) ack(c *Consumer, tags []uint64) {
 			continue
 		}
 		t.drop(tag)
-		if err := c.Channel.Ack(tag, false); err != nil {
+		if err := ch.Ack(tag, false); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			c.onError(fmt.Errorf("rabbitmq: ack delivery %d: %w", tag, err))
 		}
 		t.singles++

@@ -2,8 +2,9 @@
 // an idemmsg.Deduplicator: each message key's handler runs at most once per
 // completed key, whatever RabbitMQ redelivers.
 //
-// A Consumer consumes the caller's queue on the caller's channel with
-// manual acknowledgements, handles deliveries one at a time (or
+// A Consumer consumes the caller's queue on the caller's channel (or on
+// channels it opens, surviving lost connections: see Lost connections)
+// with manual acknowledgements, handles deliveries one at a time (or
 // Concurrency at a time), and settles each one. For each delivery it
 // calls Deduplicator.Handle and then:
 //
@@ -64,6 +65,64 @@
 // back to the work queue; publish the message there and Ack it (not done
 // by this package).
 //
+// # Lost connections
+//
+// amqp091-go does not reconnect: once a channel or its connection closes,
+// its deliveries stop. With Consumer.Channel, Run then returns an error
+// wrapping ErrChannelLost, and the caller opens a new channel and runs
+// again. With Consumer.NewChannel (Dialer.Channel, or the caller's own),
+// Run does it: it passes the loss to OnError, waits Backoff (100ms,
+// doubling to 5s), opens a new channel (the Dialer dials a new connection
+// once the old one is closed, and keeps trying while the broker is away)
+// and consumes again, until ctx ends. It returns only when ctx ends, when
+// Qos or Consume are refused (a missing queue, no access), or with a
+// handler's panic. Share one Dialer between the Consumers of a process:
+// one connection, one channel each.
+//
+// How soon Run notices:
+//
+//   - The broker restarts or stops: at once (it closes every connection,
+//     CONNECTION_FORCED). Dialing fails until it is back.
+//   - The connection is reset (a proxy, a load balancer): at once.
+//   - The connection goes silent (a partition, a firewall dropping
+//     packets): after 1.5 heartbeat intervals without a frame from the
+//     broker, when amqp091-go closes the connection: 15s with its default
+//     Config.Heartbeat of 10s (the interval is the lower of the client's
+//     and the broker's, RabbitMQ's heartbeat setting, default 60s). A dial
+//     into the silence gives up after Dialer.Timeout (default 30s). The
+//     broker, on its side, drops the connection after two intervals
+//     without a frame from the client.
+//   - A consumer timeout: RabbitMQ closes a channel whose oldest
+//     delivery stays unacknowledged longer than its consumer_timeout
+//     (PRECONDITION_FAILED; 30 minutes by default; in 3.10 a node setting,
+//     rabbitmq.conf, checked every channel_tick_interval, 60s; per queue
+//     from 3.12) and hands its deliveries to other consumers. Run opens a
+//     new channel.
+//   - The server cancels the consumer (its queue deleted): Run opens a
+//     new channel, and returns the error of a refused Consume.
+//
+// What happens to the messages: the broker requeues every delivery
+// unacknowledged on a lost channel (for a silent connection, once it has
+// dropped it) and delivers it again, to this or another consumer. Run lets
+// the handlers running on the lost channel finish, with Run's context (a
+// lost channel does not cancel them): their results are recorded in the
+// store, but their acknowledgements are lost with the channel (not
+// reported: amqp091-go's ErrClosed). Deliveries held for a delayed requeue
+// and those received but not handled are left to the broker. Delivered
+// again, a key that completed is answered Replayed and acknowledged, and
+// one still running elsewhere InFlight until its result is recorded or
+// its lease ends (the lease is renewed while the handler runs): one effect
+// per key. An acknowledgement sent into a silent connection is lost the
+// same way. Handlers longer than consumer_timeout are safe but wasteful:
+// each one costs its channel and a redelivery; raise consumer_timeout
+// above the longest handler instead.
+//
+// The queue must outlive a broker restart: a durable classic queue with
+// persistent messages (amqp.Persistent), or a quorum queue (durable, its
+// messages always persistent, replicated across a cluster's nodes). A
+// non-durable queue is gone after a restart, with its messages: Consume
+// is refused (NOT_FOUND) and Run returns.
+//
 // # Stopping and crashes
 //
 // When Run's context ends, the consumer is cancelled, deliveries received
@@ -79,6 +138,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -118,11 +178,27 @@ const (
 )
 
 // Consumer is one Run loop over a queue. Fill in the fields and call Run.
-// Channel, Queue, Dedup and Handler are required.
+// Channel or NewChannel, Queue, Dedup and Handler are required.
 type Consumer struct {
 	// Channel is the caller's channel. Run sets its Qos and consumes on it;
-	// it does not close it. Use one channel per Run loop.
+	// it does not close it, and returns when it closes. Use one channel
+	// per Run loop. Set NewChannel instead for a Run that survives a lost
+	// channel or connection.
 	Channel *amqp.Channel
+	// NewChannel, set instead of Channel, opens a channel for Run: Run
+	// calls it when it starts and again whenever the channel or its
+	// connection is lost while ctx is live (a broker restart, a reset or
+	// silent connection, a consumer timeout, the consumer cancelled by
+	// the server), after Backoff, and resumes consuming on the new
+	// channel (see Lost connections in the package documentation). Run
+	// closes the channels it opened. Dialer.Channel is one: it keeps a
+	// connection and dials it again once it is closed.
+	NewChannel func(ctx context.Context) (*amqp.Channel, error)
+	// Backoff, with NewChannel, is how long Run waits before its n-th
+	// attempt in a row (n >= 1) to open a channel after one was lost or
+	// could not be opened. Default DefaultBackoff: 100ms doubling to 5s,
+	// with jitter.
+	Backoff func(n int) time.Duration
 	// Queue is the queue to consume. For dead letters it needs a
 	// dead-letter exchange (see the package documentation).
 	Queue string
@@ -197,14 +273,53 @@ type Consumer struct {
 // errCrashed is what Run returns when beforeAck simulated a crash.
 var errCrashed = errors.New("rabbitmq: simulated crash")
 
+// ErrChannelLost is in the error Run returns when the deliveries stop while
+// its context is live (the channel or its connection closed, or the
+// consumer was cancelled by the server) and it has no NewChannel to open
+// another; with NewChannel, Run passes it to OnError and opens a new
+// channel.
+var ErrChannelLost = errors.New("rabbitmq: channel lost")
+
+// lostError is a lost channel of consumer tag on queue: errors.Is it
+// ErrChannelLost.
+type lostError struct {
+	tag, queue, what string
+	err              error // the cause, when known
+	consumed         bool  // the channel consumed before it was lost
+}
+
+func (e *lostError) Error() string {
+	s := "rabbitmq: consumer " + e.tag + " on " + e.queue + ": channel lost (" + e.what + ")"
+	if e.err != nil {
+		s += ": " + e.err.Error()
+	}
+	return s
+}
+
+func (e *lostError) Is(target error) bool { return target == ErrChannelLost }
+func (e *lostError) Unwrap() error        { return e.err }
+
 var tagSeq atomic.Uint64
+
+// DefaultBackoff is Consumer.Backoff's default: 100ms before the first
+// attempt to open a channel again, doubling up to 5s, each within ±20%.
+func DefaultBackoff(n int) time.Duration {
+	d := 5 * time.Second
+	if n <= 6 {
+		d = min(100*time.Millisecond<<max(n-1, 0), d)
+	}
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
 
 // Run consumes until ctx ends, then returns nil (see the package
 // documentation). A delivery whose handler is running when ctx ends gets a
 // cancelled context; its outcome is still settled. Run returns an error
-// for an invalid configuration, when Qos or Consume fail, and when the
-// deliveries stop while ctx is live (the channel or connection closed):
-// open a new channel and run again.
+// for an invalid configuration and when Qos or Consume are refused (a
+// missing queue, no access). With Channel, it also returns an error
+// wrapping ErrChannelLost when the deliveries stop while ctx is live (the
+// channel or connection closed): open a new channel and run again. With
+// NewChannel, it opens a new channel and resumes instead (see Lost
+// connections in the package documentation).
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.validate(); err != nil {
 		return err
@@ -213,26 +328,116 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if prefetch == 0 {
 		prefetch = max(DefaultPrefetch, c.Concurrency)
 	}
-	if err := c.Channel.Qos(prefetch, 0, false); err != nil {
-		return fmt.Errorf("rabbitmq: qos: %w", err)
-	}
 	tag := c.Tag
 	if tag == "" {
 		tag = "idem-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatUint(tagSeq.Add(1), 10)
 	}
-	deliveries, err := c.Channel.Consume(c.Queue, tag, false, false, false, false, nil)
+	counts := &counts{n: map[string]int{}}
+	if c.NewChannel == nil {
+		return c.session(ctx, c.Channel, tag, prefetch, counts)
+	}
+	backoff := c.Backoff
+	if backoff == nil {
+		backoff = DefaultBackoff
+	}
+	for fails := 0; ; {
+		ch, err := c.NewChannel(ctx)
+		if err == nil {
+			err = func() error {
+				defer ch.Close() // also when a handler's panic goes through
+				return c.session(ctx, ch, tag, prefetch, counts)
+			}()
+			if err == nil || ctx.Err() != nil {
+				return nil
+			}
+			if !errors.Is(err, ErrChannelLost) {
+				return err
+			}
+			if le := (*lostError)(nil); errors.As(err, &le) && le.consumed {
+				fails = 0 // it consumed: start the backoff again
+			}
+		} else if ctx.Err() != nil {
+			return nil
+		} else {
+			err = fmt.Errorf("rabbitmq: consumer %s on %s: open a channel: %w", tag, c.Queue, err)
+		}
+		fails++
+		wait := backoff(fails)
+		c.onError(fmt.Errorf("%w; opening a new channel in %v", err, wait.Round(time.Millisecond)))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// lost reports whether err, from Qos or Consume, means that the channel
+// or its connection is gone (try again on a new one) rather than a refusal
+// (a missing queue, no access: a channel-level exception from the server).
+func lost(err error) bool {
+	var e *amqp.Error
+	if !errors.As(err, &e) {
+		return true
+	}
+	if !e.Server {
+		return true // ErrClosed and the like: the client's view of a closed channel
+	}
+	switch e.Code {
+	case amqp.ContentTooLarge, amqp.NoRoute, amqp.NoConsumers, amqp.AccessRefused, amqp.NotFound, amqp.ResourceLocked, amqp.PreconditionFailed:
+		return false // channel-level exceptions: the request was refused
+	}
+	return true // connection-level: connection-forced (a broker stopping), internal errors
+}
+
+// session consumes on ch until ctx ends (nil), the deliveries stop (an
+// error wrapping ErrChannelLost), a simulated crash (errCrashed), or a
+// refused Qos or Consume.
+func (c *Consumer) session(ctx context.Context, ch *amqp.Channel, tag string, prefetch int, counts *counts) error {
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		if lost(err) {
+			return &lostError{tag: tag, queue: c.Queue, what: "qos", err: err}
+		}
+		return fmt.Errorf("rabbitmq: qos: %w", err)
+	}
+	deliveries, err := ch.Consume(c.Queue, tag, false, false, false, false, nil)
 	if err != nil {
+		if lost(err) {
+			return &lostError{tag: tag, queue: c.Queue, what: "consume", err: err}
+		}
 		return fmt.Errorf("rabbitmq: consume %s: %w", c.Queue, err)
 	}
-
-	r := &run{c: c, ctx: ctx, crashed: make(chan struct{}), halt: make(chan struct{}), counts: map[string]int{}}
-	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash)
+	r := &run{c: c, ch: ch, ctx: ctx, abandon: make(chan struct{}), halt: make(chan struct{}), counts: counts}
+	defer r.wg.Wait() // the held deliveries, requeued (or abandoned on a crash or a lost channel)
+	lostErr := func() error {
+		r.abandonHeld() // their channel is gone: they are back in the queue
+		le := &lostError{tag: tag, queue: c.Queue, what: "consumer cancelled by the server", consumed: true}
+		select {
+		case e, ok := <-closes:
+			le.what = "channel closed"
+			if ok && e != nil {
+				le.err = e
+			}
+		default:
+			if ch.IsClosed() {
+				le.what = "channel closed"
+			}
+		}
+		return le
+	}
 	if c.Batch {
 		r.acks = new(ackTracker)
 		if c.onTracker != nil {
 			c.onTracker(r.acks)
 		}
-		return r.runBatches(tag, deliveries, prefetch)
+		err := r.runBatches(tag, deliveries, prefetch)
+		if errors.Is(err, ErrChannelLost) {
+			return lostErr()
+		}
+		return err
 	}
 	pool := workpool.New(c.Concurrency)
 	var crashed atomic.Bool
@@ -253,11 +458,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return r.halted(pool, &crashed)
 		case d, ok := <-deliveries:
 			if !ok {
+				// The handlers running finish (their outcomes are
+				// recorded; their acks are lost with the channel).
 				pool.Wait()
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("rabbitmq: consumer %s on %s: deliveries closed (channel or connection closed, or consumer cancelled by the server)", tag, c.Queue)
+				return lostErr()
 			}
 			ran := pool.Go(func() {
 				finished := false
@@ -288,7 +495,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (r *run) halted(pool *workpool.Pool, crashed *atomic.Bool) error {
 	wasCrash := crashed.Load()
 	if wasCrash {
-		close(r.crashed) // abandon held deliveries at once, as a crash would
+		r.abandonHeld() // abandon held deliveries at once, as a crash would
 	}
 	pool.Wait() // panics if a handler panicked
 	if !wasCrash {
@@ -299,8 +506,10 @@ func (r *run) halted(pool *workpool.Pool, crashed *atomic.Bool) error {
 
 func (c *Consumer) validate() error {
 	switch {
-	case c.Channel == nil:
-		return errors.New("rabbitmq: Consumer.Channel is nil")
+	case c.Channel == nil && c.NewChannel == nil:
+		return errors.New("rabbitmq: Consumer.Channel and Consumer.NewChannel are nil")
+	case c.Channel != nil && c.NewChannel != nil:
+		return errors.New("rabbitmq: set Consumer.Channel or Consumer.NewChannel, not both")
 	case c.Queue == "":
 		return errors.New("rabbitmq: Consumer.Queue is empty")
 	case c.Dedup == nil:
@@ -315,51 +524,60 @@ func (c *Consumer) validate() error {
 	return nil
 }
 
-// run is the state of one Run call.
+// run is the state of one channel of a Run call.
 type run struct {
-	c       *Consumer
-	ctx     context.Context
-	wg      sync.WaitGroup
-	crashed chan struct{} // closed after a simulated crash
+	c   *Consumer
+	ch  *amqp.Channel
+	ctx context.Context
+	wg  sync.WaitGroup
+	// abandon is closed after a simulated crash or once the channel is
+	// lost: the held deliveries are then left to the broker.
+	abandon     chan struct{}
+	abandonOnce sync.Once
 	// halt is closed by a handler goroutine after a simulated crash or a
 	// panic, to end the Run loop.
 	halt     chan struct{}
 	haltOnce sync.Once
-	// counts are the in-process delivery counts per key, for queues
-	// without x-delivery-count.
-	countsMu sync.Mutex
-	counts   map[string]int
+	counts   *counts
 	// acks, with Consumer.Batch, settles every delivery taken.
 	acks *ackTracker
 }
 
-func (r *run) stopLoop() { r.haltOnce.Do(func() { close(r.halt) }) }
+// counts are the in-process delivery counts per key of a Run call, for
+// queues without x-delivery-count.
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *run) stopLoop()    { r.haltOnce.Do(func() { close(r.halt) }) }
+func (r *run) abandonHeld() { r.abandonOnce.Do(func() { close(r.abandon) }) }
 
 // count returns the in-process attempt of a delivery of key.
 func (r *run) count(key string, redelivered bool) int {
-	r.countsMu.Lock()
-	defer r.countsMu.Unlock()
-	if len(r.counts) >= maxLocalCounts {
-		clear(r.counts)
+	r.counts.mu.Lock()
+	defer r.counts.mu.Unlock()
+	if len(r.counts.n) >= maxLocalCounts {
+		clear(r.counts.n)
 	}
-	n := r.counts[key] + 1
+	n := r.counts.n[key] + 1
 	if n == 1 && redelivered {
 		n = 2
 	}
-	r.counts[key] = n
+	r.counts.n[key] = n
 	return n
 }
 
 // forget drops key's in-process count, once a delivery of it is settled.
 func (r *run) forget(key string) {
-	r.countsMu.Lock()
-	defer r.countsMu.Unlock()
-	delete(r.counts, key)
+	r.counts.mu.Lock()
+	defer r.counts.mu.Unlock()
+	delete(r.counts.n, key)
 }
 
 // stop cancels the consumer and requeues what it had received.
 func (r *run) stop(tag string, deliveries <-chan amqp.Delivery) {
-	if err := r.c.Channel.Cancel(tag, false); err != nil {
+	if err := r.ch.Cancel(tag, false); err != nil {
 		// The channel is gone: its deliveries are back in the queue.
 		r.c.onError(fmt.Errorf("rabbitmq: cancel consumer %s: %w", tag, err))
 		return
@@ -412,7 +630,7 @@ func (r *run) process(d amqp.Delivery) error {
 	switch outcome {
 	case idemmsg.Executed, idemmsg.Replayed:
 		r.forget(key)
-		if err := d.Ack(false); err != nil {
+		if err := d.Ack(false); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			c.onError(fmt.Errorf("rabbitmq: ack %s: %w", describe(d, key), err))
 		}
 	case idemmsg.DeadLettered:
@@ -427,7 +645,8 @@ func (r *run) process(d amqp.Delivery) error {
 }
 
 // requeueAfter holds d for delay, then Nacks it with requeue: at once if
-// Run's context ends, never if Run crashed.
+// Run's context ends, never if Run crashed or the channel was lost (the
+// broker requeued it then).
 func (r *run) requeueAfter(d amqp.Delivery, key string, delay time.Duration) {
 	delay = min(max(delay, 0), MaxRetryDelay)
 	r.wg.Add(1)
@@ -436,13 +655,13 @@ func (r *run) requeueAfter(d amqp.Delivery, key string, delay time.Duration) {
 		t := time.NewTimer(delay)
 		defer t.Stop()
 		select {
-		case <-r.crashed:
+		case <-r.abandon:
 			return
 		case <-r.ctx.Done():
 		case <-t.C:
 		}
 		select {
-		case <-r.crashed:
+		case <-r.abandon:
 		default:
 			if r.acks != nil {
 				r.acks.nack(r.c, d, key, true)
@@ -495,7 +714,9 @@ func (c *Consumer) retryDelay(attempt int) time.Duration {
 }
 
 func (c *Consumer) nack(d amqp.Delivery, key string, requeue bool) {
-	if err := d.Nack(false, requeue); err != nil {
+	// On a closed channel (ErrClosed) the delivery is back in the queue
+	// already; Run reports the lost channel once.
+	if err := d.Nack(false, requeue); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		c.onError(fmt.Errorf("rabbitmq: nack %s (requeue %t): %w", describe(d, key), requeue, err))
 	}
 }

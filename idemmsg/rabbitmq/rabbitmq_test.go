@@ -40,6 +40,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopNodes()
 	cleanup()
 	os.Exit(code)
 }
@@ -99,56 +100,118 @@ const (
 var queueSeq atomic.Int64
 
 // env is one test's queue (with a dead-letter exchange and queue),
-// deduplicator and ledger.
+// deduplicator and ledger, on the shared broker's private vhost or on a
+// private node (node).
 type env struct {
 	t      *testing.T
-	conn   *amqp.Connection
-	pub    *amqp.Channel
+	node   *node // nil: the shared broker
 	queue  string
 	dlq    string
 	dedup  *idemmsg.Deduplicator
 	ledger *msgtest.Ledger
 	acked  atomic.Int32 // deliveries decided Executed, Replayed or DeadLettered
+
+	// conn and pub, the test's own connection and its publishing channel
+	// (with confirms), are dialed again once closed (a broker restart).
+	mu   sync.Mutex
+	conn *amqp.Connection
+	pub  *amqp.Channel
 }
 
 type envOpts struct {
 	maxFailures int
 	quorum      bool
+	// node puts the queue on a private node: durable, as its dead-letter
+	// exchange and queue, and its messages persistent.
+	node *node
+	// lease is the Deduplicator's (default testLease); store its store
+	// (default a memstore).
+	lease time.Duration
+	store idem.Store
 }
 
 func dial(t *testing.T) *amqp.Connection {
 	t.Helper()
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Vhost: vhost, Dial: amqp.DefaultDial(5 * time.Second)})
+	return dialNode(t, nil)
+}
+
+// dialNode dials the shared broker's vhost (n nil) or a private node.
+func dialNode(t testing.TB, n *node) *amqp.Connection {
+	t.Helper()
+	url, cfg := amqpURL, amqp.Config{Vhost: vhost, Dial: amqp.DefaultDial(5 * time.Second)}
+	if n != nil {
+		url, cfg.Vhost = n.url(""), "/"
+	}
+	conn, err := amqp.DialConfig(url, cfg)
 	if err != nil {
-		t.Fatalf("dial RabbitMQ vhost %s: %v", vhost, err)
+		t.Fatalf("dial RabbitMQ %s (vhost %s): %v", url, cfg.Vhost, err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
 
+// connection returns the test's connection, dialed again if closed.
+func (e *env) connection() *amqp.Connection {
+	e.t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.connLocked()
+}
+
+func (e *env) connLocked() *amqp.Connection {
+	e.t.Helper()
+	if e.conn == nil || e.conn.IsClosed() {
+		e.conn, e.pub = dialNode(e.t, e.node), nil
+	}
+	return e.conn
+}
+
+// channel opens a channel on the test's connection.
+func (e *env) channel() *amqp.Channel {
+	e.t.Helper()
+	ch, err := e.connection().Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ch
+}
+
+// publisher returns the publishing channel, opened again if closed.
+func (e *env) publisher() *amqp.Channel {
+	e.t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	conn := e.connLocked()
+	if e.pub == nil || e.pub.IsClosed() {
+		pub, err := conn.Channel()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if err := pub.Confirm(false); err != nil {
+			e.t.Fatal(err)
+		}
+		e.pub = pub
+	}
+	return e.pub
+}
+
 func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
-	conn := dial(t)
-	pub, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	e := &env{t: t, node: o.node, ledger: msgtest.NewLedger()}
+	pub := e.publisher()
 	name := fmt.Sprintf("orders-%d-%d", queueSeq.Add(1), time.Now().UnixNano())
 	dlx, dlq := name+".dlx", name+".dlq"
-	if err := pub.ExchangeDeclare(dlx, "direct", false, true, false, false, nil); err != nil {
+	durable := o.node != nil // to survive the node's restarts
+	if err := pub.ExchangeDeclare(dlx, "direct", durable, !durable, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pub.QueueDeclare(dlq, false, false, false, false, nil); err != nil {
+	if _, err := pub.QueueDeclare(dlq, durable, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.QueueBind(dlq, dlq, dlx, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	args := amqp.Table{"x-dead-letter-exchange": dlx, "x-dead-letter-routing-key": dlq}
-	durable := false
 	if o.quorum {
 		args["x-queue-type"] = "quorum"
 		durable = true
@@ -157,31 +220,47 @@ func newEnv(t *testing.T, o envOpts) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if ch, err := conn.Channel(); err == nil {
+		if ch, err := e.connection().Channel(); err == nil {
 			ch.QueueDelete(name, false, false, false)
 			ch.QueueDelete(dlq, false, false, false)
+			if durable {
+				ch.ExchangeDelete(dlx, false, false)
+			}
 			ch.Close()
 		}
 	})
-	d, err := idemmsg.New(memstore.New(memstore.Options{}), idemmsg.Config{Namespace: name + "/billing", Lease: testLease, MaxFailures: o.maxFailures})
+	lease, store := o.lease, o.store
+	if lease == 0 {
+		lease = testLease
+	}
+	if store == nil {
+		store = memstore.New(memstore.Options{})
+	}
+	d, err := idemmsg.New(store, idemmsg.Config{Namespace: name + "/billing", Lease: lease, MaxFailures: o.maxFailures})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, conn: conn, pub: pub, queue: name, dlq: dlq, dedup: d, ledger: msgtest.NewLedger()}
+	e.queue, e.dlq, e.dedup = name, dlq, d
+	return e
 }
 
 // publish adds one message per key, the key as its body and, when withID
 // and not empty, as its MessageId; it waits for the broker's confirms.
+// On a private node the messages are persistent.
 func (e *env) publish(withID bool, keys ...string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
+	pub := e.publisher()
 	for i, k := range keys {
 		p := amqp.Publishing{Body: []byte(k), Headers: amqp.Table{"n": int32(i)}}
 		if withID {
 			p.MessageId = k
 		}
-		dc, err := e.pub.PublishWithDeferredConfirmWithContext(ctx, "", e.queue, true, false, p)
+		if e.node != nil {
+			p.DeliveryMode = amqp.Persistent
+		}
+		dc, err := pub.PublishWithDeferredConfirmWithContext(ctx, "", e.queue, true, false, p)
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -190,7 +269,6 @@ func (e *env) publish(withID bool, keys ...string) {
 		}
 	}
 }
-
 func bodyKey(d amqp.Delivery) string { return string(d.Body) }
 
 // consumer returns a Run loop on a new channel of conn (e.conn when nil),
@@ -199,7 +277,7 @@ func bodyKey(d amqp.Delivery) string { return string(d.Body) }
 func (e *env) consumer(name string, conn *amqp.Connection, key func(amqp.Delivery) string, onResult func(amqp.Delivery, idemmsg.Result, error)) *Consumer {
 	e.t.Helper()
 	if conn == nil {
-		conn = e.conn
+		conn = e.connection()
 	}
 	ch, err := conn.Channel()
 	if err != nil {
@@ -231,19 +309,14 @@ func (e *env) waitAcked(n int) {
 // inspect returns a queue's ready messages and consumers.
 func (e *env) inspect(queue string) amqp.Queue {
 	e.t.Helper()
-	ch, err := e.conn.Channel()
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	ch := e.channel()
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
 	if err != nil {
 		// A quorum queue is durable.
-		ch2, err2 := e.conn.Channel()
-		if err2 != nil {
-			e.t.Fatal(err)
-		}
+		ch2 := e.channel()
 		defer ch2.Close()
+		var err2 error
 		if q, err2 = ch2.QueueInspect(queue); err2 != nil {
 			e.t.Fatal(err)
 		}
@@ -270,10 +343,7 @@ func (e *env) checkLedger(keys []string, stops ...func() error) {
 // deadLetters takes the messages of the dead-letter queue.
 func (e *env) deadLetters() []amqp.Delivery {
 	e.t.Helper()
-	ch, err := e.conn.Channel()
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	ch := e.channel()
 	defer ch.Close()
 	var out []amqp.Delivery
 	for {
@@ -494,7 +564,10 @@ func TestInvalidKeyDeadLettered(t *testing.T) {
 func TestRunValidates(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	for name, mutate := range map[string]func(c *Consumer){
-		"no channel":    func(c *Consumer) { c.Channel = nil },
+		"no channel": func(c *Consumer) { c.Channel = nil },
+		"both channels": func(c *Consumer) {
+			c.NewChannel = func(context.Context) (*amqp.Channel, error) { return nil, errors.New("unused") }
+		},
 		"no queue":      func(c *Consumer) { c.Queue = "" },
 		"no dedup":      func(c *Consumer) { c.Dedup = nil },
 		"no handler":    func(c *Consumer) { c.Handler = nil },
@@ -535,7 +608,11 @@ func TestDeliveryCount(t *testing.T) {
 // start runs c until the test ends, and returns a function that stops it
 // and returns Run's error.
 func (e *env) start(c *Consumer) (stop func() error) {
-	return msgtest.Start(e.t, "consumer", waitLimit, c.Run, func() { c.Channel.Close() })
+	return msgtest.Start(e.t, "consumer", waitLimit, c.Run, func() {
+		if c.Channel != nil {
+			c.Channel.Close()
+		}
+	})
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

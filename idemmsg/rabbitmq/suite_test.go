@@ -3,29 +3,98 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/adaptertest"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 )
 
 // TestAdapterSuite runs the shared adapter scenarios against the local
 // RabbitMQ, in the tests' private vhost: each topic is a fresh classic
 // queue with its dead-letter exchange and queue, the messages keyed by
-// their message-id (the default Key), and the Deduplicator is on memstore.
+// their message-id (the default Key), and the Deduplicator is on memstore
+// (or Config.Store).
+//
+// The broker-fault scenarios run on private nodes (node_test.go): a topic
+// with Config.Faults is a durable queue on a node the test restarts
+// (stop_app, start_app), its messages persistent, and its consumers reach
+// it through a msgtest.Proxy, with a Dialer per consumer (heartbeat 1s)
+// as Consumer.NewChannel; the publisher dials the node itself. A topic
+// with Config.RedeliverAfter is on a node whose consumer_timeout is that
+// long (checked every quarter of it): the broker closes the channel of a
+// consumer whose delivery stays unacknowledged longer, and requeues its
+// deliveries for the other consumer, as in production after 30 minutes;
+// its Deduplicator's lease is 4 times as long, renewed while the handler
+// runs.
 func TestAdapterSuite(t *testing.T) {
 	adaptertest.Run(t, adaptertest.Harness{
-		NewTopic: func(t *testing.T, cfg adaptertest.Config) adaptertest.Topic {
-			return &suiteTopic{env: newEnv(t, envOpts{maxFailures: cfg.MaxFailures}), deadErrs: map[string][]string{}}
-		},
-		IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
-		Concurrency: true,
-		Batch:       true,
+		Name:         "rabbitmq",
+		NewTopic:     newSuiteTopic,
+		IsCrash:      func(err error) bool { return errors.Is(err, errCrashed) },
+		Concurrency:  true,
+		Batch:        true,
+		BrokerFaults: true,
 	})
+}
+
+func newSuiteTopic(t *testing.T, cfg adaptertest.Config) adaptertest.Topic {
+	o := envOpts{maxFailures: cfg.MaxFailures, store: cfg.Store}
+	switch {
+	case cfg.Faults:
+		o.node = privateNode(t, nodeSpec{})
+		// A restart is seen by every topic on the node: a scenario that
+		// restarts it has the node to itself, the others share it.
+		if strings.Contains(t.Name(), "BrokerRestart") {
+			o.node.mu.Lock()
+			t.Cleanup(o.node.mu.Unlock)
+		} else {
+			o.node.mu.RLock()
+			t.Cleanup(o.node.mu.RUnlock)
+		}
+	case cfg.RedeliverAfter > 0:
+		o.node = privateNode(t, nodeSpec{consumerTimeout: cfg.RedeliverAfter})
+		o.lease = 4 * cfg.RedeliverAfter
+	}
+	if cfg.Store != nil {
+		// The lease outlives the store's outage (StoreDown's 3s), so that a
+		// handler cut between its effect and its record still holds its key
+		// when the store is back.
+		o.lease = 10 * time.Second
+	}
+	s := &suiteTopic{env: newEnv(t, o), deadErrs: map[string][]string{}}
+	if o.node != nil {
+		s.dialAddr = o.node.addr()
+	}
+	if cfg.Faults {
+		s.proxy = msgtest.NewProxy(t, o.node.addr())
+		s.dialAddr = s.proxy.Addr
+		return &faultsTopic{s}
+	}
+	return s
+}
+
+// faultsTopic is a suiteTopic on a private node, behind a proxy.
+type faultsTopic struct{ *suiteTopic }
+
+func (f *faultsTopic) RestartBroker(t testing.TB) { f.node.restart(t) }
+
+func (f *faultsTopic) Cut(t testing.TB, how adaptertest.Cut) (restore func()) {
+	switch how {
+	case adaptertest.ResetConnections:
+		f.proxy.Reset(t)
+	case adaptertest.Blackhole:
+		f.proxy.Blackhole(t)
+	default:
+		t.Fatalf("unknown cut %v", how)
+	}
+	return func() { f.proxy.Restore(t) }
 }
 
 // suiteTopic tracks what AMQP 0-9-1 does not report: a queue's
@@ -35,6 +104,10 @@ func TestAdapterSuite(t *testing.T) {
 // error: the kept text is Result.Err, see the package documentation).
 type suiteTopic struct {
 	*env
+	// dialAddr, for a topic on a private node, is where its consumers
+	// dial (the node, or proxy's address) with a Dialer as NewChannel.
+	dialAddr string
+	proxy    *msgtest.Proxy
 
 	mu        sync.Mutex
 	published int
@@ -73,6 +146,14 @@ func (s *suiteTopic) Start(t testing.TB, ac adaptertest.Consumer) func() error {
 	c.Concurrency = ac.Concurrency
 	c.Batch = ac.Batch
 	c.Handler = func(ctx context.Context, d amqp.Delivery) error { return ac.Handler(ctx, d.MessageId) }
+	if s.dialAddr != "" {
+		// Run survives its channel: a Dialer of its own, with 1s
+		// heartbeats (a silent connection is closed after 1.5s).
+		d := &Dialer{URL: s.node.url(s.dialAddr), Config: amqp.Config{Heartbeat: time.Second}, Timeout: 2 * time.Second}
+		t.Cleanup(func() { d.Close() })
+		c.Channel.Close()
+		c.Channel, c.NewChannel = nil, d.Channel
+	}
 	c.crashBeforeAck(func(d amqp.Delivery) bool {
 		v, _ := decided.LoadAndDelete(d.DeliveryTag)
 		if ac.BeforeAck != nil && !ac.BeforeAck(d.MessageId) {
@@ -105,7 +186,17 @@ func (s *suiteTopic) Settled(t testing.TB) bool {
 	s.mu.Lock()
 	done := s.settled >= s.published && len(s.dead) >= s.rejected
 	s.mu.Unlock()
-	return done && s.inspect(s.queue).Messages == 0
+	if !done || s.inspect(s.queue).Messages != 0 {
+		return false
+	}
+	if s.node != nil {
+		// A delivery decided and counted above may have lost its ack
+		// with its channel, and be back: wait until the node has nothing
+		// ready or unacknowledged.
+		ready, unacked := s.node.queueCounts(t, s.queue)
+		return ready == 0 && unacked == 0
+	}
+	return true
 }
 
 // DeadLetters returns the dead-letter queue's messages in arrival order:
