@@ -378,3 +378,48 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	msgtest.WaitFor(t, what, waitLimit, cond)
 }
 
+// TestBlackholedReadEnds: once the connection goes silent (a proxy drops
+// every byte, without a reset), a blocking XREADGROUP fails within
+// Block+10s on either library (go-redis's read deadline for blocking
+// commands; readMargin for rueidis, which has none), Run reports it and
+// goes on, and once the network is back the consumer reads again.
+func TestBlackholedReadEnds(t *testing.T) {
+	for _, lib := range clientLibs {
+		t.Run(lib, func(t *testing.T) {
+			t.Parallel()
+			p := msgtest.NewProxy(t, srv.Addr())
+			e := newEnvWith(t, lib, envOptions{consumerAddr: p.Addr, memstore: true, minIdle: time.Minute})
+			readErrs := make(chan error, 100)
+			c := e.consumer("c1")
+			c.OnError = func(err error) {
+				t.Logf("c1: %v", err)
+				if strings.Contains(err.Error(), "XREADGROUP") {
+					select {
+					case readErrs <- err:
+					default:
+					}
+				}
+			}
+			e.publish("a")
+			e.start(c)
+			waitFor(t, "the first entry acknowledged", e.settled)
+			time.Sleep(3 * testBlock) // a few reads, then one blocked in the hole
+
+			p.Blackhole(t)
+			start := time.Now()
+			bound := testBlock + readMargin
+			select {
+			case <-readErrs:
+				if d := time.Since(start); d > bound+2*time.Second {
+					t.Errorf("XREADGROUP failed %v after the connection went silent, want at most about Block+%v", d, readMargin)
+				}
+			case <-time.After(bound + 5*time.Second):
+				t.Fatalf("no XREADGROUP error within %v of the connection going silent", bound+5*time.Second)
+			}
+			p.Restore(t)
+			e.publish("b")
+			waitFor(t, "the entry published after the restore acknowledged", e.settled)
+			e.checkLedger([]string{"a", "b"})
+		})
+	}
+}
