@@ -4,12 +4,19 @@
 // same "order" field are handled once, whatever Redis redelivers and however
 // many copies of this program run.
 //
-//	redis-server &
+//	redis-server --appendonly yes &
 //	go run ./examples/consumer-redisstream -publish 20     # 20 entries, 10 distinct orders
 //	go run ./examples/consumer-redisstream -consumer c2    # a second consumer, same group
 //
 // Each handled order prints one "effect" line with its fencing token;
 // duplicates print "replayed". Stop it with Ctrl-C.
+//
+// Restart redis-server meanwhile (redis-cli shutdown, then start it
+// again), or cut the network: the consumer prints "redis error" lines and
+// carries on once Redis answers again, without a restart. Entries whose
+// acknowledgement was lost are claimed again after MinIdle and answered
+// "replayed"; with --appendonly yes Redis keeps the stream and its group
+// across the restart.
 package main
 
 import (
@@ -21,6 +28,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -42,7 +50,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	client := redis.NewClient(&redis.Options{Addr: *addr})
+	// Run rides out a Redis restart or a dropped connection: go-redis
+	// reconnects on its own, and Run reports each failed step to OnError
+	// and tries again with backoff. On a connection gone silent, a command
+	// without a reply fails after ReadTimeout (a blocking XREADGROUP after
+	// its Block + 10s) and is retried on a new connection up to MaxRetries
+	// times (see "Lost connections" in package redisstream).
+	client := redis.NewClient(&redis.Options{Addr: *addr, ReadTimeout: 5 * time.Second, MaxRetries: 3})
 	defer client.Close()
 	store, err := redisstore.New(client, redisstore.Options{})
 	if err != nil {
@@ -70,6 +84,7 @@ func main() {
 			fmt.Printf("effect     %s charge %v (entry %s, token %d)\n", msg.Values["order"], msg.Values["amount"], msg.ID, lease.Token)
 			return nil
 		},
+		OnError: func(err error) { fmt.Printf("redis error (retrying) %v\n", err) },
 		OnResult: func(msg redis.XMessage, res idemmsg.Result, err error) {
 			switch {
 			case err != nil:

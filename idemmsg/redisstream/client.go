@@ -3,6 +3,8 @@ package redisstream
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -117,6 +119,19 @@ func (g goredisClient) ack(ctx context.Context, stream, group string, ids ...str
 	return g.c.XAck(ctx, stream, group, ids...).Err()
 }
 
+// readMargin is how long past its BLOCK a blocking XREADGROUP waits for
+// its reply before it fails, on a connection that went silent (a network
+// that drops packets, a proxy whose server is gone): the read then ends
+// at most Block+readMargin after it was sent. It is go-redis's own margin
+// for blocking commands, which rueidis lacks (it sets no deadline on a
+// blocking command and pings no connection that one occupies), so the
+// Consumer applies it to rueidis itself.
+const readMargin = 10 * time.Second
+
+// errNoReply is the cause of a blocking read cancelled after
+// Block+readMargin.
+var errNoReply = errors.New("no reply")
+
 // rueidisClient runs the operations on rueidis. XREADGROUP carries BLOCK,
 // so rueidis sends it on a connection of its pool for blocking commands,
 // never on the auto-pipelined connection that the other commands (and a
@@ -135,7 +150,7 @@ func (r rueidisClient) readGroup(ctx context.Context, stream, group, consumer st
 		cmd = r.c.B().Xreadgroup().Group(group, consumer).Count(count).Block(ms(block)).
 			Streams().Key(stream).Id(">").Build()
 	}
-	res, err := r.c.Do(ctx, cmd).AsXRead()
+	res, err := r.doBlocking(ctx, cmd, block)
 	if rueidis.IsRedisNil(err) {
 		return nil, nil
 	}
@@ -147,6 +162,28 @@ func (r rueidisClient) readGroup(ctx context.Context, stream, group, consumer st
 		msgs = appendEntries(msgs, entries)
 	}
 	return msgs, nil
+}
+
+// doBlocking runs cmd, an XREADGROUP with BLOCK block (none if block is
+// negative), and gives up on its reply after block+readMargin, or when ctx
+// ends. The context it gives rueidis has no deadline, only a cancellation
+// (by ctx or by the timer): with a deadline rueidis would set it on the
+// connection and no longer watch for cancellation, so that the end of
+// Run would wait for the read. Either way rueidis closes the connection
+// of an abandoned blocking command and dials another for the next.
+func (r rueidisClient) doBlocking(ctx context.Context, cmd rueidis.Completed, block time.Duration) (map[string][]rueidis.XRangeEntry, error) {
+	if block < 0 {
+		return r.c.Do(ctx, cmd).AsXRead()
+	}
+	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	defer context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })()
+	defer time.AfterFunc(block+readMargin, func() { cancel(errNoReply) }).Stop()
+	res, err := r.c.Do(rctx, cmd).AsXRead()
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(rctx), errNoReply) {
+		err = fmt.Errorf("no reply within BLOCK %v + %v: %w", block, readMargin, os.ErrDeadlineExceeded)
+	}
+	return res, err
 }
 
 func (r rueidisClient) autoClaim(ctx context.Context, stream, group, consumer string, minIdle time.Duration, start string, count int64) ([]redis.XMessage, string, error) {

@@ -47,6 +47,57 @@
 // panics is never dead-lettered: recover in the handler and return an
 // error instead.
 //
+// # Lost connections
+//
+// Run rides out a Redis restart, a reset connection and a silent one
+// without returning: it reports each failed step to OnError, waits (100ms,
+// doubling to 5s; reset by a step that succeeds) and tries again, on
+// whatever connection the client gives it. Both client libraries
+// reconnect on their own: go-redis dials a new connection from its pool
+// for the next command (and retries a command that met EOF or a refused
+// dial itself, up to MaxRetries, so a short outage may not reach OnError
+// at all); rueidis redials its pipelined and blocking connections on the
+// next command. Nobody has to restart the consumer. Redis keeps the
+// stream, the group and its pending entries across a restart only with
+// persistence (an append-only file); one that forgot them gets the group
+// created again at StartID, as after a deletion. Only at its start does
+// Run give up on an unreachable Redis: creating the group is its first
+// step, and an error there is returned, for the caller (or whatever
+// restarts the process) to try again.
+//
+// A restart or a reset is noticed at once (EOF, connection refused,
+// LOADING while Redis reads its append-only file back). A connection
+// that goes silent (packets dropped, a proxy or load balancer whose
+// server is gone) is noticed by timeouts, not by TCP keepalives, which a
+// live middlebox answers:
+//
+//   - the blocking XREADGROUP fails Block+10s after it was sent: go-redis
+//     sets that read deadline itself; rueidis sets none on a blocking
+//     command and pings no connection that one occupies, so Run gives up
+//     on the reply after Block+10s and rueidis closes the connection;
+//   - other commands (XAUTOCLAIM, XPENDING, XACK, XADD) fail after
+//     go-redis's ReadTimeout (default 5s), each retried up to MaxRetries
+//     times on a new connection, or once the PING that rueidis sends on
+//     a quiet connection (every Dialer.KeepAlive, default 1s) goes
+//     unanswered for ConnWriteTimeout (default 10s); an XACK or
+//     dead-letter XADD is not tried again past 5s.
+//
+// Run's end interrupts a rueidis read at once, but not a go-redis read:
+// after ctx ends, Run may wait for the XREADGROUP in progress, up to
+// Block (Block+10s on a silent connection).
+//
+// A message is never lost or run twice because its connection was: a
+// handler running when the connection drops goes on (its lease is in the
+// idempotency store, renewed there), its result is recorded there, and
+// only its XACK fails. The entry stays pending in the group, as do the
+// entries of a read whose reply was lost; once idle for MinIdle, this or
+// another consumer claims them and, their keys completed, acknowledges
+// them as Replayed. When the idempotency store is on the same Redis, an
+// outage also fails Handle (a store error, the entry left pending, as
+// above); a handler whose result could not be recorded because the
+// store went away between its effect and the record runs again on a
+// later delivery of its key (the at-least-once of package idemmsg).
+//
 // # Dead letters
 //
 // A dead-lettered entry is added to DeadLetterStream with its fields and

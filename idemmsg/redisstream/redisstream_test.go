@@ -14,9 +14,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -55,53 +57,109 @@ func forEachLib(t *testing.T, test func(t *testing.T, lib string)) {
 // env is one test's stream, group, clients, deduplicator and ledger.
 type env struct {
 	t *testing.T
-	// client publishes and inspects the stream, whatever lib is.
+	// client publishes and inspects the stream, whatever lib is. It
+	// connects to the server directly, never through a proxy.
 	client *redis.Client
-	// lib is the library of the consumers' client and of the store's:
-	// client itself for go-redis, else ru.
-	lib    string
-	ru     rueidis.Client
-	stream string
-	group  string
-	dedup  *idemmsg.Deduplicator
-	ledger *msgtest.Ledger
-	lastID string
+	// lib is the library of the consumers' client (and of the store's,
+	// unless envOptions.store or a memstore replaced it).
+	lib string
+	// goredis and ru are the consumers' client: goredis for go-redis
+	// (client itself unless the consumers go through a proxy), ru for
+	// rueidis.
+	goredis *redis.Client
+	ru      rueidis.Client
+	stream  string
+	group   string
+	dedup   *idemmsg.Deduplicator
+	ledger  *msgtest.Ledger
+	lastID  string
+	minIdle time.Duration // the consumers' MinIdle; 0: the lease
+}
+
+// envOptions is how an env departs from the defaults: the package's
+// server, reached directly, a redisstore on the consumers' client library
+// in the same server, and a lease of testLease.
+type envOptions struct {
+	maxFailures int
+	// server, when set, is where the stream lives instead of srv.
+	server *redistest.Server
+	// consumerAddr, when set, is the address the consumers' client
+	// connects to (a proxy in front of the server).
+	consumerAddr string
+	// store, when set, is the Deduplicator's store; memstore, when set,
+	// asks for a fresh memstore.
+	store    idem.Store
+	memstore bool
+	lease    time.Duration
+	minIdle  time.Duration
 }
 
 func newEnv(t *testing.T, lib string, maxFailures int) *env {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	return newEnvWith(t, lib, envOptions{maxFailures: maxFailures})
+}
+
+func newEnvWith(t *testing.T, lib string, o envOptions) *env {
+	t.Helper()
+	server := srv
+	if o.server != nil {
+		server = o.server
+	}
+	consumerAddr := server.Addr()
+	if o.consumerAddr != "" {
+		consumerAddr = o.consumerAddr
+	}
+	if o.lease == 0 {
+		o.lease = testLease
+	}
+	c := redis.NewClient(&redis.Options{Addr: server.Addr()})
 	t.Cleanup(func() { c.Close() })
 	// Unique per run, so that -count=N starts from empty streams and keys.
 	name := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().UnixNano())
 	opts := redisstore.Options{Prefix: "idem:" + name + ":"}
-	var (
-		ru    rueidis.Client
-		store *redisstore.Store
-		err   error
-	)
+	e := &env{t: t, client: c, lib: lib, ledger: msgtest.NewLedger(), minIdle: o.minIdle}
 	switch lib {
 	case goredisLib:
-		store, err = redisstore.New(c, opts)
+		e.goredis = c
+		if consumerAddr != server.Addr() {
+			e.goredis = redis.NewClient(&redis.Options{Addr: consumerAddr})
+			t.Cleanup(func() { e.goredis.Close() })
+		}
 	case rueidisLib:
-		ru, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+		ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{consumerAddr}, DisableCache: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(ru.Close)
-		store, err = redisstore.NewRueidis(ru, opts)
+		e.ru = ru
 	default:
 		t.Fatalf("unknown client library %q", lib)
 	}
+	store := o.store
+	switch {
+	case store != nil:
+	case o.memstore:
+		store = memstore.New(memstore.Options{})
+	case e.ru != nil:
+		rs, err := redisstore.NewRueidis(e.ru, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store = rs
+	default:
+		rs, err := redisstore.New(e.goredis, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store = rs
+	}
+	e.stream, e.group = "stream:"+name, "g"
+	d, err := idemmsg.New(store, idemmsg.Config{Namespace: e.stream + "/" + e.group, Lease: o.lease, MaxFailures: o.maxFailures})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream, group := "stream:"+name, "g"
-	d, err := idemmsg.New(store, idemmsg.Config{Namespace: stream + "/" + group, Lease: testLease, MaxFailures: maxFailures})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, client: c, lib: lib, ru: ru, stream: stream, group: group, dedup: d, ledger: msgtest.NewLedger()}
+	e.dedup = d
+	return e
 }
 
 // publish adds one entry per key.
@@ -119,7 +177,7 @@ func (e *env) publish(keys ...string) {
 func (e *env) consumer(name string) *Consumer {
 	c := &Consumer{
 		Stream: e.stream, Group: e.group, Consumer: name,
-		Dedup: e.dedup, KeyField: "k", Block: testBlock,
+		Dedup: e.dedup, KeyField: "k", Block: testBlock, MinIdle: e.minIdle,
 		Handler: func(ctx context.Context, msg redis.XMessage) error {
 			return e.ledger.Apply(ctx, msg.Values["k"].(string))
 		},
@@ -128,7 +186,7 @@ func (e *env) consumer(name string) *Consumer {
 	if e.ru != nil {
 		c.Rueidis = e.ru
 	} else {
-		c.Client = e.client
+		c.Client = e.goredis
 	}
 	return c
 }
@@ -318,4 +376,50 @@ func (e *env) start(c *Consumer) (stop func() error) {
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	msgtest.WaitFor(t, what, waitLimit, cond)
+}
+
+// TestBlackholedReadEnds: once the connection goes silent (a proxy drops
+// every byte, without a reset), a blocking XREADGROUP fails within
+// Block+10s on either library (go-redis's read deadline for blocking
+// commands; readMargin for rueidis, which has none), Run reports it and
+// goes on, and once the network is back the consumer reads again.
+func TestBlackholedReadEnds(t *testing.T) {
+	for _, lib := range clientLibs {
+		t.Run(lib, func(t *testing.T) {
+			t.Parallel()
+			p := msgtest.NewProxy(t, srv.Addr())
+			e := newEnvWith(t, lib, envOptions{consumerAddr: p.Addr, memstore: true, minIdle: time.Minute})
+			readErrs := make(chan error, 100)
+			c := e.consumer("c1")
+			c.OnError = func(err error) {
+				t.Logf("c1: %v", err)
+				if strings.Contains(err.Error(), "XREADGROUP") {
+					select {
+					case readErrs <- err:
+					default:
+					}
+				}
+			}
+			e.publish("a")
+			e.start(c)
+			waitFor(t, "the first entry acknowledged", e.settled)
+			time.Sleep(3 * testBlock) // a few reads, then one blocked in the hole
+
+			p.Blackhole(t)
+			start := time.Now()
+			bound := testBlock + readMargin
+			select {
+			case <-readErrs:
+				if d := time.Since(start); d > bound+2*time.Second {
+					t.Errorf("XREADGROUP failed %v after the connection went silent, want at most about Block+%v", d, readMargin)
+				}
+			case <-time.After(bound + 5*time.Second):
+				t.Fatalf("no XREADGROUP error within %v of the connection going silent", bound+5*time.Second)
+			}
+			p.Restore(t)
+			e.publish("b")
+			waitFor(t, "the entry published after the restore acknowledged", e.settled)
+			e.checkLedger([]string{"a", "b"})
+		})
+	}
 }

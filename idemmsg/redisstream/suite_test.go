@@ -9,23 +9,52 @@ import (
 
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/adaptertest"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
+	"github.com/idemkit/idem/internal/redistest"
 )
 
 // TestAdapterSuite runs the shared adapter scenarios against the private
 // redis-server, with the Deduplicator on redisstore in the same server.
 // The consumers run on each client library in turn, the store on the same
 // library.
+//
+// The broker-fault scenarios get their own redis-server each (with an
+// append-only file fsynced on every write, so that a restart keeps the
+// stream and its group), which the consumers reach through a msgtest.Proxy
+// while the test publishes and inspects directly, and a memstore, so that
+// only the consumers' connection to the broker is at fault. With
+// Config.RedeliverAfter, MinIdle is that long: the second consumer claims
+// an entry with XAUTOCLAIM once it has been pending that long, while the
+// Deduplicator's lease, twice as long, is renewed as the handler runs.
 func TestAdapterSuite(t *testing.T) {
 	forEachLib(t, func(t *testing.T, lib string) {
 		adaptertest.Run(t, adaptertest.Harness{
-			NewTopic: func(t *testing.T, cfg adaptertest.Config) adaptertest.Topic {
-				return &suiteTopic{env: newEnv(t, lib, cfg.MaxFailures)}
-			},
-			IsCrash:     func(err error) bool { return errors.Is(err, errCrashed) },
-			Concurrency: true,
-			Batch:       true,
+			Name:         "redisstream (" + lib + ")",
+			NewTopic:     func(t *testing.T, cfg adaptertest.Config) adaptertest.Topic { return newSuiteTopic(t, lib, cfg) },
+			IsCrash:      func(err error) bool { return errors.Is(err, errCrashed) },
+			Concurrency:  true,
+			Batch:        true,
+			BrokerFaults: true,
 		})
 	})
+}
+
+func newSuiteTopic(t *testing.T, lib string, cfg adaptertest.Config) adaptertest.Topic {
+	o := envOptions{maxFailures: cfg.MaxFailures, store: cfg.Store}
+	if cfg.RedeliverAfter > 0 {
+		o.minIdle, o.lease, o.memstore = cfg.RedeliverAfter, 2*cfg.RedeliverAfter, true
+	}
+	if !cfg.Faults {
+		return &suiteTopic{env: newEnvWith(t, lib, o)}
+	}
+	server, err := redistest.StartServer(redistest.WithArgs("--appendonly", "yes", "--appendfsync", "always"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(server.Stop)
+	proxy := msgtest.NewProxy(t, server.Addr())
+	o.server, o.consumerAddr, o.memstore = server, proxy.Addr, true
+	return &faultTopic{suiteTopic{env: newEnvWith(t, lib, o)}, server, proxy}
 }
 
 type suiteTopic struct{ *env }
@@ -62,4 +91,37 @@ func (s *suiteTopic) DeadLetters(t testing.TB) []adaptertest.DeadLetter {
 		dead[i] = adaptertest.DeadLetter{Key: k, Error: text}
 	}
 	return dead
+}
+
+// faultTopic is a suiteTopic on a redis-server of its own, which the
+// consumers reach through proxy.
+type faultTopic struct {
+	suiteTopic
+	server *redistest.Server
+	proxy  *msgtest.Proxy
+}
+
+// RestartBroker kills the server (SIGKILL: no shutdown, every connection
+// reset) and starts it again on the same port; the append-only file,
+// fsynced on every write, brings back the stream, its group, the group's
+// pending entries and their delivery counts.
+func (f *faultTopic) RestartBroker(t testing.TB) {
+	t.Helper()
+	f.server.Kill()
+	if err := f.server.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *faultTopic) Cut(t testing.TB, how adaptertest.Cut) (restore func()) {
+	t.Helper()
+	switch how {
+	case adaptertest.ResetConnections:
+		f.proxy.Reset(t)
+	case adaptertest.Blackhole:
+		f.proxy.Blackhole(t)
+	default:
+		t.Fatalf("unknown cut %v", how)
+	}
+	return func() { f.proxy.Restore(t) }
 }
