@@ -100,7 +100,7 @@ func TestCompleteRetryRecords(t *testing.T) {
 // A store that stays down past the lease: the retries stop before the
 // lease may end, and the key is released, as without retries.
 func TestCompleteRetryGivesUpBeforeLeaseEnds(t *testing.T) {
-	const lease = 400 * time.Millisecond
+	const lease = time.Second
 	s := newDownStore(-1)
 	g, err := idem.New(s, idem.Config{Lease: lease, CompleteRetry: time.Minute})
 	if err != nil {
@@ -225,7 +225,7 @@ func TestFinishManyCompleteRetry(t *testing.T) {
 // FinishMany gives up on a store that stays down before the lease may
 // end, and releases the keys.
 func TestFinishManyCompleteRetryGivesUp(t *testing.T) {
-	const lease = 400 * time.Millisecond
+	const lease = time.Second
 	s := newDownStore(-1)
 	g, _ := idem.New(s, idem.Config{Lease: lease, CompleteRetry: time.Minute})
 	ctx := context.Background()
