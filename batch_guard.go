@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 )
@@ -94,7 +95,9 @@ type Finish struct {
 // CompleteMany). Each answer is what Attempt.Complete or Attempt.Release
 // would have returned, with the same effects: an attempt whose lease was
 // lost writes nothing and gets ErrLeaseLost, and a key whose completion
-// failed is released, best effort. A response whose body is omitted or
+// failed is released, best effort (after the retries of the guard's
+// CompleteRetry, made for the failed completions together: see
+// Config.CompleteRetry). A response whose body is omitted or
 // larger than the guard's MaxResponseSize is completed on its own, by
 // Attempt.Complete. Use a context that is not cancelled with the request
 // (context.WithoutCancel).
@@ -158,7 +161,12 @@ func (g *Guard) FinishMany(ctx context.Context, fs []Finish) []error {
 		})
 	}
 	if len(cs) > 0 {
-		for j, err := range CompleteMany(ctx, g.ops, cs) {
+		start := time.Now()
+		errs := CompleteMany(ctx, g.ops, cs)
+		if g.cfg.CompleteRetry > 0 {
+			g.retryCompleteMany(ctx, start, cs, func(j int) *Attempt { return fs[csAt[j]].Attempt }, errs)
+		}
+		for j, err := range errs {
 			out[csAt[j]] = err
 			if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotReplicated) {
 				forgets = append(forgets, cs[j].Lease)
@@ -168,4 +176,52 @@ func (g *Guard) FinishMany(ctx context.Context, fs []Finish) []error {
 	g.forgetMany(ctx, forgets)
 	wg.Wait()
 	return out
+}
+
+// retryCompleteMany is Attempt.retryComplete for the completions cs of
+// FinishMany, whose answers are errs (updated in place): the ones that
+// failed with a retryable error are tried again together, each until its
+// own attempt's retryUntil.
+func (g *Guard) retryCompleteMany(ctx context.Context, start time.Time, cs []Completion, att func(j int) *Attempt, errs []error) {
+	var left []int // indexes in cs still to try
+	ends := make([]time.Time, len(cs))
+	for j, err := range errs {
+		if retryableComplete(err) {
+			left = append(left, j)
+			ends[j] = att(j).retryUntil(start)
+		}
+	}
+	sub := make([]Completion, 0, len(left))
+	for n := 0; len(left) > 0; n++ {
+		// Each waits as on its own; the group goes when the first is due.
+		backoff := completeBackoff(n)
+		wait := backoff
+		left = slices.DeleteFunc(left, func(j int) bool {
+			w := min(backoff, time.Until(ends[j])-completeRetryMin)
+			if w < 0 {
+				return true
+			}
+			wait = min(wait, w)
+			return false
+		})
+		if len(left) == 0 || !sleepCtx(ctx, wait) {
+			return
+		}
+		sub = sub[:0]
+		end := ends[left[0]]
+		for _, j := range left {
+			sub = append(sub, cs[j])
+			if ends[j].Before(end) {
+				end = ends[j]
+			}
+		}
+		// Bounded by the earliest end: the others, cut short, go on at the
+		// next round.
+		rctx, cancel := context.WithDeadline(ctx, end)
+		for k, err := range CompleteMany(rctx, g.ops, sub) {
+			errs[left[k]] = err
+		}
+		cancel()
+		left = slices.DeleteFunc(left, func(j int) bool { return !retryableComplete(errs[j]) })
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"sync"
 	"time"
@@ -60,6 +61,24 @@ type Config struct {
 	// the lease may have ended, which then counts as ErrLeaseLost). For
 	// metrics and logs; it must not block.
 	OnRenew func(key Key, err error)
+
+	// CompleteRetry, when positive, is how long a completion that failed
+	// with a store error (a *StoreError other than ErrLeaseLost,
+	// ErrNotReplicated and ErrCorrupt: the store unreachable or timing
+	// out) is tried again, by Attempt.Complete and Guard.FinishMany,
+	// before the key is released as it is without retries. It is for work
+	// whose effect is already applied: a store outage shorter than the
+	// lease left then does not make the work run again. A repeated
+	// completion is safe: the store answers a resend of the same
+	// completion as it answered the first.
+	//
+	// The tries back off from 20ms, doubling to 500ms, with jitter, and
+	// stop when the context ends, and before the lease may end: renewal
+	// stops when the attempt finishes, so the window is bounded by the
+	// lease time left at that moment (by the Guard's own clock, from the
+	// last successful renewal or the acquire), less a tenth of the lease.
+	// Default 0: no retry. Negative is an error.
+	CompleteRetry time.Duration
 }
 
 // Guard runs work at most once per key, replaying the stored result to
@@ -96,6 +115,8 @@ func New(store Store, cfg Config) (*Guard, error) {
 		return nil, fmt.Errorf("idem: Config.Retention %v is shorter than 1ms", cfg.Retention)
 	case cfg.MaxResponseSize < 0 || cfg.MaxResponseSize > MaxEncodedBody:
 		return nil, fmt.Errorf("idem: Config.MaxResponseSize %d is outside 1..%d", cfg.MaxResponseSize, MaxEncodedBody)
+	case cfg.CompleteRetry < 0:
+		return nil, fmt.Errorf("idem: Config.CompleteRetry %v is negative", cfg.CompleteRetry)
 	}
 	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
 	if err != nil {
@@ -308,7 +329,9 @@ func (a *Attempt) Retention() time.Duration { return a.g.cfg.Retention }
 // Complete returns ErrLeaseLost and writes nothing. If the store fails,
 // Complete releases the key (best effort) so that a retry need not wait
 // for the lease to end, and returns the store's error; ErrNotReplicated
-// is the exception: the record was written, so nothing is released. A nil or
+// is the exception: the record was written, so nothing is released. With
+// the guard's CompleteRetry set, a failed completion is tried again first,
+// within the lease time left (see Config.CompleteRetry). A nil or
 // unencodable resp is an error that leaves the attempt open. Use a context
 // that is not cancelled with the request (context.WithoutCancel).
 func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
@@ -328,9 +351,89 @@ func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
 	if resp.Blob == nil && (resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize) {
 		resp = omitBody(resp)
 	}
+	start := time.Now()
 	err := a.g.ops.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
+	if a.g.cfg.CompleteRetry > 0 && retryableComplete(err) {
+		err = a.retryComplete(ctx, start, resp, err)
+	}
 	if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotReplicated) {
 		a.g.forget(ctx, a.lease)
+	}
+	return err
+}
+
+// The backoff between completion retries (Config.CompleteRetry): from
+// completeRetryMin, doubling up to completeRetryMax.
+const (
+	completeRetryMin = 20 * time.Millisecond
+	completeRetryMax = 500 * time.Millisecond
+)
+
+// retryableComplete reports whether a completion that failed with err may
+// be tried again: a store error that is not an answer (ErrLeaseLost,
+// ErrNotReplicated) nor a record that will stay corrupt.
+func retryableComplete(err error) bool {
+	var se *StoreError
+	return errors.As(err, &se) && !errors.Is(err, ErrLeaseLost) &&
+		!errors.Is(err, ErrNotReplicated) && !errors.Is(err, ErrCorrupt)
+}
+
+// completeBackoff is the wait before the n-th retry (0 for the first),
+// jittered over its upper half.
+func completeBackoff(n int) time.Duration {
+	d := completeRetryMax
+	if n < 8 {
+		d = min(completeRetryMin<<n, completeRetryMax)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// retryWait returns the wait before the n-th retry, shortened so that
+// the retry leaves completeRetryMin before end; false if none can.
+func retryWait(n int, end time.Time) (time.Duration, bool) {
+	wait := min(completeBackoff(n), time.Until(end)-completeRetryMin)
+	return wait, wait >= 0
+}
+
+// sleepCtx waits d, and reports false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// retryUntil returns when the completion retries of a finished attempt,
+// the first try sent at start, stop: after CompleteRetry, and a tenth of
+// the lease before the lease may end. Renewal has stopped, so validUntil
+// no longer moves.
+func (a *Attempt) retryUntil(start time.Time) time.Time {
+	a.mu.Lock()
+	end := a.validUntil.Add(-a.lease.TTL / 10)
+	a.mu.Unlock()
+	if limit := start.Add(a.g.cfg.CompleteRetry); limit.Before(end) {
+		end = limit
+	}
+	return end
+}
+
+// retryComplete tries the completion of resp again, with backoff, while
+// it fails with a retryable error (err, the first time) and until
+// retryUntil; it returns the last answer.
+func (a *Attempt) retryComplete(ctx context.Context, start time.Time, resp *Response, err error) error {
+	end := a.retryUntil(start)
+	for n := 0; retryableComplete(err); n++ {
+		wait, ok := retryWait(n, end)
+		if !ok || !sleepCtx(ctx, wait) {
+			return err
+		}
+		rctx, cancel := context.WithDeadline(ctx, end)
+		err = a.g.ops.Complete(rctx, a.lease, resp, a.g.cfg.Retention)
+		cancel()
 	}
 	return err
 }

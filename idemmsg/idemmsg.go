@@ -1,6 +1,7 @@
 package idemmsg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,6 +65,18 @@ type Config struct {
 	// OnRenew, when set, is called after each background lease renewal
 	// (see idem.Config.OnRenew). It must not block.
 	OnRenew func(key idem.Key, err error)
+
+	// CompleteRetry is how long recording a handler's result (Executed or
+	// DeadLettered; by Handle and HandleBatch) is tried again when the
+	// store fails, before the key is released: the handler's effect is
+	// applied, and a released key would run it again on the next delivery.
+	// A store that is back within it records the result as if it had never
+	// been away. The tries stop before the lease may end, by this
+	// consumer's clock: renewal stops when the handler returns, so they
+	// are bounded by the lease left then (see idem.Config.CompleteRetry).
+	// Default: Lease, which means as long as the lease allows. Negative: no
+	// retry.
+	CompleteRetry time.Duration
 
 	// TracerProvider and MeterProvider, when set, report through
 	// OpenTelemetry what idem.Config says of them, plus each delivery's
@@ -166,8 +179,11 @@ func New(store idem.Store, cfg Config) (*Deduplicator, error) {
 	case cfg.MaxFailures < 0:
 		return nil, fmt.Errorf("idemmsg: Config.MaxFailures %d is negative", cfg.MaxFailures)
 	}
+	if cfg.CompleteRetry == 0 {
+		cfg.CompleteRetry = cmp.Or(cfg.Lease, idem.DefaultLease)
+	}
 	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, OnRenew: cfg.OnRenew,
-		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+		CompleteRetry: max(cfg.CompleteRetry, 0), TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
 	if err != nil {
 		return nil, err
 	}
@@ -197,8 +213,9 @@ func (d *Deduplicator) Key(msgKey string) (idem.Key, error) { return d.scope.Key
 // Errors: an invalid key (wrapping idem.ErrInvalidKey) or a fingerprint
 // mismatch (idem.ErrMismatch) with a zero Result; a *idem.StoreError with a
 // zero Result when the store failed before fn ran (fn did not run). When
-// fn ran but its result could not be recorded, Handle returns the Result
-// (Executed, Released) together with the store's error.
+// fn ran but its result could not be recorded, even when tried again for
+// Config.CompleteRetry, Handle returns the Result (Executed, Released)
+// together with the store's error.
 func (d *Deduplicator) Handle(ctx context.Context, dl Delivery, fn func(ctx context.Context) error) (Result, error) {
 	res, err := d.handle(ctx, dl, fn)
 	if d.tel != nil {
