@@ -91,6 +91,9 @@ type Config struct {
 	// Store, when set, is the store the topic's Deduplicator must use
 	// instead of its own.
 	Store idem.Store
+	// Lease, when positive, is the Deduplicator's lease (the harness's
+	// own otherwise, which may be short to keep the suite fast).
+	Lease time.Duration
 }
 
 // Topic is one scenario's destination on the broker.

@@ -155,10 +155,15 @@ func (s *suite) redeliveredWhileWorking(t *testing.T) {
 // storeDown: the Deduplicator's store (a private Redis, reached through a
 // proxy) goes away while messages arrive, for faultPause, then comes back.
 // Nothing may be acknowledged that was not completed, so every key must
-// still get its one effect once the store is back; nothing dead-lettered.
+// still get its one effect once the store is back, including the keys
+// whose handler ran just before the store went; nothing dead-lettered.
 func (s *suite) storeDown(t *testing.T) {
 	store, p := msgtest.RedisStore(t)
-	e := s.env(t, Config{Store: store})
+	// The lease outlives the outage, as the default (30s) outlives most:
+	// a handler cut between its effect and the record of its result
+	// still holds its key when the store is back, and the Deduplicator
+	// records the result then (idemmsg.Config.CompleteRetry).
+	e := s.env(t, Config{Store: store, Lease: 10 * time.Second})
 	n := reltest.Scale(10, 300)
 	before := keysWithDuplicates("store-before", 2*n, n)
 	during := keysWithDuplicates("store-during", 2*n, n)

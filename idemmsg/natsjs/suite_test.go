@@ -41,6 +41,9 @@ func TestAdapterSuite(t *testing.T) {
 			if cfg.RedeliverAfter > 0 {
 				o.ackWait, o.lease = cfg.RedeliverAfter, 2*cfg.RedeliverAfter
 			}
+			if cfg.Lease > 0 {
+				o.lease = cfg.Lease
+			}
 			if !cfg.Faults {
 				return &suiteTopic{env: newEnv(t, o)}
 			}

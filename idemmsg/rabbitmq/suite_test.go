@@ -62,11 +62,8 @@ func newSuiteTopic(t *testing.T, cfg adaptertest.Config) adaptertest.Topic {
 		o.node = privateNode(t, nodeSpec{consumerTimeout: cfg.RedeliverAfter})
 		o.lease = 4 * cfg.RedeliverAfter
 	}
-	if cfg.Store != nil {
-		// The lease outlives the store's outage (StoreDown's 3s), so that a
-		// handler cut between its effect and its record still holds its key
-		// when the store is back.
-		o.lease = 10 * time.Second
+	if cfg.Lease > 0 {
+		o.lease = cfg.Lease
 	}
 	s := &suiteTopic{env: newEnv(t, o), deadErrs: map[string][]string{}}
 	if o.node != nil {

@@ -44,6 +44,9 @@ func newSuiteTopic(t *testing.T, lib string, cfg adaptertest.Config) adaptertest
 	if cfg.RedeliverAfter > 0 {
 		o.minIdle, o.lease, o.memstore = cfg.RedeliverAfter, 2*cfg.RedeliverAfter, true
 	}
+	if cfg.Lease > 0 {
+		o.lease = cfg.Lease
+	}
 	if !cfg.Faults {
 		return &suiteTopic{env: newEnvWith(t, lib, o)}
 	}
