@@ -94,9 +94,10 @@
 // another consumer claims them and, their keys completed, acknowledges
 // them as Replayed. When the idempotency store is on the same Redis, an
 // outage also fails Handle (a store error, the entry left pending, as
-// above); a handler whose result could not be recorded because the
-// store went away between its effect and the record runs again on a
-// later delivery of its key (the at-least-once of package idemmsg).
+// above); a handler whose result meets the outage has it recorded once
+// the store is back, within the lease left (idemmsg.Config.CompleteRetry);
+// only an outage longer than that lets a later delivery of its key run
+// again (the at-least-once of package idemmsg).
 //
 // # Dead letters
 //
