@@ -108,6 +108,9 @@ const (
 // Run's context ended (the records' results are already recorded).
 const commitTimeout = 5 * time.Second
 
+// commitRetryInterval is the longest a failed commit waits to be retried.
+const commitRetryInterval = time.Second
+
 // Consumer is one member of a consumer group. Fill in the fields and call
 // Run. Client, Dedup and Handler are required.
 type Consumer struct {
@@ -194,7 +197,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		fetches := r.Client.PollRecords(ctx, r.maxPoll)
+		// With a commit to retry, the poll waits at most
+		// commitRetryInterval, so that an idle partition's commit is
+		// retried too.
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if r.retrying() {
+			pctx, cancel = context.WithTimeout(ctx, commitRetryInterval)
+		}
+		fetches := r.Client.PollRecords(pctx, r.maxPoll)
+		cancel()
 		if fetches.IsClientClosed() {
 			if ctx.Err() != nil {
 				return nil
@@ -203,12 +214,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		pollErr := false
 		fetches.EachError(func(topic string, p int32, err error) {
-			if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			if pctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 				return
 			}
 			pollErr = true
 			r.onError(fmt.Errorf("kafka: poll %s/%d: %w", topic, p, err))
 		})
+		r.retryCommits(ctx)
 		err := r.batch(ctx, fetches)
 		r.Client.AllowRebalance()
 		if err != nil {
@@ -221,6 +233,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			failures = 0
 		}
 	}
+	r.retryCommits(ctx)
 	return nil
 }
 
@@ -232,6 +245,21 @@ type runner struct {
 	batchSize int
 	commitMu  sync.Mutex  // one commit at a time, so a partition's commits stay in order
 	crashed   atomic.Bool // in tests: a simulated crash, nothing more is committed
+
+	retryMu sync.Mutex
+	retry   map[topicPartition]failedCommit // commits to retry, by partition
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// failedCommit is a commit that failed: past rec, in the group generation
+// it was made in.
+type failedCommit struct {
+	rec        *kgo.Record
+	generation int32
 }
 
 func (c *Consumer) runner() (*runner, error) {
@@ -395,7 +423,9 @@ func (r *runner) deadLetter(ctx context.Context, rec *kgo.Record, cause error) e
 	return r.Client.ProduceSync(pctx, dl).FirstErr()
 }
 
-// commit commits the offset past rec, even if ctx ended meanwhile.
+// commit commits the offset past rec, even if ctx ended meanwhile. A
+// failed commit is kept to be retried (retryCommits) until a commit past
+// it succeeds.
 func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
@@ -404,8 +434,54 @@ func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	if r.crashed.Load() {
 		return
 	}
-	if err := r.Client.CommitRecords(cctx, rec); err != nil {
+	err := r.Client.CommitRecords(cctx, rec)
+	if err != nil {
 		r.onError(fmt.Errorf("kafka: commit %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset+1, err))
+	}
+	tp := topicPartition{rec.Topic, rec.Partition}
+	r.retryMu.Lock()
+	defer r.retryMu.Unlock()
+	if err == nil {
+		if f, ok := r.retry[tp]; ok && f.rec.Offset <= rec.Offset {
+			delete(r.retry, tp)
+		}
+		return
+	}
+	if f, ok := r.retry[tp]; !ok || f.rec.Offset <= rec.Offset {
+		if r.retry == nil {
+			r.retry = map[topicPartition]failedCommit{}
+		}
+		_, generation := r.Client.GroupMetadata()
+		r.retry[tp] = failedCommit{rec: rec, generation: generation}
+	}
+}
+
+// retrying reports whether a failed commit waits to be retried.
+func (r *runner) retrying() bool {
+	r.retryMu.Lock()
+	defer r.retryMu.Unlock()
+	return len(r.retry) > 0
+}
+
+// retryCommits retries the failed commits made in the client's current
+// group generation. One made in an earlier generation is dropped: the
+// partition may belong to another member now, which starts from the last
+// commit that succeeded (re-reading, and replaying, the records past it),
+// and a commit from here could move its offset back.
+func (r *runner) retryCommits(ctx context.Context) {
+	r.retryMu.Lock()
+	_, generation := r.Client.GroupMetadata()
+	var recs []*kgo.Record
+	for tp, f := range r.retry {
+		if f.generation != generation {
+			delete(r.retry, tp)
+			continue
+		}
+		recs = append(recs, f.rec)
+	}
+	r.retryMu.Unlock()
+	for _, rec := range recs {
+		r.commit(ctx, rec)
 	}
 }
 

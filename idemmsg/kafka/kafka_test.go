@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
@@ -638,4 +640,22 @@ func (e *env) start(c *Consumer) (stop func() error) {
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	msgtest.WaitFor(t, what, waitLimit, cond)
+}
+
+// TestFailedCommitRetried: the commit of a partition's last records fails
+// once (a broker error, as while the connection is cut); with nothing
+// more to poll on that partition, Run retries it, so the group's offset
+// reaches the end rather than staying behind until the next rebalance.
+func TestFailedCommitRetried(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publishTo(0, "a")
+	e.publishTo(0, "b")
+	faulted := e.kfake().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Topic: e.topic, Count: 1, Err: kerr.UnknownServerError})
+	var errs atomic.Int32
+	c := e.consumer("c1")
+	c.OnError = func(err error) { errs.Add(1); t.Logf("c1: %v", err) }
+	e.start(c)
+	waitFor(t, "the failed commit", func() bool { return faulted.Hits() == 1 && errs.Load() > 0 })
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger([]string{"a", "b"})
 }
