@@ -40,6 +40,53 @@
 // (the group then re-reads them from the last commit) rather than calling
 // Run again on it.
 //
+// # Lost connections
+//
+// franz-go reconnects on its own, so Run does not return when the broker
+// goes away: it keeps polling, reports what fails meanwhile (polls,
+// commits, dead-letter produces) to OnError, and resumes once the client
+// has reconnected; the client redials with its own backoff
+// (kgo.RetryBackoffFn, by default 250ms to 5s with jitter). Run returns
+// only when ctx ends or the client is closed, so there is no reconnect
+// loop to write.
+//
+//   - The broker restarts, or the connections are reset: every request
+//     fails at once and the client dials again until the broker is back.
+//     The group and its commits live in the broker's log, so a member
+//     whose session has not ended (kgo.SessionTimeout, default 45s) keeps
+//     its partitions; one whose session ended rejoins and may be given
+//     other partitions.
+//   - The connection goes silent (a black-holed network, a dead load
+//     balancer): the client notices only by its request deadlines. A
+//     fetch is given up after its wait (kgo.FetchMaxWait, default 5s) plus
+//     kgo.RequestTimeoutOverhead (default 10s); any other request (a
+//     heartbeat, every kgo.HeartbeatInterval, default 3s; a commit) after
+//     the overhead (a JoinGroup after the overhead plus
+//     kgo.RebalanceTimeout); the client then closes the connection and
+//     dials again. Lower RequestTimeoutOverhead to notice sooner (it also bounds
+//     how long a busy broker may take to answer). The coordinator, on its
+//     side, removes a member it has not heard from for the session timeout
+//     and hands its partitions to the others.
+//   - A handler already running goes on (its lease is in the
+//     Deduplicator's store, not in Kafka) and its outcome is recorded
+//     there; only the commit needs the broker. A commit that fails is
+//     reported to OnError and retried at the next poll, at most a second
+//     later, as long as the client's group generation is unchanged; a
+//     later commit of the partition supersedes it. Once the member has
+//     rejoined (a new generation) the retry is dropped, since the
+//     partition may be another member's now: its owner starts from the
+//     last commit that succeeded, and the records past it are delivered
+//     again and answered Replayed. Nothing is lost and no effect repeats;
+//     the cost is redelivery.
+//   - A member removed from the group while its handler runs (its session
+//     ended, or it exceeded the rebalance timeout with
+//     kgo.BlockRebalanceOnPoll) finds its partitions handed to another
+//     member: that member's delivery of the record is answered InFlight
+//     while the first holds the key's lease (renewed while the handler
+//     runs), then Replayed once the first completes. The first member's
+//     commits are refused (UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION) and
+//     reported to OnError, and its client rejoins the group.
+//
 // # Delivery counts
 //
 // Kafka keeps no delivery count, so the Attempt given to Handle is counted
@@ -61,7 +108,9 @@
 // # Tests
 //
 // The package's tests run against franz-go's in-process fake cluster
-// (kfake), not a real Kafka broker.
+// (kfake), not a real Kafka broker. The broker faults of the shared suite
+// (idemmsg/adaptertest) restart a kfake cluster that persists to disk on
+// the same port, and cut the consumers' connections with a TCP proxy.
 package kafka
 
 import (
