@@ -33,7 +33,12 @@
 // while a record is retried; without it, a partition may move to another
 // member mid-batch, and both may handle its records for a while: the
 // Deduplicator answers the second one Replayed or InFlight, so effects are
-// not repeated, though a commit may move back and cause more duplicates.
+// not repeated. Run commits a partition only while the client holds it
+// (franz-go's CommittedOffsets lists it) and only forward of the client's
+// last known commit, since the broker accepts a commit from any current
+// member for any partition, and a late one from the former owner would
+// move the new owner's offset back; a partition lost between that check
+// and the commit is not covered.
 //
 // When Run stops, records it polled but did not finish are not committed,
 // and the client's fetch position is already past them: close the client
@@ -71,13 +76,11 @@
 //     Deduplicator's store, not in Kafka) and its outcome is recorded
 //     there; only the commit needs the broker. A commit that fails is
 //     reported to OnError and retried at the next poll, at most a second
-//     later, as long as the client's group generation is unchanged; a
-//     later commit of the partition supersedes it. Once the member has
-//     rejoined (a new generation) the retry is dropped, since the
-//     partition may be another member's now: its owner starts from the
-//     last commit that succeeded, and the records past it are delivered
-//     again and answered Replayed. Nothing is lost and no effect repeats;
-//     the cost is redelivery.
+//     later, until one past it succeeds; it is dropped once the client no
+//     longer holds the partition (see The client): the partition's new
+//     owner starts from the last commit that succeeded, and the records
+//     past it are delivered again and answered Replayed. Nothing is lost
+//     and no effect repeats; the cost is redelivery.
 //   - A member removed from the group while its handler runs (its session
 //     ended, or it exceeded the rebalance timeout with
 //     kgo.BlockRebalanceOnPoll) finds its partitions handed to another
@@ -85,7 +88,8 @@
 //     while the first holds the key's lease (renewed while the handler
 //     runs), then Replayed once the first completes. The first member's
 //     commits are refused (UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION) and
-//     reported to OnError, and its client rejoins the group.
+//     reported to OnError, or, once its client has rejoined the group
+//     without the partition, not made.
 //
 // # Delivery counts
 //
@@ -296,19 +300,12 @@ type runner struct {
 	crashed   atomic.Bool // in tests: a simulated crash, nothing more is committed
 
 	retryMu sync.Mutex
-	retry   map[topicPartition]failedCommit // commits to retry, by partition
+	retry   map[topicPartition]*kgo.Record // failed commits to retry, past these records
 }
 
 type topicPartition struct {
 	topic     string
 	partition int32
-}
-
-// failedCommit is a commit that failed: past rec, in the group generation
-// it was made in.
-type failedCommit struct {
-	rec        *kgo.Record
-	generation int32
 }
 
 func (c *Consumer) runner() (*runner, error) {
@@ -472,9 +469,10 @@ func (r *runner) deadLetter(ctx context.Context, rec *kgo.Record, cause error) e
 	return r.Client.ProduceSync(pctx, dl).FirstErr()
 }
 
-// commit commits the offset past rec, even if ctx ended meanwhile. A
-// failed commit is kept to be retried (retryCommits) until a commit past
-// it succeeds.
+// commit commits the offset past rec, even if ctx ended meanwhile, unless
+// the client no longer holds rec's partition or has it committed past rec
+// already (see owns). A failed commit is kept to be retried
+// (retryCommits) until a commit past it succeeds or is no longer due.
 func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
@@ -483,26 +481,43 @@ func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	if r.crashed.Load() {
 		return
 	}
-	err := r.Client.CommitRecords(cctx, rec)
-	if err != nil {
-		r.onError(fmt.Errorf("kafka: commit %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset+1, err))
+	var err error
+	if r.owns(rec) {
+		err = r.Client.CommitRecords(cctx, rec)
+		if err != nil {
+			r.onError(fmt.Errorf("kafka: commit %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset+1, err))
+		}
 	}
 	tp := topicPartition{rec.Topic, rec.Partition}
 	r.retryMu.Lock()
 	defer r.retryMu.Unlock()
 	if err == nil {
-		if f, ok := r.retry[tp]; ok && f.rec.Offset <= rec.Offset {
+		if f, ok := r.retry[tp]; ok && f.Offset <= rec.Offset {
 			delete(r.retry, tp)
 		}
 		return
 	}
-	if f, ok := r.retry[tp]; !ok || f.rec.Offset <= rec.Offset {
+	if f, ok := r.retry[tp]; !ok || f.Offset <= rec.Offset {
 		if r.retry == nil {
-			r.retry = map[topicPartition]failedCommit{}
+			r.retry = map[topicPartition]*kgo.Record{}
 		}
-		_, generation := r.Client.GroupMetadata()
-		r.retry[tp] = failedCommit{rec: rec, generation: generation}
+		r.retry[tp] = rec
 	}
+}
+
+// owns reports whether a commit past rec is due: the client holds rec's
+// partition (franz-go's CommittedOffsets lists the partitions it holds
+// and has polled or fetched a commit for) and has not committed past rec.
+// A member that lost the partition (removed from the group, or the
+// partition reassigned) must not commit it: franz-go commits with the
+// client's current generation, which the broker accepts for any
+// partition, so a late commit from here could move the new owner's offset
+// back. The new owner starts from the last commit and replays what this
+// member did past it. (A partition lost between this check and the
+// commit is not covered.)
+func (r *runner) owns(rec *kgo.Record) bool {
+	committed, ok := r.Client.CommittedOffsets()[rec.Topic][rec.Partition]
+	return ok && committed.Offset <= rec.Offset
 }
 
 // retrying reports whether a failed commit waits to be retried.
@@ -512,21 +527,13 @@ func (r *runner) retrying() bool {
 	return len(r.retry) > 0
 }
 
-// retryCommits retries the failed commits made in the client's current
-// group generation. One made in an earlier generation is dropped: the
-// partition may belong to another member now, which starts from the last
-// commit that succeeded (re-reading, and replaying, the records past it),
-// and a commit from here could move its offset back.
+// retryCommits retries the failed commits; commit drops those no longer
+// due (see owns).
 func (r *runner) retryCommits(ctx context.Context) {
 	r.retryMu.Lock()
-	_, generation := r.Client.GroupMetadata()
-	var recs []*kgo.Record
-	for tp, f := range r.retry {
-		if f.generation != generation {
-			delete(r.retry, tp)
-			continue
-		}
-		recs = append(recs, f.rec)
+	recs := make([]*kgo.Record, 0, len(r.retry))
+	for _, rec := range r.retry {
+		recs = append(recs, rec)
 	}
 	r.retryMu.Unlock()
 	for _, rec := range recs {

@@ -659,3 +659,45 @@ func TestFailedCommitRetried(t *testing.T) {
 	waitFor(t, "all records committed", e.settled)
 	e.checkLedger([]string{"a", "b"})
 }
+
+// TestNoCommitAfterThePartitionMoved: a member removed from the group
+// while it works on a record (here: while OnResult runs) rejoins, and the
+// partition's new owner commits past later records meanwhile; the first
+// member's commit of its record, late, must not move the group's offset
+// back (franz-go commits with the client's current generation, which the
+// broker accepts for any partition).
+func TestNoCommitAfterThePartitionMoved(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publishTo(0, "a")
+	e.publishTo(0, "b")
+	blocked, release := make(chan struct{}), make(chan struct{})
+	c1 := e.consumer("c1")
+	c1.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		if headerValue(rec, DefaultKeyHeader) == "b" {
+			close(blocked)
+			<-release // "b" is recorded, its commit not made
+		}
+	}
+	stop1 := e.start(c1)
+	<-blocked
+	// The coordinator removes c1 (as after its session timeout).
+	member, _ := c1.Client.GroupMetadata()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	leave := kmsg.NewPtrLeaveGroupRequest()
+	leave.Group = e.group
+	leave.Members = []kmsg.LeaveGroupRequestMember{{MemberID: member}}
+	if _, err := leave.RequestWith(ctx, e.producer); err != nil {
+		t.Fatal(err)
+	}
+	e.publishTo(0, "c")
+	e.start(e.consumer("c2"))
+	waitFor(t, "c2 to commit every record", e.settled)
+	waitFor(t, "c1 to rejoin", func() bool { m, _ := c1.Client.GroupMetadata(); return m != "" && m != member })
+	close(release)
+	time.Sleep(500 * time.Millisecond) // c1's commit, if it makes one
+	if err := stop1(); err != nil {
+		t.Fatal(err)
+	}
+	e.checkLedger([]string{"a", "b", "c"})
+}
