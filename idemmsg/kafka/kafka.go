@@ -68,10 +68,10 @@
 //     heartbeat, every kgo.HeartbeatInterval, default 3s; a commit) after
 //     the overhead (a JoinGroup after the overhead plus
 //     kgo.RebalanceTimeout); the client then closes the connection and
-//     dials again. Lower RequestTimeoutOverhead to notice sooner (it also bounds
-//     how long a busy broker may take to answer). The coordinator, on its
-//     side, removes a member it has not heard from for the session timeout
-//     and hands its partitions to the others.
+//     dials again. Lower RequestTimeoutOverhead to notice sooner (it also
+//     bounds how long a busy broker may take to answer). The coordinator,
+//     on its side, removes a member it has not heard from for the session
+//     timeout and hands its partitions to the others.
 //   - A handler already running goes on (its lease is in the
 //     Deduplicator's store, not in Kafka) and its outcome is recorded
 //     there; only the commit needs the broker. A commit that fails is
@@ -471,7 +471,7 @@ func (r *runner) deadLetter(ctx context.Context, rec *kgo.Record, cause error) e
 
 // commit commits the offset past rec, even if ctx ended meanwhile, unless
 // the client no longer holds rec's partition or has it committed past rec
-// already (see owns). A failed commit is kept to be retried
+// already (see commitDue). A failed commit is kept to be retried
 // (retryCommits) until a commit past it succeeds or is no longer due.
 func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
@@ -482,7 +482,7 @@ func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 		return
 	}
 	var err error
-	if r.owns(rec) {
+	if r.commitDue(rec) {
 		err = r.Client.CommitRecords(cctx, rec)
 		if err != nil {
 			r.onError(fmt.Errorf("kafka: commit %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset+1, err))
@@ -505,7 +505,7 @@ func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	}
 }
 
-// owns reports whether a commit past rec is due: the client holds rec's
+// commitDue reports whether a commit past rec is due: the client holds rec's
 // partition (franz-go's CommittedOffsets lists the partitions it holds
 // and has polled or fetched a commit for) and has not committed past rec.
 // A member that lost the partition (removed from the group, or the
@@ -515,7 +515,7 @@ func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 // back. The new owner starts from the last commit and replays what this
 // member did past it. (A partition lost between this check and the
 // commit is not covered.)
-func (r *runner) owns(rec *kgo.Record) bool {
+func (r *runner) commitDue(rec *kgo.Record) bool {
 	committed, ok := r.Client.CommittedOffsets()[rec.Topic][rec.Partition]
 	return ok && committed.Offset <= rec.Offset
 }
@@ -528,7 +528,7 @@ func (r *runner) retrying() bool {
 }
 
 // retryCommits retries the failed commits; commit drops those no longer
-// due (see owns).
+// due (see commitDue).
 func (r *runner) retryCommits(ctx context.Context) {
 	r.retryMu.Lock()
 	recs := make([]*kgo.Record, 0, len(r.retry))
