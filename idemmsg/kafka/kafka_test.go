@@ -701,3 +701,59 @@ func TestNoCommitAfterThePartitionMoved(t *testing.T) {
 	}
 	e.checkLedger([]string{"a", "b", "c"})
 }
+
+// TestBatchDecidesEachRecordOnce: with Batch, a record InFlight stops its
+// batch, and HandleBatch may still settle a later record that needs no
+// handler (here Replayed); retrying from the stopped record must not
+// decide that later one again (each retry reported it Replayed once more,
+// and a dead-lettered one would be produced to the dead-letter topic
+// again).
+func TestBatchDecidesEachRecordOnce(t *testing.T) {
+	e := newEnv(t, 0)
+	g, err := idem.New(e.store, idem.Config{Lease: testLease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := func(msgKey string) *idem.Attempt {
+		key, err := e.dedup.Key(msgKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		att, acq, err := g.Begin(context.Background(), key, idem.Fingerprint{})
+		if err != nil || acq.Outcome != idem.Acquired {
+			t.Fatalf("Begin %s: got %v, %v", msgKey, acq.Outcome, err)
+		}
+		return att
+	}
+	if err := begin("done").Complete(context.Background(), &idem.Response{Status: idemmsg.StatusExecuted}); err != nil {
+		t.Fatal(err)
+	}
+	busy := begin("busy") // another holder: InFlight until it completes
+	e.publishTo(0, "busy")
+	e.publishTo(0, "done")
+	var inFlight atomic.Int32
+	var mu sync.Mutex
+	decisions := map[string][]idemmsg.Outcome{}
+	c := e.consumer("c1")
+	c.Batch = true
+	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		if res.Outcome == idemmsg.InFlight {
+			inFlight.Add(1)
+		}
+		mu.Lock()
+		k := headerValue(rec, DefaultKeyHeader)
+		decisions[k] = append(decisions[k], res.Outcome)
+		mu.Unlock()
+	}
+	e.start(c)
+	waitFor(t, "three InFlight answers", func() bool { return inFlight.Load() >= 3 })
+	if err := busy.Complete(context.Background(), &idem.Response{Status: idemmsg.StatusExecuted}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all records committed", e.settled)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := decisions["done"]; len(got) != 1 || got[0] != idemmsg.Replayed {
+		t.Errorf("decisions of the record after the InFlight one: got %v, want one Replayed", got)
+	}
+}
