@@ -12,6 +12,13 @@
 // deduplicates within one process only. Each handled order prints one
 // "effect" line with its fencing token; duplicates print "replayed". Stop
 // it with Ctrl-C.
+//
+// Stop or restart the broker while it runs: the client reconnects on its
+// own and Run goes on, printing what fails meanwhile ("retrying: ...");
+// records handled while the broker was away are committed once it is
+// back, or delivered again and replayed. A connection that goes silent
+// is given up after the request's own wait plus RequestTimeoutOverhead
+// (set below), then dialled again.
 package main
 
 import (
@@ -24,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -52,6 +60,13 @@ func main() {
 		kgo.ConsumeTopics(*topic),
 		kgo.DisableAutoCommit(), // the Consumer commits records once they are done
 		kgo.AllowAutoTopicCreation(),
+		// Lost connections: a request that gets no answer is given up
+		// after its own wait (a fetch's FetchMaxWait) plus this, and the
+		// connection dialled again (franz-go's default is 10s).
+		kgo.RequestTimeoutOverhead(5*time.Second),
+		// The coordinator hands this member's partitions to the others
+		// when it has not heard from it for this long (the default).
+		kgo.SessionTimeout(45*time.Second),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -91,6 +106,9 @@ func main() {
 			fmt.Printf("effect     %s charge %s (%d@%d, token %d)\n", rec.Key, rec.Value, rec.Partition, rec.Offset, lease.Token)
 			return nil
 		},
+		// Run retries what fails while the broker or the store is away
+		// (polls, commits, dead letters, store calls) and reports it here.
+		OnError: func(err error) { fmt.Printf("retrying   %v\n", err) },
 		OnResult: func(rec *kgo.Record, res idemmsg.Result, err error) {
 			switch {
 			case err != nil:
@@ -103,6 +121,8 @@ func main() {
 		},
 	}
 	fmt.Printf("consuming %s in group %s from %s; Ctrl-C to stop\n", *topic, *group, *brokers)
+	// Run returns only when ctx ends (nil) or the client is closed: a lost
+	// connection is not an error to restart it for.
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -16,9 +16,18 @@ import (
 // HandleBatch call (InOrder). After each batch the offset is committed
 // past the records done; the first record not done (InFlight or Released:
 // it stopped its batch) is retried in place after a backoff, at the head
-// of the next batch. It returns only errCrashed.
+// of the next batch. A later record the stopped batch settled anyway (one
+// that needed no handler: Replayed, DeadLettered) is done and not decided
+// again. It returns only errCrashed.
 func (r *runner) partitionBatches(ctx context.Context, recs []*kgo.Record) error {
-	pos, failures, tries := 0, 0, 0
+	type verdict struct {
+		done       bool
+		outcome    idemmsg.Outcome
+		retryAfter time.Duration
+		failed     bool
+	}
+	verdicts := make([]verdict, len(recs)) // by position in recs
+	pos, failures, tries := 0, 0, 0        // recs[:pos] are done and committed
 	for pos < len(recs) {
 		if ctx.Err() != nil {
 			return nil // the rest is left uncommitted, for the group to re-read
@@ -26,27 +35,29 @@ func (r *runner) partitionBatches(ctx context.Context, recs []*kgo.Record) error
 		if r.crashed.Load() { // in tests: another partition crashed
 			return errCrashed
 		}
-		chunk := recs[pos:min(pos+r.batchSize, len(recs))]
-		dls := make([]idemmsg.Delivery, len(chunk))
-		for i, rec := range chunk {
+		// The batch: the next records not done, recs[pos] first.
+		var at []int // positions in recs
+		for i := pos; i < len(recs) && len(at) < r.batchSize; i++ {
+			if !verdicts[i].done {
+				at = append(at, i)
+			}
+		}
+		dls := make([]idemmsg.Delivery, len(at))
+		for j, i := range at {
 			attempt := 1
-			if i == 0 {
+			if j == 0 {
 				attempt = failures + 1
 			}
-			dls[i] = idemmsg.Delivery{Key: r.key(rec), Attempt: attempt, Body: rec.Value}
+			dls[j] = idemmsg.Delivery{Key: r.key(recs[i]), Attempt: attempt, Body: recs[i].Value}
 		}
-		type verdict struct {
-			done       bool
-			outcome    idemmsg.Outcome
-			retryAfter time.Duration
-			failed     bool
+		for _, i := range at {
+			verdicts[i] = verdict{} // not done: decided again by this batch, or left undecided
 		}
-		verdicts := make([]verdict, len(chunk))
 		err := r.Dedup.HandleBatch(ctx, dls, idemmsg.BatchOptions{InOrder: true, FlushInterval: r.FlushInterval},
-			func(ctx context.Context, i int) error { return r.Handler(ctx, chunk[i]) },
+			func(ctx context.Context, j int) error { return r.Handler(ctx, recs[at[j]]) },
 			func(group []idemmsg.Settled) error {
 				for _, st := range group {
-					rec := chunk[st.Index]
+					rec := recs[at[st.Index]]
 					outcome, retryAfter, failed := r.decide(ctx, rec, st.Result, st.Err)
 					v := verdict{outcome: outcome, retryAfter: retryAfter, failed: failed}
 					if outcome.Ack() {
@@ -56,27 +67,27 @@ func (r *runner) partitionBatches(ctx context.Context, recs []*kgo.Record) error
 						}
 						v.done = true
 					}
-					verdicts[st.Index] = v
+					verdicts[at[st.Index]] = v
 				}
 				return nil
 			})
 		if errors.Is(err, errCrashed) {
 			return errCrashed
 		}
-		k := 0
-		for k < len(chunk) && verdicts[k].done {
+		k := pos
+		for k < len(recs) && verdicts[k].done {
 			k++
 		}
-		if k > 0 {
-			r.commit(ctx, chunk[k-1])
-			pos += k
+		if k > pos {
+			r.commit(ctx, recs[k-1])
+			pos = k
 			failures, tries = 0, 0
 		}
-		if k == len(chunk) {
-			continue
+		if pos == len(recs) || pos > at[len(at)-1] {
+			continue // every record of the batch is done
 		}
-		// chunk[k] stopped the batch (or ctx ended before it was decided).
-		v := verdicts[k]
+		// recs[pos] stopped the batch (or ctx ended before it was decided).
+		v := verdicts[pos]
 		if v.failed {
 			failures++
 		}

@@ -33,12 +33,63 @@
 // while a record is retried; without it, a partition may move to another
 // member mid-batch, and both may handle its records for a while: the
 // Deduplicator answers the second one Replayed or InFlight, so effects are
-// not repeated, though a commit may move back and cause more duplicates.
+// not repeated. Run commits a partition only while the client holds it
+// (franz-go's CommittedOffsets lists it) and only forward of the client's
+// last known commit, since the broker accepts a commit from any current
+// member for any partition, and a late one from the former owner would
+// move the new owner's offset back; a partition lost between that check
+// and the commit is not covered.
 //
 // When Run stops, records it polled but did not finish are not committed,
 // and the client's fetch position is already past them: close the client
 // (the group then re-reads them from the last commit) rather than calling
 // Run again on it.
+//
+// # Lost connections
+//
+// franz-go reconnects on its own, so Run does not return when the broker
+// goes away: it keeps polling, reports what fails meanwhile (polls,
+// commits, dead-letter produces) to OnError, and resumes once the client
+// has reconnected; the client redials with its own backoff
+// (kgo.RetryBackoffFn, by default 250ms to 5s with jitter). Run returns
+// only when ctx ends or the client is closed, so there is no reconnect
+// loop to write.
+//
+//   - The broker restarts, or the connections are reset: every request
+//     fails at once and the client dials again until the broker is back.
+//     The group and its commits live in the broker's log, so a member
+//     whose session has not ended (kgo.SessionTimeout, default 45s) keeps
+//     its partitions; one whose session ended rejoins and may be given
+//     other partitions.
+//   - The connection goes silent (a black-holed network, a dead load
+//     balancer): the client notices only by its request deadlines. A
+//     fetch is given up after its wait (kgo.FetchMaxWait, default 5s) plus
+//     kgo.RequestTimeoutOverhead (default 10s); any other request (a
+//     heartbeat, every kgo.HeartbeatInterval, default 3s; a commit) after
+//     the overhead (a JoinGroup after the overhead plus
+//     kgo.RebalanceTimeout); the client then closes the connection and
+//     dials again. Lower RequestTimeoutOverhead to notice sooner (it also
+//     bounds how long a busy broker may take to answer). The coordinator,
+//     on its side, removes a member it has not heard from for the session
+//     timeout and hands its partitions to the others.
+//   - A handler already running goes on (its lease is in the
+//     Deduplicator's store, not in Kafka) and its outcome is recorded
+//     there; only the commit needs the broker. A commit that fails is
+//     reported to OnError and retried at the next poll, at most a second
+//     later, until one past it succeeds; it is dropped once the client no
+//     longer holds the partition (see The client): the partition's new
+//     owner starts from the last commit that succeeded, and the records
+//     past it are delivered again and answered Replayed. Nothing is lost
+//     and no effect repeats; the cost is redelivery.
+//   - A member removed from the group while its handler runs (its session
+//     ended, or it exceeded the rebalance timeout with
+//     kgo.BlockRebalanceOnPoll) finds its partitions handed to another
+//     member: that member's delivery of the record is answered InFlight
+//     while the first holds the key's lease (renewed while the handler
+//     runs), then Replayed once the first completes. The first member's
+//     commits are refused (UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION) and
+//     reported to OnError, or, once its client has rejoined the group
+//     without the partition, not made.
 //
 // # Delivery counts
 //
@@ -61,7 +112,9 @@
 // # Tests
 //
 // The package's tests run against franz-go's in-process fake cluster
-// (kfake), not a real Kafka broker.
+// (kfake), not a real Kafka broker. The broker faults of the shared suite
+// (idemmsg/adaptertest) restart a kfake cluster that persists to disk on
+// the same port, and cut the consumers' connections with a TCP proxy.
 package kafka
 
 import (
@@ -107,6 +160,9 @@ const (
 // commitTimeout bounds a commit or dead-letter produce that runs after
 // Run's context ended (the records' results are already recorded).
 const commitTimeout = 5 * time.Second
+
+// commitRetryInterval is the longest a failed commit waits to be retried.
+const commitRetryInterval = time.Second
 
 // Consumer is one member of a consumer group. Fill in the fields and call
 // Run. Client, Dedup and Handler are required.
@@ -194,7 +250,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		fetches := r.Client.PollRecords(ctx, r.maxPoll)
+		// With a commit to retry, the poll waits at most
+		// commitRetryInterval, so that an idle partition's commit is
+		// retried too.
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if r.retrying() {
+			pctx, cancel = context.WithTimeout(ctx, commitRetryInterval)
+		}
+		fetches := r.Client.PollRecords(pctx, r.maxPoll)
+		cancel()
 		if fetches.IsClientClosed() {
 			if ctx.Err() != nil {
 				return nil
@@ -203,12 +267,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		pollErr := false
 		fetches.EachError(func(topic string, p int32, err error) {
-			if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			if pctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 				return
 			}
 			pollErr = true
 			r.onError(fmt.Errorf("kafka: poll %s/%d: %w", topic, p, err))
 		})
+		r.retryCommits(ctx)
 		err := r.batch(ctx, fetches)
 		r.Client.AllowRebalance()
 		if err != nil {
@@ -221,6 +286,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			failures = 0
 		}
 	}
+	r.retryCommits(ctx)
 	return nil
 }
 
@@ -232,6 +298,14 @@ type runner struct {
 	batchSize int
 	commitMu  sync.Mutex  // one commit at a time, so a partition's commits stay in order
 	crashed   atomic.Bool // in tests: a simulated crash, nothing more is committed
+
+	retryMu sync.Mutex
+	retry   map[topicPartition]*kgo.Record // failed commits to retry, past these records
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
 }
 
 func (c *Consumer) runner() (*runner, error) {
@@ -395,7 +469,10 @@ func (r *runner) deadLetter(ctx context.Context, rec *kgo.Record, cause error) e
 	return r.Client.ProduceSync(pctx, dl).FirstErr()
 }
 
-// commit commits the offset past rec, even if ctx ended meanwhile.
+// commit commits the offset past rec, even if ctx ended meanwhile, unless
+// the client no longer holds rec's partition or has it committed past rec
+// already (see commitDue). A failed commit is kept to be retried
+// (retryCommits) until a commit past it succeeds or is no longer due.
 func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
@@ -404,8 +481,63 @@ func (r *runner) commit(ctx context.Context, rec *kgo.Record) {
 	if r.crashed.Load() {
 		return
 	}
-	if err := r.Client.CommitRecords(cctx, rec); err != nil {
-		r.onError(fmt.Errorf("kafka: commit %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset+1, err))
+	var err error
+	if r.commitDue(rec) {
+		err = r.Client.CommitRecords(cctx, rec)
+		if err != nil {
+			r.onError(fmt.Errorf("kafka: commit %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset+1, err))
+		}
+	}
+	tp := topicPartition{rec.Topic, rec.Partition}
+	r.retryMu.Lock()
+	defer r.retryMu.Unlock()
+	if err == nil {
+		if f, ok := r.retry[tp]; ok && f.Offset <= rec.Offset {
+			delete(r.retry, tp)
+		}
+		return
+	}
+	if f, ok := r.retry[tp]; !ok || f.Offset <= rec.Offset {
+		if r.retry == nil {
+			r.retry = map[topicPartition]*kgo.Record{}
+		}
+		r.retry[tp] = rec
+	}
+}
+
+// commitDue reports whether a commit past rec is due: the client holds rec's
+// partition (franz-go's CommittedOffsets lists the partitions it holds
+// and has polled or fetched a commit for) and has not committed past rec.
+// A member that lost the partition (removed from the group, or the
+// partition reassigned) must not commit it: franz-go commits with the
+// client's current generation, which the broker accepts for any
+// partition, so a late commit from here could move the new owner's offset
+// back. The new owner starts from the last commit and replays what this
+// member did past it. (A partition lost between this check and the
+// commit is not covered.)
+func (r *runner) commitDue(rec *kgo.Record) bool {
+	committed, ok := r.Client.CommittedOffsets()[rec.Topic][rec.Partition]
+	return ok && committed.Offset <= rec.Offset
+}
+
+// retrying reports whether a failed commit waits to be retried.
+func (r *runner) retrying() bool {
+	r.retryMu.Lock()
+	defer r.retryMu.Unlock()
+	return len(r.retry) > 0
+}
+
+// retryCommits retries the failed commits; commit drops those no longer
+// due (see commitDue).
+func (r *runner) retryCommits(ctx context.Context) {
+	r.retryMu.Lock()
+	recs := make([]*kgo.Record, 0, len(r.retry))
+	for _, rec := range r.retry {
+		recs = append(recs, rec)
+	}
+	r.retryMu.Unlock()
+	for _, rec := range recs {
+		r.commit(ctx, rec)
 	}
 }
 

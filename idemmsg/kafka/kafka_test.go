@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
@@ -31,37 +35,134 @@ const (
 // producer, deduplicator and ledger.
 type env struct {
 	t        *testing.T
-	cluster  *kfake.Cluster
+	cfg      envConfig
+	mu       sync.Mutex
+	cluster  *kfake.Cluster // replaced by restart
 	topic    string
 	dead     string
 	group    string
 	producer *kgo.Client
-	store    *memstore.Store
+	store    *memstore.Store // the Deduplicator's, unless envConfig.store
 	dedup    *idemmsg.Deduplicator
 	ledger   *ledger
+
+	// With envConfig.faults: the cluster's data directory and port, and
+	// the proxy every consumer's connection goes through.
+	dataDir string
+	port    int
+	proxy   *msgtest.Proxy
+}
+
+// envConfig is what a test asks of its env.
+type envConfig struct {
+	maxFailures int
+	// faults: the cluster persists to a directory (so that restart keeps
+	// the records, the commits and the group) on a fixed port, and the
+	// consumers' clients reach it only through a msgtest.Proxy.
+	faults bool
+	// lease is the Deduplicator's (0: testLease).
+	lease time.Duration
+	// store is the Deduplicator's (nil: a memstore).
+	store idem.Store
+	// sessionTimeout, when positive, is the consumers' group session
+	// timeout (kgo.SessionTimeout).
+	sessionTimeout time.Duration
 }
 
 func newEnv(t *testing.T, maxFailures int) *env {
 	t.Helper()
-	topic, dead := "orders", "orders.dead"
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic), kfake.SeedTopics(1, dead))
+	return newEnvWith(t, envConfig{maxFailures: maxFailures})
+}
+
+func newEnvWith(t *testing.T, cfg envConfig) *env {
+	t.Helper()
+	e := &env{t: t, cfg: cfg, topic: "orders", dead: "orders.dead", group: "billing",
+		ledger: &ledger{Ledger: msgtest.NewLedger(), order: map[int32][]int64{}}}
+	if cfg.faults {
+		e.dataDir = t.TempDir()
+	}
+	cluster, err := e.newCluster()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cluster.Close)
-	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	e.cluster = cluster
+	addr := cluster.ListenAddrs()[0]
+	if cfg.faults {
+		_, port, _ := net.SplitHostPort(addr)
+		e.port, _ = strconv.Atoi(port)
+		e.proxy = msgtest.NewProxy(t, addr)
+	}
+	// The producer connects directly: a cut between the consumers and the
+	// broker does not stop the test publishing.
+	producer, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(producer.Close)
-	group := "billing"
-	store := memstore.New(memstore.Options{})
-	d, err := idemmsg.New(store, idemmsg.Config{Namespace: topic + "/" + group, Lease: testLease, MaxFailures: maxFailures})
+	e.producer = producer
+	e.store = memstore.New(memstore.Options{})
+	var store idem.Store = e.store
+	if cfg.store != nil {
+		store = cfg.store
+	}
+	lease := cfg.lease
+	if lease == 0 {
+		lease = testLease
+	}
+	e.dedup, err = idemmsg.New(store, idemmsg.Config{Namespace: e.topic + "/" + e.group, Lease: lease, MaxFailures: cfg.maxFailures})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, cluster: cluster, topic: topic, dead: dead, group: group, producer: producer, store: store, dedup: d,
-		ledger: &ledger{Ledger: msgtest.NewLedger(), order: map[int32][]int64{}}}
+	return e
+}
+
+// newCluster starts the env's cluster: a single broker with the topic and
+// its dead-letter topic; with faults, on the env's data directory and
+// port (once known), reloading what a previous cluster there persisted.
+func (e *env) newCluster() (*kfake.Cluster, error) {
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, e.topic), kfake.SeedTopics(1, e.dead),
+		kfake.GroupMinSessionTimeout(100 * time.Millisecond)}
+	if e.dataDir != "" {
+		opts = append(opts, kfake.DataDir(e.dataDir))
+	}
+	if e.port != 0 {
+		opts = append(opts, kfake.Ports(e.port))
+	}
+	cluster, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return nil, err
+	}
+	e.t.Cleanup(cluster.Close)
+	return cluster, nil
+}
+
+// kfake returns the current cluster.
+func (e *env) kfake() *kfake.Cluster {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cluster
+}
+
+// restart closes the cluster, which closes every connection to it and
+// persists its state, and starts a new one on the same port and data
+// directory: a broker restart with its log, commits and group kept.
+func (e *env) restart(t testing.TB) {
+	t.Helper()
+	e.kfake().Close()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		cluster, err := e.newCluster()
+		if err == nil {
+			e.mu.Lock()
+			e.cluster = cluster
+			e.mu.Unlock()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("restarting kfake on port %d: %v", e.port, err)
+		}
+		time.Sleep(50 * time.Millisecond) // the port is not free yet
+	}
 }
 
 // ledger is the system of record, and keeps the offsets it saw per
@@ -123,13 +224,29 @@ func (e *env) publishTo(p int32, key string) {
 }
 
 // client returns a new group member's client; closed when the test ends.
+// With envConfig.faults it reaches the broker only through the env's
+// proxy, the seed and every broker the metadata names alike.
 func (e *env) client() *kgo.Client {
 	e.t.Helper()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(e.cluster.ListenAddrs()...),
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(e.kfake().ListenAddrs()...),
 		kgo.ConsumerGroup(e.group), kgo.ConsumeTopics(e.topic), kgo.DisableAutoCommit(),
-		kgo.FetchMaxWait(50*time.Millisecond), kgo.HeartbeatInterval(100*time.Millisecond),
-	)
+		kgo.FetchMaxWait(50 * time.Millisecond), kgo.HeartbeatInterval(100 * time.Millisecond),
+	}
+	if e.proxy != nil {
+		var d net.Dialer
+		opts = append(opts, kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, e.proxy.Addr) // one broker, one proxy
+		}))
+	}
+	if e.cfg.sessionTimeout > 0 {
+		// A heartbeat is retried in place for up to its retry timeout
+		// (by default the session timeout) before the member gives up
+		// its partitions: longer, so that the coordinator, not the
+		// client, ends a session whose heartbeats fail.
+		opts = append(opts, kgo.SessionTimeout(e.cfg.sessionTimeout), kgo.RetryTimeout(30*time.Second))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -159,11 +276,11 @@ func headerValue(rec *kgo.Record, name string) string {
 // settled reports whether the group's committed offset of every partition
 // is the partition's end.
 func (e *env) settled() bool {
-	info := e.cluster.GroupInfo(e.group)
+	info := e.kfake().GroupInfo(e.group)
 	if info == nil {
 		return false
 	}
-	for _, p := range e.cluster.PartitionInfos(e.topic) {
+	for _, p := range e.kfake().PartitionInfos(e.topic) {
 		c, ok := info.Commits[e.topic][p.Partition]
 		if p.HighWatermark > 0 && (!ok || c.Offset != p.HighWatermark) {
 			return false
@@ -200,7 +317,7 @@ func (e *env) readDead(t testing.TB, want int) []*kgo.Record {
 	if want == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.cluster.ListenAddrs()...), kgo.ConsumeTopics(e.dead),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kfake().ListenAddrs()...), kgo.ConsumeTopics(e.dead),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
@@ -523,4 +640,120 @@ func (e *env) start(c *Consumer) (stop func() error) {
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	msgtest.WaitFor(t, what, waitLimit, cond)
+}
+
+// TestFailedCommitRetried: the commit of a partition's last records fails
+// once (a broker error, as while the connection is cut); with nothing
+// more to poll on that partition, Run retries it, so the group's offset
+// reaches the end rather than staying behind until the next rebalance.
+func TestFailedCommitRetried(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publishTo(0, "a")
+	e.publishTo(0, "b")
+	faulted := e.kfake().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Topic: e.topic, Count: 1, Err: kerr.UnknownServerError})
+	var errs atomic.Int32
+	c := e.consumer("c1")
+	c.OnError = func(err error) { errs.Add(1); t.Logf("c1: %v", err) }
+	e.start(c)
+	waitFor(t, "the failed commit", func() bool { return faulted.Hits() == 1 && errs.Load() > 0 })
+	waitFor(t, "all records committed", e.settled)
+	e.checkLedger([]string{"a", "b"})
+}
+
+// TestNoCommitAfterThePartitionMoved: a member removed from the group
+// while it works on a record (here: while OnResult runs) rejoins, and the
+// partition's new owner commits past later records meanwhile; the first
+// member's commit of its record, late, must not move the group's offset
+// back (franz-go commits with the client's current generation, which the
+// broker accepts for any partition).
+func TestNoCommitAfterThePartitionMoved(t *testing.T) {
+	e := newEnv(t, 0)
+	e.publishTo(0, "a")
+	e.publishTo(0, "b")
+	blocked, release := make(chan struct{}), make(chan struct{})
+	c1 := e.consumer("c1")
+	c1.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		if headerValue(rec, DefaultKeyHeader) == "b" {
+			close(blocked)
+			<-release // "b" is recorded, its commit not made
+		}
+	}
+	stop1 := e.start(c1)
+	<-blocked
+	// The coordinator removes c1 (as after its session timeout).
+	member, _ := c1.Client.GroupMetadata()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	leave := kmsg.NewPtrLeaveGroupRequest()
+	leave.Group = e.group
+	leave.Members = []kmsg.LeaveGroupRequestMember{{MemberID: member}}
+	if _, err := leave.RequestWith(ctx, e.producer); err != nil {
+		t.Fatal(err)
+	}
+	e.publishTo(0, "c")
+	e.start(e.consumer("c2"))
+	waitFor(t, "c2 to commit every record", e.settled)
+	waitFor(t, "c1 to rejoin", func() bool { m, _ := c1.Client.GroupMetadata(); return m != "" && m != member })
+	close(release)
+	time.Sleep(500 * time.Millisecond) // c1's commit, if it makes one
+	if err := stop1(); err != nil {
+		t.Fatal(err)
+	}
+	e.checkLedger([]string{"a", "b", "c"})
+}
+
+// TestBatchDecidesEachRecordOnce: with Batch, a record InFlight stops its
+// batch, and HandleBatch may still settle a later record that needs no
+// handler (here Replayed); retrying from the stopped record must not
+// decide that later one again (each retry reported it Replayed once more,
+// and a dead-lettered one would be produced to the dead-letter topic
+// again).
+func TestBatchDecidesEachRecordOnce(t *testing.T) {
+	e := newEnv(t, 0)
+	g, err := idem.New(e.store, idem.Config{Lease: testLease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := func(msgKey string) *idem.Attempt {
+		key, err := e.dedup.Key(msgKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		att, acq, err := g.Begin(context.Background(), key, idem.Fingerprint{})
+		if err != nil || acq.Outcome != idem.Acquired {
+			t.Fatalf("Begin %s: got %v, %v", msgKey, acq.Outcome, err)
+		}
+		return att
+	}
+	if err := begin("done").Complete(context.Background(), &idem.Response{Status: idemmsg.StatusExecuted}); err != nil {
+		t.Fatal(err)
+	}
+	busy := begin("busy") // another holder: InFlight until it completes
+	e.publishTo(0, "busy")
+	e.publishTo(0, "done")
+	var inFlight atomic.Int32
+	var mu sync.Mutex
+	decisions := map[string][]idemmsg.Outcome{}
+	c := e.consumer("c1")
+	c.Batch = true
+	c.OnResult = func(rec *kgo.Record, res idemmsg.Result, err error) {
+		if res.Outcome == idemmsg.InFlight {
+			inFlight.Add(1)
+		}
+		mu.Lock()
+		k := headerValue(rec, DefaultKeyHeader)
+		decisions[k] = append(decisions[k], res.Outcome)
+		mu.Unlock()
+	}
+	e.start(c)
+	waitFor(t, "three InFlight answers", func() bool { return inFlight.Load() >= 3 })
+	if err := busy.Complete(context.Background(), &idem.Response{Status: idemmsg.StatusExecuted}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all records committed", e.settled)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := decisions["done"]; len(got) != 1 || got[0] != idemmsg.Replayed {
+		t.Errorf("decisions of the record after the InFlight one: got %v, want one Replayed", got)
+	}
 }
