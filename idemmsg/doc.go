@@ -70,6 +70,12 @@
 //   - A consumer that crashes after the result is recorded but before the
 //     ack causes a redelivery, which is answered Replayed and acked.
 //   - When the store is unreachable the handler is not run (fail closed).
+//     When it becomes unreachable after a handler ran, the result is
+//     recorded once it answers again, within the lease left
+//     (Config.CompleteRetry, default the lease): the message is
+//     acknowledged then, and the handler does not run again. Only an
+//     outage longer than that leaves the key to be taken over, as after a
+//     crash.
 //   - After retention ends, the key is new again.
 //
 // # Batches

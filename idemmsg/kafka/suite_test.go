@@ -59,6 +59,9 @@ func TestAdapterSuite(t *testing.T) {
 			if cfg.RedeliverAfter > 0 {
 				ec.lease, ec.sessionTimeout = 2*cfg.RedeliverAfter, cfg.RedeliverAfter
 			}
+			if cfg.Lease > 0 {
+				ec.lease = cfg.Lease
+			}
 			e := newEnvWith(t, ec)
 			t.Cleanup(func() { e.ledger.checkOrder(t) })
 			s := &suiteTopic{env: e}
