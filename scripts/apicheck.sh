@@ -29,6 +29,7 @@ fi
 if [ "${1:-}" = --write ]; then
 	tag=${2:?"usage: scripts/apicheck.sh --write TAG (e.g. v1.0.0)"}
 	[[ "$tag" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "apicheck: $tag is not a release tag vMAJOR.MINOR.PATCH" >&2; exit 2; }
+	mkdir -p api
 	"$apidiff" -m -w "api/$tag.export" "$module" 2> >(grep -v '^Ignoring internal package' >&2)
 	echo "apicheck: wrote api/$tag.export"
 	exit 0

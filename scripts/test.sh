@@ -8,7 +8,8 @@
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
 # with go install when it is missing, and starts (or installs) PostgreSQL
-# and RabbitMQ, so it works on a fresh Debian machine.
+# and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
+# installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +47,10 @@ if ! command -v versitygw >/dev/null 2>&1 && [ ! -x "$gobin/versitygw" ] && [ ! 
 fi
 
 go vet ./...
+
+# The public API must stay compatible with the last release's
+# (api/<tag>.export; apidiff, installed by the script when missing).
+./scripts/apicheck.sh
 
 # Each fuzz target also runs for a few seconds beyond its seed corpus
 # (longer: FUZZTIME=5m ./scripts/test.sh).
