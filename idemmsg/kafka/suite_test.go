@@ -156,15 +156,7 @@ func (s *suiteTopic) RestartBroker(t testing.TB) { s.restart(t) }
 
 // Cut cuts the consumers' proxy; the producer does not go through it.
 func (s *suiteTopic) Cut(t testing.TB, how adaptertest.Cut) (restore func()) {
-	switch how {
-	case adaptertest.ResetConnections:
-		s.proxy.Reset(t)
-	case adaptertest.Blackhole:
-		s.proxy.Blackhole(t)
-	default:
-		t.Fatalf("unknown cut %v", how)
-	}
-	return func() { s.proxy.Restore(t) }
+	return s.proxy.Cut(t, how == adaptertest.Blackhole)
 }
 
 // stallFirstWorker makes the first member whose handler starts go silent

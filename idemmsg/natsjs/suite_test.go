@@ -210,13 +210,5 @@ func (f *faultTopic) RestartBroker(t testing.TB) {
 // Cut resets or black-holes the consumers' connections at the proxy.
 func (f *faultTopic) Cut(t testing.TB, how adaptertest.Cut) (restore func()) {
 	t.Helper()
-	switch how {
-	case adaptertest.ResetConnections:
-		f.proxy.Reset(t)
-	case adaptertest.Blackhole:
-		f.proxy.Blackhole(t)
-	default:
-		t.Fatalf("unknown cut %v", how)
-	}
-	return func() { f.proxy.Restore(t) }
+	return f.proxy.Cut(t, how == adaptertest.Blackhole)
 }

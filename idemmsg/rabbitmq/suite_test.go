@@ -83,15 +83,7 @@ type faultsTopic struct{ *suiteTopic }
 func (f *faultsTopic) RestartBroker(t testing.TB) { f.node.restart(t) }
 
 func (f *faultsTopic) Cut(t testing.TB, how adaptertest.Cut) (restore func()) {
-	switch how {
-	case adaptertest.ResetConnections:
-		f.proxy.Reset(t)
-	case adaptertest.Blackhole:
-		f.proxy.Blackhole(t)
-	default:
-		t.Fatalf("unknown cut %v", how)
-	}
-	return func() { f.proxy.Restore(t) }
+	return f.proxy.Cut(t, how == adaptertest.Blackhole)
 }
 
 // suiteTopic tracks what AMQP 0-9-1 does not report: a queue's

@@ -89,3 +89,16 @@ func (p *Proxy) Restore(t testing.TB) {
 	}
 	p.cut = ""
 }
+
+// Cut is Blackhole when blackhole is set, Reset otherwise, and returns
+// Restore bound to t: what an adapter harness's adaptertest.Faults.Cut
+// does with its consumers' proxy.
+func (p *Proxy) Cut(t testing.TB, blackhole bool) (restore func()) {
+	t.Helper()
+	if blackhole {
+		p.Blackhole(t)
+	} else {
+		p.Reset(t)
+	}
+	return func() { p.Restore(t) }
+}
