@@ -58,13 +58,13 @@ func (c Cut) String() string {
 func (s *suite) faultScenarios() map[string]func(t *testing.T) {
 	return map[string]func(t *testing.T){
 		"BrokerRestart": func(t *testing.T) {
-			s.brokerFault(t, "restart", func(f Faults) func() { f.RestartBroker(t); return func() {} })
+			s.brokerFault(t, "restart", "broker restart mid-consume", func(f Faults) func() { f.RestartBroker(t); return nil })
 		},
 		"ConnectionReset": func(t *testing.T) {
-			s.brokerFault(t, "reset", func(f Faults) func() { return f.Cut(t, ResetConnections) })
+			s.brokerFault(t, "reset", "connections reset for "+faultPause.String(), func(f Faults) func() { return f.Cut(t, ResetConnections) })
 		},
 		"ConnectionBlackhole": func(t *testing.T) {
-			s.brokerFault(t, "blackhole", func(f Faults) func() { return f.Cut(t, Blackhole) })
+			s.brokerFault(t, "blackhole", "connections black-holed for "+faultPause.String(), func(f Faults) func() { return f.Cut(t, Blackhole) })
 		},
 		"RedeliveredWhileWorking": s.redeliveredWhileWorking,
 		"StoreDown":               s.storeDown,
@@ -75,10 +75,11 @@ func (s *suite) faultScenarios() map[string]func(t *testing.T) {
 const faultPause = 3 * time.Second
 
 // brokerFault: two consumers work through messages with duplicates; in
-// the middle, the broker restarts or the connections are cut for
-// faultPause; then more messages are published. Every key must have its
-// one effect, every message must settle, and Run must not return.
-func (s *suite) brokerFault(t *testing.T, name string, fault func(Faults) (restore func())) {
+// the middle, the broker restarts, or the connections are cut for
+// faultPause (fault returns the restore); then more messages are
+// published. Every key must have its one effect, every message must
+// settle, and Run must not return. desc is the fault in the report.
+func (s *suite) brokerFault(t *testing.T, name, desc string, fault func(Faults) (restore func())) {
 	e := s.env(t, Config{Faults: true})
 	f, ok := e.topic.(Faults)
 	if !ok {
@@ -96,18 +97,16 @@ func (s *suite) brokerFault(t *testing.T, name string, fault func(Faults) (resto
 		stops = append(stops, e.topic.Start(t, c))
 	}
 	e.waitFor("the first effects", func() bool { return len(e.ledger.Snapshot()) >= 5 })
-	restore := fault(f)
-	if name != "restart" {
+	if restore := fault(f); restore != nil {
 		time.Sleep(faultPause)
+		restore()
 	}
-	restore()
 	e.topic.Publish(t, after...)
 	e.waitSettledLong("every message settled after the fault")
 	e.stopAll(stops...)
 	e.ledger.WantOneEach(t, append(before, after...))
 	e.wantNoDeadLetters()
-	e.report(map[string]string{"restart": "broker restart mid-consume", "reset": "connections reset for " + faultPause.String(),
-		"blackhole": "connections black-holed for " + faultPause.String()}[name], "memstore", append(before, after...))
+	e.report(desc, "memstore", append(before, after...))
 }
 
 // redeliveredWhileWorking: the broker hands a message to a second consumer
