@@ -2,6 +2,7 @@ package dynamostore_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -193,5 +194,126 @@ func TestConditionFailureAllOld(t *testing.T) {
 	}
 	if got := a.fill.Load(); got != 7 {
 		t.Errorf("failed conditions answered with the item: got %d, want 7", got)
+	}
+}
+
+func newPrefix(name string) string { return name + ":" + idem.NewLeaseID().String() + ":" }
+
+// TestTTLAttribute: the ttl attribute, for DynamoDB TTL, is ClockSkew past
+// both the record's end and its token read as a time, and an Acquire whose
+// token runs more than ClockSkew/2 ahead of the clock pushes it (a second
+// write), so that TTL never deletes an item before every clock within
+// ClockSkew has passed its token.
+func TestTTLAttribute(t *testing.T) {
+	ctx := t.Context()
+	const skew = 20 * time.Millisecond
+	prefix := newPrefix("ttl")
+	c := &counting{Client: client}
+	// A clock that stands still: every acquisition adds 1 ms' worth of
+	// token, so they run ahead of it.
+	t0 := time.Now()
+	st := dynamostore.New(c, dynamostore.Options{Table: table, Prefix: prefix, ClockSkew: skew,
+		Clock: func() time.Time { return t0 }})
+	key := idem.Key{3}
+	check := func(what string) uint64 {
+		t.Helper()
+		exp, ttl, tok, ok, err := dynamostore.Raw(ctx, client, table, prefix, key)
+		if err != nil || !ok {
+			t.Fatalf("%s: raw item: %v, %v", what, ok, err)
+		}
+		last := max(exp, int64(tok)+1) + skew.Milliseconds()
+		if ttl*1000 < last {
+			t.Errorf("%s: ttl %d s, want at least %d ms (expires %d ms, token %d, skew %v)", what, ttl, last, exp, tok, skew)
+		}
+		return tok
+	}
+	l, err := st.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint{1}, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("in flight")
+	if err := st.Renew(ctx, l.Lease, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	check("renewed")
+	if err := st.Release(ctx, l.Lease); err != nil {
+		t.Fatal(err)
+	}
+	c.updates.Store(0)
+	const n = 50
+	var tok uint64
+	pushes := int64(0)
+	for range n {
+		acq, err := st.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint{1}, LeaseID: idem.NewLeaseID(), TTL: time.Second})
+		if err != nil || acq.Outcome != idem.Acquired {
+			t.Fatalf("Acquire: %v, %v", acq.Outcome, err)
+		}
+		tok = acq.Lease.Token
+		if int64(tok) > t0.UnixMilli()+skew.Milliseconds()/2 {
+			pushes++
+		}
+		check("after a quick acquisition")
+		if err := st.Release(ctx, acq.Lease); err != nil {
+			t.Fatal(err)
+		}
+		check("after its release")
+	}
+	if ahead := time.Duration(int64(tok)-t0.UnixMilli()) * time.Millisecond; ahead <= 2*skew {
+		t.Fatalf("token %v ahead of the clock, want more than %v: the test did not drive it ahead", ahead, 2*skew)
+	}
+	// One Acquire and one Release each, and a push for every Acquire
+	// whose token ran more than skew/2 ahead.
+	if got, want := c.updates.Load(), 2*n+pushes; got != want || pushes == 0 {
+		t.Errorf("UpdateItem calls: got %d, want %d (the TTL pushes)", got, want)
+	}
+}
+
+// TestClockSkew: an instance whose clock runs ahead takes a live lease
+// over early (leases hold only up to the skew between clocks), and its
+// fencing token is larger all the same; the first holder then finds its
+// lease gone.
+func TestClockSkew(t *testing.T) {
+	ctx := t.Context()
+	prefix := newPrefix("skew")
+	a := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: prefix})
+	b := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: prefix,
+		Clock: func() time.Time { return time.Now().Add(time.Hour) }})
+	key, fp := idem.Key{4}, idem.Fingerprint{1}
+	la, err := a.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+	if err != nil || la.Outcome != idem.Acquired {
+		t.Fatalf("Acquire by a: %v, %v", la.Outcome, err)
+	}
+	lb, err := b.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+	if err != nil || lb.Outcome != idem.Acquired {
+		t.Fatalf("Acquire by b, an hour ahead: got %v, %v; want acquired (a's lease has ended on b's clock)", lb.Outcome, err)
+	}
+	if lb.Lease.Token <= la.Lease.Token {
+		t.Errorf("b's token %d, want more than a's %d", lb.Lease.Token, la.Lease.Token)
+	}
+	if err := a.Complete(ctx, la.Lease, &idem.Response{Status: 200}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Complete by a after b's takeover: got %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestItemTooLarge: a response over DynamoDB's 400 KB item limit fails
+// Complete with a *idem.StoreError (not ErrLeaseLost), and the lease is
+// still held: it can be released.
+func TestItemTooLarge(t *testing.T) {
+	ctx := t.Context()
+	st := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("large")})
+	key := idem.Key{5}
+	acq, err := st.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint{1}, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 500<<10)
+	rand.Read(body)
+	err = st.Complete(ctx, acq.Lease, &idem.Response{Status: 200, Body: body}, time.Hour)
+	var se *idem.StoreError
+	if !errors.As(err, &se) || errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete of a 500 KiB body: got %v, want a *idem.StoreError", err)
+	}
+	if err := st.Release(ctx, acq.Lease); err != nil {
+		t.Errorf("Release after the failed Complete: got %v, want nil", err)
 	}
 }
