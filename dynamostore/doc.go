@@ -1,6 +1,6 @@
 // Package dynamostore is an idem.Store on Amazon DynamoDB (aws-sdk-go-v2):
 // one item per record, every transition one conditional write (UpdateItem
-// or DeleteItem with a ConditionExpression) and one round trip.
+// with a ConditionExpression) and one round trip; Delete is one DeleteItem.
 //
 // # The table
 //
@@ -48,6 +48,20 @@
 // Writes ask for ReturnValuesOnConditionCheckFailure = ALL_OLD, which
 // DynamoDB answers in the same round trip; a server that ignores it
 // (dynalite, which the tests run on) gets one consistent GetItem more.
+//
+// The SDK's retries are safe: a write repeated after a lost reply meets
+// its own first write and gets the same answer (Acquire with the same
+// LeaseID returns the same lease; Complete and Release of a record they
+// already completed or released return nil).
+//
+// # dynalite
+//
+// The tests run on dynalite 4.0.0 (the DynamoDB API on LevelDB, from npm;
+// internal/dynamotest). Where it differs from DynamoDB: it ignores
+// ReturnValuesOnConditionCheckFailure (hence the read after a failed
+// condition, tested both ways), it has no UpdateTimeToLive and never
+// deletes expired items (so the read path's own expiry check is what the
+// suite sees), and it has no transactions.
 //
 // # Limits
 //
