@@ -65,8 +65,19 @@
 //
 // # Limits
 //
-// A DynamoDB item holds at most 400 KB: a Complete whose encoded response
-// (AppendBinary, compressed) is larger fails with a *idem.StoreError and
-// the lease stays held until it is released or ends. Use a blob store
-// (idemhttp.Config.Blobs) for large bodies. BatchStore is not implemented.
+// A DynamoDB item holds at most 400 KB (MaxItemSize). A response whose
+// encoding (Response.AppendBinary: bodies compressed when that helps)
+// does not fit is not refused after the work ran: Complete stores it
+// without its body, BodyOmitted set, as idemhttp stores a body over its
+// MaxResponseSize without a blob store. The key is completed and never
+// run again; replays carry the status and headers with an empty body
+// (idemhttp answers them ProblemResponseNotKept), and Options.OnBodyOmitted
+// hears of it. To keep such bodies, use a blob store
+// (idemhttp.Config.Blobs) with idemhttp.Config.MaxResponseSize under
+// about 350 KB (its default is 1 MiB), so that larger bodies stream to
+// the blob store and the record holds only their reference. A response
+// whose headers alone do not fit fails Complete with a *idem.StoreError,
+// and the lease stays held until it is released or ends.
+//
+// BatchStore is not implemented.
 package dynamostore

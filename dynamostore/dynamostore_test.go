@@ -1,10 +1,12 @@
 package dynamostore_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -295,25 +297,50 @@ func TestClockSkew(t *testing.T) {
 	}
 }
 
-// TestItemTooLarge: a response over DynamoDB's 400 KB item limit fails
-// Complete with a *idem.StoreError (not ErrLeaseLost), and the lease is
-// still held: it can be released.
+// TestItemTooLarge: a response over DynamoDB's 400 KB item limit does not
+// fail Complete after the work ran: it is stored without its body
+// (BodyOmitted), and OnBodyOmitted hears of it. A body just under the
+// limit is kept whole (the store's estimate of the item is not too
+// generous for the server).
 func TestItemTooLarge(t *testing.T) {
 	ctx := t.Context()
-	st := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("large")})
-	key := idem.Key{5}
-	acq, err := st.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint{1}, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, 500<<10)
-	rand.Read(body)
-	err = st.Complete(ctx, acq.Lease, &idem.Response{Status: 200, Body: body}, time.Hour)
-	var se *idem.StoreError
-	if !errors.As(err, &se) || errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("Complete of a 500 KiB body: got %v, want a *idem.StoreError", err)
-	}
-	if err := st.Release(ctx, acq.Lease); err != nil {
-		t.Errorf("Release after the failed Complete: got %v, want nil", err)
+	var omitted atomic.Int64
+	st := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("large"),
+		OnBodyOmitted: func(idem.Key, int) { omitted.Add(1) }})
+	hdr := http.Header{"Content-Type": {"application/octet-stream"}}
+	for i, tt := range []struct {
+		name string
+		size int
+		kept bool
+	}{
+		{"under the limit", dynamostore.MaxItemSize - 400, true},
+		{"over the limit", 500 << 10, false},
+	} {
+		key := idem.Key{5, byte(i)}
+		acq, err := st.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint{1}, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := make([]byte, tt.size)
+		rand.Read(body)
+		before := omitted.Load()
+		if err := st.Complete(ctx, acq.Lease, &idem.Response{Status: 200, Header: hdr, Body: body}, time.Hour); err != nil {
+			t.Fatalf("%s: Complete of a %d-byte body: %v", tt.name, tt.size, err)
+		}
+		rec, ok, err := st.Get(ctx, key)
+		if err != nil || !ok || rec.Response == nil {
+			t.Fatalf("%s: Get: %v, %v", tt.name, ok, err)
+		}
+		got := rec.Response
+		if got.Status != 200 || got.Header.Get("Content-Type") != "application/octet-stream" {
+			t.Errorf("%s: stored status %d, header %v; want 200 and the header", tt.name, got.Status, got.Header)
+		}
+		if tt.kept {
+			if !bytes.Equal(got.Body, body) || got.BodyOmitted || omitted.Load() != before {
+				t.Errorf("%s: got %d bytes, omitted %t; want the body whole", tt.name, len(got.Body), got.BodyOmitted)
+			}
+		} else if len(got.Body) != 0 || !got.BodyOmitted || omitted.Load() != before+1 {
+			t.Errorf("%s: got %d bytes, omitted %t, OnBodyOmitted calls %d; want none, true, 1", tt.name, len(got.Body), got.BodyOmitted, omitted.Load()-before)
+		}
 	}
 }

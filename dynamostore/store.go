@@ -53,15 +53,21 @@ type Options struct {
 	// instances sharing the table that fencing tokens survive a TTL
 	// deletion with (see the package doc). Default DefaultClockSkew.
 	ClockSkew time.Duration
+	// OnBodyOmitted, when set, is called for every response that Complete
+	// stores without its body because the item would exceed DynamoDB's
+	// 400 KB (see the package doc), with the encoded size that did not
+	// fit. For metrics and logs; it must not block.
+	OnBodyOmitted func(key idem.Key, size int)
 }
 
 // Store is an idem.Store on a DynamoDB table.
 type Store struct {
-	api   API
-	table *string
-	pre   string
-	clock func() time.Time
-	skew  time.Duration
+	api     API
+	table   *string
+	pre     string
+	clock   func() time.Time
+	skew    time.Duration
+	omitted func(idem.Key, int)
 }
 
 var (
@@ -77,7 +83,8 @@ func New(api API, opts Options) *Store {
 	if opts.ClockSkew <= 0 {
 		opts.ClockSkew = DefaultClockSkew
 	}
-	return &Store{api: api, table: aws.String(opts.Table), pre: opts.Prefix, clock: opts.Clock, skew: opts.ClockSkew}
+	return &Store{api: api, table: aws.String(opts.Table), pre: opts.Prefix, clock: opts.Clock, skew: opts.ClockSkew,
+		omitted: opts.OnBodyOmitted}
 }
 
 // Namespace is "dynamodb " and the table name and prefix.
@@ -392,7 +399,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 	if retention < time.Millisecond {
 		return fmt.Errorf("dynamostore: complete: retention %v is shorter than 1ms", retention)
 	}
-	enc, err := resp.AppendBinary(nil)
+	enc, err := s.encode(l.Key, resp)
 	if err != nil {
 		return storeErr("complete", l.Key, err)
 	}
@@ -411,6 +418,40 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	return s.settle(ctx, "complete", l, idem.StateCompleted, err)
+}
+
+// MaxItemSize is DynamoDB's limit on an item: attribute names and values
+// together.
+const MaxItemSize = 400 << 10
+
+// itemOverhead bounds what a completed item holds besides the key's
+// prefix and the encoded response: attribute names, the key in hex, the
+// numbers and the fingerprint.
+const itemOverhead = 256
+
+// encode encodes resp for Complete. When the item would not fit in
+// MaxItemSize, it encodes resp without its body, BodyOmitted set (the
+// record is completed, the work is not run again, and its replays carry
+// the status and headers with an empty body), and calls OnBodyOmitted.
+func (s *Store) encode(key idem.Key, resp *idem.Response) ([]byte, error) {
+	enc, err := resp.AppendBinary(nil)
+	if err != nil {
+		return nil, err
+	}
+	room := MaxItemSize - itemOverhead - len(s.pre)
+	if len(enc) <= room || resp.Blob != nil || len(resp.Body) == 0 {
+		return enc, nil
+	}
+	size := len(enc)
+	cut := *resp
+	cut.Body, cut.BodyOmitted = nil, true
+	if enc, err = cut.AppendBinary(nil); err != nil {
+		return nil, err
+	}
+	if s.omitted != nil {
+		s.omitted(key, size)
+	}
+	return enc, nil
 }
 
 // settle answers a Complete or Release whose write returned err: a failed

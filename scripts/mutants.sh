@@ -121,6 +121,9 @@ mutant dynamo-all-old dynamostore/store.go ./dynamostore 'TestConditionFailureAl
 mutant dynamo-ttl-push dynamostore/store.go ./dynamostore 'TestTTLAttribute' \
 	'if int64(tok) > nowMS+s.skew.Milliseconds()/2 {' \
 	'if false {'
+mutant dynamo-omit-large dynamostore/store.go ./dynamostore 'TestItemTooLarge' \
+	'if len(enc) <= room || resp.Blob != nil' \
+	'if len(enc) <= room+MaxItemSize || resp.Blob != nil'
 
 # --- CompleteTx of an expired lease.
 mutant pgstore-completetx-expiry pgstore/sql.go ./pgstore 'TestCompleteTx$' \
