@@ -291,11 +291,11 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err == nil {
 		tv, ok := out.Attributes[attrToken].(*types.AttributeValueMemberN)
 		if !ok {
-			return idem.Acquisition{}, false, errors.New("dynamodb: UpdateItem returned no token")
+			return idem.Acquisition{}, false, errors.New("dynamostore: UpdateItem returned no token")
 		}
 		tok, err := strconv.ParseUint(tv.Value, 10, 64)
 		if err != nil {
-			return idem.Acquisition{}, false, fmt.Errorf("dynamodb: token %q: %w", tv.Value, err)
+			return idem.Acquisition{}, false, fmt.Errorf("dynamostore: token %q: %w", tv.Value, err)
 		}
 		if int64(tok) > nowMS+s.skew.Milliseconds()/2 {
 			// The token runs ahead of the clock: keep the item until
