@@ -17,7 +17,7 @@
 # Usage: scripts/mutants.sh [NAME-REGEX]   (only the mutants whose names match)
 # MUTANTS_GOFLAGS adds go test flags (e.g. -race; the default is none).
 #
-# Needs what the targeted tests need: redis-server and PostgreSQL (see
+# Needs what the targeted tests need: redis-server, PostgreSQL and dynalite (see
 # scripts/test.sh, which installs them). It takes about 10 minutes on a
 # 2-core machine shared with other work (the baseline about 2.5 of them,
 # then 3 to 35 seconds per mutant); the first build in the copy compiles
@@ -91,6 +91,39 @@ mutant memstore-mismatch-in-flight memstore/memstore.go ./idemhttp 'TestMismatch
 mutant waiters-handoff-fingerprint internal/waiters/waiters.go ./idemhttp 'TestWaiter' \
 	"if r == nil || r.Response == nil || r.Fingerprint != fp {" \
 	"if r == nil || r.Response == nil {"
+
+# --- dynamostore: the conditions of its writes, the token counter, the
+# read path's expiry, the repeat checks, and the item of a failed condition.
+mutant dynamo-acquire-expired dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'OR #s = :rel OR #e <= :now"' \
+	'OR #s = :rel"'
+mutant dynamo-acquire-token dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'#t = if_not_exists(#t, :now) + :one,' \
+	'#t = if_not_exists(#t, :now),'
+mutant dynamo-acquire-mismatch dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'case it.fp != req.Fingerprint:' \
+	'case false:'
+mutant dynamo-held-expiry dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'const held = "#s = :fl AND #l = :lid AND #e > :now"' \
+	'const held = "#s = :fl AND #l = :lid"'
+mutant dynamo-held-lease dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'const held = "#s = :fl AND #l = :lid AND #e > :now"' \
+	'const held = "#s = :fl AND #e > :now"'
+mutant dynamo-repeat-token dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'it.state == state && it.token == l.Token:' \
+	'it.state == state:'
+mutant dynamo-get-expired dynamostore/store.go ./dynamostore 'TestConformance$' \
+	'if !it.live(now.UnixMilli()) {' \
+	'if it == nil {'
+mutant dynamo-all-old dynamostore/store.go ./dynamostore 'TestConditionFailureAllOld' \
+	'av := ccf.Item' \
+	'var av map[string]types.AttributeValue'
+mutant dynamo-ttl-push dynamostore/store.go ./dynamostore 'TestTTLAttribute' \
+	'if int64(tok) > nowMS+s.skew.Milliseconds()/2 {' \
+	'if false {'
+mutant dynamo-omit-large dynamostore/store.go ./dynamostore 'TestItemTooLarge' \
+	'if len(enc) <= room || resp.Blob != nil' \
+	'if len(enc) <= room+MaxItemSize || resp.Blob != nil'
 
 # --- CompleteTx of an expired lease.
 mutant pgstore-completetx-expiry pgstore/sql.go ./pgstore 'TestCompleteTx$' \

@@ -7,7 +7,8 @@
 # be running. This script installs redis-server, redis-tools, nats-server,
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
-# with go install when it is missing, and starts (or installs) PostgreSQL
+# with go install and installs dynalite (DynamoDB) with npm when they are
+# missing, and starts (or installs) PostgreSQL
 # and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
 # installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
@@ -25,6 +26,7 @@ command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missin
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import requests' >/dev/null 2>&1 || missing+=(python3-requests)
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || missing+=(python3-grpcio)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
@@ -45,6 +47,18 @@ if ! command -v versitygw >/dev/null 2>&1 && [ ! -x "$gobin/versitygw" ] && [ ! 
 	echo "test.sh: installing versitygw v1.8.0 (go install, about a minute)" >&2
 	GOBIN="$gobin" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 fi
+
+# The DynamoDB tests (dynamostore) run a private dynalite (the DynamoDB
+# API on LevelDB, in memory) on a free loopback port (internal/dynamotest).
+# Install it from npm when it is missing, into $(go env GOPATH)/idem-dynalite,
+# where the tests look. The tests never reach AWS: static credentials, the
+# local endpoint, and no instance metadata.
+dynalite="$(go env GOPATH | cut -d: -f1)/idem-dynalite"
+if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
+	echo "test.sh: installing dynalite 4.0.0 (npm, into $dynalite)" >&2
+	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
+fi
+export AWS_EC2_METADATA_DISABLED=true
 
 go vet ./...
 

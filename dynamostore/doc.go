@@ -1,0 +1,83 @@
+// Package dynamostore is an idem.Store on Amazon DynamoDB (aws-sdk-go-v2):
+// one item per record, every transition one conditional write (UpdateItem
+// with a ConditionExpression) and one round trip; Delete is one DeleteItem.
+//
+// # The table
+//
+// One table with a string partition key named "pk" (CreateTable makes it,
+// on-demand). Turn on DynamoDB TTL on the attribute "ttl" (EnableTTL) so
+// that records end up deleted; the store never relies on it: an item whose
+// "expires" has passed is absent for every method, whether TTL has deleted
+// it yet or not (TTL deletes within days, not at the second).
+//
+// # Time without a server clock
+//
+// DynamoDB has no clock a condition can read, so time is the caller's
+// (Options.Clock): every write carries "now" in epoch milliseconds, and the
+// condition compares it with the item's "expires" attribute. A lease is
+// taken over when expires <= now on the taker's clock; Renew, Complete and
+// Release succeed only while expires > now on the holder's clock. Instances
+// whose clocks differ by d can therefore overlap by up to d: a taker whose
+// clock runs d ahead takes a lease over d early. Leases are mutual
+// exclusion only up to the clock skew between instances (NTP keeps it in
+// milliseconds on EC2); what stays correct whatever the skew is the
+// fencing token.
+//
+// # Fencing tokens
+//
+// The token is an atomic counter attribute of the item: Acquire sets
+// token = if_not_exists(token, now) + 1 in the same conditional write, so
+// every acquisition, takeover and release of a key gets a token larger
+// than the one before, whatever the clocks say, as long as the item
+// exists. An expired or released item is not deleted by the store: it
+// keeps the counter. Only two things drop it: Delete (an operator's purge,
+// allowed to drop the history) and DynamoDB TTL. The "ttl" attribute is
+// therefore set Options.ClockSkew past both the record's end and the
+// token read as a time in milliseconds, so that the next token, taken
+// from a clock (within ClockSkew of the one that wrote the item), is
+// larger. One item takes at most about 1,000 writes a second (a partition's
+// limit), so tokens can run ahead of the clock only slowly; when an Acquire
+// finds its token more than ClockSkew/2 ahead, it pushes "ttl" further with
+// a second write.
+//
+// # Conditional-check failures
+//
+// When a condition fails (the key is in flight, completed, or the caller's
+// lease is gone), the store needs the item to answer (InFlight with its
+// RetryAfter, Replay with the response, a repeated Complete or Release).
+// Writes ask for ReturnValuesOnConditionCheckFailure = ALL_OLD, which
+// DynamoDB answers in the same round trip; a server that ignores it
+// (dynalite, which the tests run on) gets one consistent GetItem more.
+//
+// The SDK's retries are safe: a write repeated after a lost reply meets
+// its own first write and gets the same answer (Acquire with the same
+// LeaseID returns the same lease; Complete and Release of a record they
+// already completed or released return nil).
+//
+// # dynalite
+//
+// The tests run on dynalite 4.0.0 (the DynamoDB API on LevelDB, from npm;
+// internal/dynamotest). Where it differs from DynamoDB: it ignores
+// ReturnValuesOnConditionCheckFailure (hence the read after a failed
+// condition, tested both ways), it has no UpdateTimeToLive and never
+// deletes expired items (so the read path's own expiry check is what the
+// suite sees), and it has no transactions.
+//
+// # Limits
+//
+// A DynamoDB item holds at most 400 KB (MaxItemSize). A response whose
+// encoding (Response.AppendBinary: bodies compressed when that helps)
+// does not fit is not refused after the work ran: Complete stores it
+// without its body, BodyOmitted set, as idemhttp stores a body over its
+// MaxResponseSize without a blob store. The key is completed and never
+// run again; replays carry the status and headers with an empty body
+// (idemhttp answers them ProblemResponseNotKept), and Options.OnBodyOmitted
+// hears of it. To keep such bodies, use a blob store
+// (idemhttp.Config.Blobs) with idemhttp.Config.MaxResponseSize under
+// about 350 KB (its default is 1 MiB), so that larger bodies stream to
+// the blob store and the record holds only their reference. A response
+// whose headers alone do not fit fails Complete with a *idem.StoreError,
+// and the lease stays held until it is released or ends.
+//
+// BatchStore is not implemented.
+package dynamostore

@@ -1,0 +1,126 @@
+// Package dynamotest starts a private dynalite (the DynamoDB API on
+// LevelDB, from npm) for tests, in memory, on a free port of 127.0.0.1.
+// scripts/test.sh installs it with npm into $(go env GOPATH)/idem-dynalite
+// when it is missing; a test that needs it and does not find it fails with
+// a message saying how to install it (it never skips).
+//
+// Clients get static credentials, region us-east-1 and the server as
+// endpoint: they never reach AWS. Set AWS_EC2_METADATA_DISABLED=true too.
+package dynamotest
+
+import (
+	"errors"
+	"fmt"
+	"go/build"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/idemkit/idem/internal/proctest"
+)
+
+// Version is the dynalite release scripts/test.sh installs.
+const Version = "4.0.0"
+
+// Dir is the folder under $GOPATH that dynalite is installed into.
+const Dir = "idem-dynalite"
+
+// Install is the command that installs dynalite where Start finds it.
+const Install = "npm install --prefix \"$(go env GOPATH)/" + Dir + "\" dynalite@" + Version
+
+// Region of every client.
+const Region = "us-east-1"
+
+// Server is one dynalite process.
+type Server struct {
+	cmd  *exec.Cmd
+	port int
+	done chan struct{}
+}
+
+// Find returns the path of dynalite's cli.js.
+func Find() (string, error) {
+	for _, p := range filepath.SplitList(build.Default.GOPATH) {
+		cli := filepath.Join(p, Dir, "node_modules", "dynalite", "cli.js")
+		if _, err := os.Stat(cli); err == nil {
+			return cli, nil
+		}
+	}
+	return "", fmt.Errorf("dynamotest: dynalite not found in $GOPATH/%s; ./scripts/test.sh installs it, or run: %s", Dir, Install)
+}
+
+// Start starts a server. The caller stops it.
+func Start() (*Server, error) {
+	cli, err := Find()
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 5 { // another process may take the free port first
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		s := &Server{port: port, done: make(chan struct{})}
+		s.cmd = exec.Command("node", cli, "--port", strconv.Itoa(port), "--host", "127.0.0.1",
+			"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
+		s.cmd.SysProcAttr = proctest.SysProcAttr()
+		if err := s.cmd.Start(); err != nil {
+			return nil, err
+		}
+		go func() { s.cmd.Wait(); close(s.done) }()
+		if lastErr = s.wait(); lastErr == nil {
+			return s, nil
+		}
+		s.Stop()
+	}
+	return nil, lastErr
+}
+
+func (s *Server) wait() error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return errors.New("dynamotest: dynalite exited at start")
+		default:
+		}
+		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("dynamotest: dynalite did not listen within 20s")
+}
+
+// Addr is host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Client returns a client of the server.
+func (s *Server) Client() *dynamodb.Client {
+	return dynamodb.New(dynamodb.Options{
+		Region:           Region,
+		BaseEndpoint:     aws.String("http://" + s.Addr()),
+		Credentials:      credentials.NewStaticCredentialsProvider("idemtest", "idemtestsecret", ""),
+		RetryMaxAttempts: 1,
+	})
+}
+
+// Stop kills the server and waits for it to exit.
+func (s *Server) Stop() {
+	if s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+	}
+	<-s.done
+}
