@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/idemkit/idem"
 )
@@ -69,10 +70,10 @@ func (s routeSettings) validate(name func(string) string) error {
 			return fmt.Errorf("%s: %v", name("methods"), err)
 		}
 	}
-	if s.tenantHeader != "" && !validToken(s.tenantHeader) {
+	if s.tenantHeader != "" && !httpguts.ValidHeaderFieldName(s.tenantHeader) {
 		return fmt.Errorf("%s %q: not a header name", name("tenant-header"), s.tenantHeader)
 	}
-	if s.tenantCookie != "" && !validToken(s.tenantCookie) {
+	if s.tenantCookie != "" && !httpguts.ValidHeaderFieldName(s.tenantCookie) {
 		return fmt.Errorf("%s %q: not a cookie name", name("tenant-cookie"), s.tenantCookie)
 	}
 	if s.tenantHeader != "" && s.tenantCookie != "" {
@@ -98,25 +99,13 @@ func parseMethods(list string) []string {
 	return methods
 }
 
+// checkMethod accepts an upper-case RFC 9110 token (a method is one, as a
+// header or cookie name is: httpguts checks tokens).
 func checkMethod(m string) error {
-	if !validToken(m) || strings.ToUpper(m) != m {
+	if !httpguts.ValidHeaderFieldName(m) || strings.ToUpper(m) != m {
 		return fmt.Errorf("%q is not an HTTP method", m)
 	}
 	return nil
-}
-
-// validToken reports whether s is an RFC 9110 token (method and header
-// names).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // proxyFile is the --config file.
