@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idem/internal/nettest"
 )
 
 // natsServer is a private nats-server with JetStream, on a free loopback
@@ -38,7 +40,7 @@ func startNATS() (*natsServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := nettest.FreePort()
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -107,13 +109,4 @@ func (s *natsServer) Restart() error {
 func (s *natsServer) Stop() {
 	s.kill()
 	os.RemoveAll(s.dir)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/nettest"
 )
 
 // node is a private RabbitMQ node the tests own, for the broker-fault
@@ -117,15 +119,6 @@ func sbin() (string, error) {
 	return "", errNoScripts
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func startNode(spec nodeSpec) (*node, error) {
 	bin, err := sbin()
 	if err != nil {
@@ -135,11 +128,11 @@ func startNode(spec nodeSpec) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := nettest.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	dist, err := freePort()
+	dist, err := nettest.FreePort()
 	if err != nil {
 		return nil, err
 	}

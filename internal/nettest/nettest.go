@@ -28,3 +28,15 @@ func DialStalled(tb testing.TB, addr, request string) net.Conn {
 	}
 	return conn
 }
+
+// FreePort returns a loopback TCP port that nothing listened on a moment
+// ago (another process may take it first: callers that start a server on
+// it retry on failure).
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -5,6 +5,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+
+	"github.com/idemkit/idem/internal/nettest"
 )
 
 const (
@@ -31,7 +33,7 @@ func reservePorts(cluster bool) (port, bus int, err error) {
 	reserved.Lock()
 	defer reserved.Unlock()
 	for range pickAttempts {
-		port, err = freePort()
+		port, err = nettest.FreePort()
 		if err != nil {
 			return 0, 0, err
 		}
@@ -58,16 +60,6 @@ func releasePorts(port, bus int) {
 	defer reserved.Unlock()
 	delete(reserved.ports, port)
 	delete(reserved.ports, bus)
-}
-
-// freePort asks the kernel for a free port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // portFree reports whether port can be bound on 127.0.0.1 right now.

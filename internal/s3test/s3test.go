@@ -35,6 +35,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/idemkit/idem/internal/nettest"
 	"github.com/idemkit/idem/internal/proctest"
 )
 
@@ -109,7 +110,7 @@ func Start() (*Server, error) {
 	}
 	var lastErr error
 	for range 5 { // another process may take the free port first
-		if s.port, err = freePort(); err != nil {
+		if s.port, err = nettest.FreePort(); err != nil {
 			os.RemoveAll(dir)
 			return nil, err
 		}
@@ -128,15 +129,6 @@ func MustStart() *Server {
 		panic(err)
 	}
 	return s
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (s *Server) launch() error {
