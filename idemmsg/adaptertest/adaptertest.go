@@ -205,10 +205,17 @@ func (e *env) consumer(name string) Consumer {
 
 func (e *env) waitSettled(what string) {
 	e.t.Helper()
-	deadline := time.Now().Add(e.h.Wait)
+	e.waitSettledWithin(what, e.h.Wait)
+}
+
+// waitSettledWithin polls Topic.Settled until it holds, failing the test
+// after limit.
+func (e *env) waitSettledWithin(what string, limit time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(limit)
 	for !e.topic.Settled(e.t) {
 		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %v waiting for %s (ledger: %v)", e.h.Wait, what, e.ledger.Snapshot())
+			e.t.Fatalf("timed out after %v waiting for %s (ledger: %v)", limit, what, e.ledger.Snapshot())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -200,13 +200,7 @@ func slow(h func(ctx context.Context, key string) error, d time.Duration) func(c
 // Harness.Wait.
 func (e *env) waitSettledLong(what string) {
 	e.t.Helper()
-	deadline := time.Now().Add(2 * e.h.Wait)
-	for !e.topic.Settled(e.t) {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %v waiting for %s (ledger: %v)", 2*e.h.Wait, what, e.ledger.Snapshot())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	e.waitSettledWithin(what, 2*e.h.Wait)
 }
 
 func (e *env) wantNoDeadLetters() {
