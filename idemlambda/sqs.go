@@ -1,0 +1,205 @@
+package idemlambda
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-lambda-go/lambdacontext"
+
+	"github.com/idemkit/idem"
+)
+
+// SQSConfig tunes WrapSQS. The zero value means the defaults.
+type SQSConfig struct {
+	// Key returns a record's idempotency key. Default SQSMessageID: SQS
+	// gives a message the same id on every delivery, and a new id when it
+	// is sent again. A record whose key cannot be taken is reported as
+	// failed and its handler does not run.
+	Key func(events.SQSMessage) (string, error)
+
+	// Payload selects the part of a record that must be the same every
+	// time its key is used (see Config.Payload). A record that reuses a
+	// key with another payload is reported as failed, without running.
+	// Default nil: no check.
+	Payload func(events.SQSMessage) any
+
+	// Name scopes the keys: idem.Scope{Method: "lambda/sqs", Route: Name}.
+	// Default: the function's name (lambdacontext.FunctionName).
+	Name string
+
+	// FIFO, for a FIFO queue, stops at the first record that fails: it and
+	// every later record of the batch are reported as failed, and the
+	// later ones are not run (their keys are released), so SQS delivers
+	// them again in order. Default false: every record is tried.
+	FIFO bool
+
+	// DeadlineMargin, Guard and Logger: see Config.
+	DeadlineMargin time.Duration
+	Guard          idem.Config
+	Logger         *slog.Logger
+}
+
+// WrapSQS returns a handler for SQS batch events with partial batch
+// responses (the event source mapping's ReportBatchItemFailures): each
+// record has its own key and runs h at most once per completed key, in
+// the order of the batch.
+//
+// The keys of the whole batch are acquired in one store step (one round
+// trip on a BatchStore), with one lease each (bounded as Wrap's). Then,
+// record by record: a key acquired runs h, and is completed (one store
+// call) as soon as h returns nil, or released when h fails or panics; a
+// key that already completed is a success without running h (a
+// redelivery, or a message sent twice with the same key); a key in
+// flight elsewhere, a payload mismatch, a key that cannot be taken, a
+// store failure and an error from h are reported in BatchItemFailures,
+// so SQS delivers those records again and deletes the others. A record
+// whose result could not be stored after h succeeded is a success (h's
+// effect happened; redelivering it would run h again) and is logged.
+//
+// The returned error is always nil: every failure is a record's. h's
+// context carries the record's lease and fencing token (FencingToken).
+func WrapSQS(store idem.Store, cfg SQSConfig, h func(context.Context, events.SQSMessage) error) (func(context.Context, events.SQSEvent) (events.SQSEventResponse, error), error) {
+	if h == nil {
+		return nil, errors.New("idemlambda: WrapSQS: nil handler")
+	}
+	gs, err := newGuards(store, cfg.Guard, cfg.DeadlineMargin)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Key == nil {
+		cfg.Key = SQSMessageID
+	}
+	name := cfg.Name
+	if name == "" {
+		name = lambdacontext.FunctionName
+	}
+	b := &batch{cfg: cfg, h: h, gs: gs, scope: idem.Scope{Method: "lambda/sqs", Route: name}, log: cfg.Logger}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	return b.invoke, nil
+}
+
+type batch struct {
+	cfg   SQSConfig
+	h     func(context.Context, events.SQSMessage) error
+	gs    *guards
+	scope idem.Scope
+	log   *slog.Logger
+}
+
+// executed is the stored result of a record whose handler succeeded.
+var executed = &idem.Response{Status: http.StatusOK}
+
+func (b *batch) invoke(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+	n := len(ev.Records)
+	var resp events.SQSEventResponse
+	fail := func(i int) {
+		resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: ev.Records[i].MessageId})
+	}
+	if n == 0 {
+		return resp, nil
+	}
+	// Keys first: a record without one fails alone.
+	reqs := make([]idem.BeginRequest, 0, n)
+	at := make([]int, n) // record -> index in reqs, or -1
+	for i, m := range ev.Records {
+		at[i] = -1
+		ck, err := b.cfg.Key(m)
+		if err != nil {
+			b.log.WarnContext(ctx, "idemlambda: SQS record without a usable idempotency key; reported as failed",
+				"messageId", m.MessageId, "error", err)
+			continue
+		}
+		key, err := b.scope.Key(ck)
+		if err != nil {
+			b.log.WarnContext(ctx, "idemlambda: SQS record with an invalid idempotency key; reported as failed",
+				"messageId", m.MessageId, "error", err)
+			continue
+		}
+		fp, err := fingerprint(b.cfg.Payload, m)
+		if err != nil {
+			b.log.WarnContext(ctx, "idemlambda: SQS record's payload does not encode; reported as failed",
+				"messageId", m.MessageId, "error", err)
+			continue
+		}
+		at[i] = len(reqs)
+		reqs = append(reqs, idem.BeginRequest{Key: key, Fingerprint: fp})
+	}
+	g, bounded, err := b.gs.forCtx(ctx)
+	if err != nil {
+		return resp, err
+	}
+	begun := g.BeginMany(ctx, reqs)
+	finish := context.WithoutCancel(ctx)
+	open := make([]bool, len(begun)) // attempts not finished yet
+	for j, bg := range begun {
+		if bg.Attempt != nil {
+			open[j] = true
+			if bounded {
+				bg.Attempt.StopRenewal()
+			}
+		}
+	}
+	// Whatever happens (a panic in h), no acquired key stays held until
+	// its lease ends: release the attempts not finished, in one step.
+	defer func() {
+		var rel []idem.Finish
+		for j, o := range open {
+			if o {
+				rel = append(rel, idem.Finish{Attempt: begun[j].Attempt})
+			}
+		}
+		if len(rel) > 0 {
+			g.FinishMany(finish, rel)
+		}
+	}()
+	stopped := false
+	for i, m := range ev.Records {
+		j := at[i]
+		if stopped || j < 0 {
+			fail(i)
+			stopped = stopped || b.cfg.FIFO
+			continue
+		}
+		bg := begun[j]
+		switch {
+		case bg.Err != nil:
+			b.log.WarnContext(ctx, "idemlambda: the store failed before the SQS record ran; reported as failed",
+				"messageId", m.MessageId, "error", bg.Err)
+			fail(i)
+			stopped = b.cfg.FIFO
+			continue
+		case bg.Acquisition.Outcome == idem.Replay:
+			continue // done before: a success
+		case bg.Acquisition.Outcome != idem.Acquired:
+			// In flight elsewhere (SQS delivers it again later) or a
+			// payload mismatch (it fails until it is dead-lettered by
+			// the queue's redrive policy).
+			fail(i)
+			stopped = b.cfg.FIFO
+			continue
+		}
+		att := bg.Attempt
+		herr := b.h(att.Context(), m) // a panic: the deferred release frees the key
+		open[j] = false
+		if herr != nil {
+			if rerr := att.Release(finish); rerr != nil {
+				b.log.WarnContext(ctx, "idemlambda: release after a handler error failed; the key is free once the lease ends",
+					"messageId", m.MessageId, "error", rerr)
+			}
+			fail(i)
+			stopped = b.cfg.FIFO
+			continue
+		}
+		if err := att.Complete(finish, executed); err != nil {
+			b.log.WarnContext(ctx, "idemlambda: the SQS record's handler ran but its result was not stored; a redelivery may run it again",
+				"messageId", m.MessageId, "error", err)
+		}
+	}
+	return resp, nil
+}
