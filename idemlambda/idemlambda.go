@@ -303,9 +303,10 @@ func APIGatewayKey(e events.APIGatewayProxyRequest) (string, error) {
 	return idemhttp.ParseKey(h)
 }
 
-// APIGatewayV2Key is APIGatewayKey for an HTTP API (payload 2.0) request,
-// whose repeated headers API Gateway joins with commas: a key sent twice
-// is then one invalid value (idem.ErrInvalidKey).
+// APIGatewayV2Key is APIGatewayKey for an HTTP API (payload 2.0) request.
+// API Gateway joins repeated headers with commas there, so a key sent
+// twice arrives as one value and is taken whole (a bare key may hold a
+// comma), the same on every retry.
 func APIGatewayV2Key(e events.APIGatewayV2HTTPRequest) (string, error) {
 	h := http.Header{}
 	for name, v := range e.Headers {

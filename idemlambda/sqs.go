@@ -53,7 +53,8 @@ type SQSConfig struct {
 // record by record: a key acquired runs h, and is completed (one store
 // call) as soon as h returns nil, or released when h fails or panics; a
 // key that already completed is a success without running h (a
-// redelivery, or a message sent twice with the same key); a key in
+// redelivery, or a message sent twice with the same key); a key that
+// an earlier record of the same batch held has that record's answer; a key in
 // flight elsewhere, a payload mismatch, a key that cannot be taken, a
 // store failure and an error from h are reported in BatchItemFailures,
 // so SQS delivers those records again and deletes the others. A record
@@ -158,6 +159,9 @@ func (b *batch) invoke(ctx context.Context, ev events.SQSEvent) (events.SQSEvent
 			g.FinishMany(finish, rel)
 		}
 	}()
+	// earlier holds, per key acquired by this batch, whether its record
+	// succeeded.
+	earlier := map[idem.Key]*bool{}
 	stopped := false
 	for i, m := range ev.Records {
 		j := at[i]
@@ -176,6 +180,14 @@ func (b *batch) invoke(ctx context.Context, ev events.SQSEvent) (events.SQSEvent
 			continue
 		case bg.Acquisition.Outcome == idem.Replay:
 			continue // done before: a success
+		case bg.Acquisition.Outcome == idem.InFlight && earlier[reqs[j].Key] != nil:
+			// The same key earlier in this batch (a message delivered
+			// twice in one batch) held it: its answer is this one's.
+			if !*earlier[reqs[j].Key] {
+				fail(i)
+				stopped = b.cfg.FIFO
+			}
+			continue
 		case bg.Acquisition.Outcome != idem.Acquired:
 			// In flight elsewhere (SQS delivers it again later) or a
 			// payload mismatch (it fails until it is dead-lettered by
@@ -185,6 +197,8 @@ func (b *batch) invoke(ctx context.Context, ev events.SQSEvent) (events.SQSEvent
 			continue
 		}
 		att := bg.Attempt
+		ok := false
+		earlier[reqs[j].Key] = &ok
 		herr := b.h(att.Context(), m) // a panic: the deferred release frees the key
 		open[j] = false
 		if herr != nil {
@@ -196,6 +210,7 @@ func (b *batch) invoke(ctx context.Context, ev events.SQSEvent) (events.SQSEvent
 			stopped = b.cfg.FIFO
 			continue
 		}
+		ok = true
 		if err := att.Complete(finish, executed); err != nil {
 			b.log.WarnContext(ctx, "idemlambda: the SQS record's handler ran but its result was not stored; a redelivery may run it again",
 				"messageId", m.MessageId, "error", err)
