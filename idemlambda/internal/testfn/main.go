@@ -1,0 +1,136 @@
+// Command testfn is the Lambda function of idemlambda's tests: built with
+// -tags lambda.norpc as "bootstrap" and run under the Lambda runtime
+// interface emulator (aws-lambda-rie), it serves idemlambda.Wrap (the
+// "api" mode) or idemlambda.WrapSQS (the "sqs" mode) over a redisstore on
+// the private redis-server of the test (IDEMTEST_REDIS, host:port).
+//
+// The same Redis is the test's system of record: a run counts itself in
+// runs:KEY and lists its fencing token in started:KEY before it works,
+// and its write is fenced (sor:KEY keeps the largest token written and
+// counts the writes it refused).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemlambda"
+	"github.com/idemkit/idem/redisstore"
+)
+
+// Event is the "api" mode's event.
+type Event struct {
+	Key     string `json:"key"`
+	Amount  int    `json:"amount"`
+	SleepMS int    `json:"sleep_ms,omitempty"` // work time, not part of the payload
+	Fail    bool   `json:"fail,omitempty"`
+}
+
+// Receipt is the "api" mode's result.
+type Receipt struct {
+	Key     string `json:"key"`
+	Amount  int    `json:"amount"`
+	Token   uint64 `json:"token"`
+	Written bool   `json:"written"`
+	PID     int    `json:"pid"`
+	At      string `json:"at"` // differs on every run: a replay is byte-exact or not
+}
+
+// fenced writes token to the system of record unless a larger one was
+// written before.
+var fenced = redis.NewScript(`
+local cur = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
+if tonumber(ARGV[1]) < cur then
+  redis.call('HINCRBY', KEYS[1], 'refused', 1)
+  return 0
+end
+redis.call('HSET', KEYS[1], 'token', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'writes', 1)
+return 1`)
+
+func main() {
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("IDEMTEST_REDIS"), ReadTimeout: time.Second, WriteTimeout: time.Second})
+	store, err := redisstore.New(rdb, redisstore.Options{Timeout: time.Second})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var gcfg idem.Config
+	if s := os.Getenv("IDEMTEST_LEASE"); s != "" {
+		if gcfg.Lease, err = time.ParseDuration(s); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	start := func(ctx context.Context, key string) (uint64, error) {
+		tok, ok := idemlambda.FencingToken(ctx)
+		if !ok {
+			return 0, errors.New("no lease in the handler's context")
+		}
+		p := rdb.TxPipeline()
+		p.Incr(ctx, "runs:"+key)
+		p.RPush(ctx, "started:"+key, tok)
+		_, err := p.Exec(ctx)
+		return tok, err
+	}
+	switch os.Getenv("IDEMTEST_MODE") {
+	case "sqs":
+		h, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Guard: gcfg}, func(ctx context.Context, m events.SQSMessage) error {
+			if _, err := start(ctx, m.MessageId); err != nil {
+				return err
+			}
+			if m.Body == "fail" {
+				return errors.New("record " + m.MessageId + " failed")
+			}
+			return nil
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		lambda.Start(h)
+	default:
+		var wait time.Duration
+		if s := os.Getenv("IDEMTEST_WAIT"); s != "" {
+			wait, _ = time.ParseDuration(s)
+		}
+		cfg := idemlambda.Config[Event]{
+			Key:     func(e Event) (string, error) { return e.Key, nil },
+			Payload: func(e Event) any { return e.Amount },
+			Wait:    wait,
+			Guard:   gcfg,
+		}
+		h, err := idemlambda.Wrap(store, cfg, func(ctx context.Context, e Event) (Receipt, error) {
+			tok, err := start(ctx, e.Key)
+			if err != nil {
+				return Receipt{}, err
+			}
+			// The work: not cut short by the context, as a write already
+			// on its way would not be.
+			time.Sleep(time.Duration(e.SleepMS) * time.Millisecond)
+			if e.Fail {
+				return Receipt{}, errors.New("declined")
+			}
+			n, err := fenced.Run(context.WithoutCancel(ctx), rdb, []string{"sor:" + e.Key}, strconv.FormatUint(tok, 10)).Int()
+			if err != nil {
+				return Receipt{}, err
+			}
+			return Receipt{Key: e.Key, Amount: e.Amount, Token: tok, Written: n == 1, PID: os.Getpid(),
+				At: time.Now().UTC().Format(time.RFC3339Nano)}, nil
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		lambda.Start(h)
+	}
+}
