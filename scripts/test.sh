@@ -7,8 +7,9 @@
 # be running. This script installs redis-server, redis-tools, nats-server,
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
-# with go install and installs dynalite (DynamoDB) with npm when they are
-# missing, and starts (or installs) PostgreSQL
+# with go install, builds the Lambda runtime interface emulator
+# (aws-lambda-rie) with go install and installs dynalite (DynamoDB) with
+# npm when they are missing, and starts (or installs) PostgreSQL
 # and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
 # installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
@@ -59,6 +60,16 @@ if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
 	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
 fi
 export AWS_EC2_METADATA_DISABLED=true
+
+# The Lambda tests (idemlambda) run their function under the Lambda
+# runtime interface emulator, aws-lambda-rie, on free loopback ports. Build
+# it from the Go module proxy when it is missing (a few minutes), into
+# $(go env GOPATH)/bin, where the tests look.
+riebin="$(go env GOPATH | cut -d: -f1)/bin"
+if ! command -v aws-lambda-rie >/dev/null 2>&1 && [ ! -x "$riebin/aws-lambda-rie" ]; then
+	echo "test.sh: installing aws-lambda-rie (go install, a few minutes)" >&2
+	GOBIN="$riebin" go install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
+fi
 
 go vet ./...
 
