@@ -29,6 +29,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/dynamostore"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/nettest"
 	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/redistest"
@@ -527,5 +529,54 @@ func TestRIESQSPartialBatchResponse(t *testing.T) {
 		if db.int("runs:m1") != 1 || db.int("runs:m3") != 1 || db.int("runs:m2") != round {
 			t.Fatalf("round %d: runs m1=%d m2=%d m3=%d, want 1, %d, 1", round, db.int("runs:m1"), db.int("runs:m2"), db.int("runs:m3"), round)
 		}
+	}
+}
+
+// The same function over dynamostore, DynamoDB being the natural store
+// on Lambda (a private dynalite): concurrent instances, one run, the
+// replay byte for byte, and a timed-out invocation's key free after its
+// lease.
+func TestRIEDynamoDB(t *testing.T) {
+	ddb, err := dynamotest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ddb.Stop)
+	if err := dynamostore.CreateTable(context.Background(), ddb.Client(), "idem"); err != nil {
+		t.Fatal(err)
+	}
+	rs, db := startRedis(t)
+	env := "IDEMTEST_DYNAMODB=" + ddb.Addr()
+	a := startInstance(t, rs.Addr(), 2, env)
+	b := startInstance(t, rs.Addr(), 10, env)
+	ev := event{Key: "k", Amount: 1, SleepMS: 1000}
+	first := make(chan result)
+	go func() { r, _ := b.tryInvoke(ev); first <- r }()
+	db.waitRuns("k", 1)
+	if r := a.invoke(ev); r.ErrorType != "InFlightError" {
+		t.Fatalf("concurrent invocation: %s, want InFlightError", r.raw)
+	}
+	r := <-first
+	if r.ErrorType != "" || !r.Written {
+		t.Fatalf("first: %s", r.raw)
+	}
+	if again := a.invoke(ev); !bytes.Equal(again.raw, r.raw) {
+		t.Fatalf("replay %s, want %s", again.raw, r.raw)
+	}
+	// A 5s run in a 2s function times out; the key is free after the
+	// deadline plus the margin, and runs once more.
+	if r := a.invoke(event{Key: "t", Amount: 1, SleepMS: 5000}); r.ErrorType != "TimedOut" {
+		t.Fatalf("%s, want a timeout", r.raw)
+	}
+	if r := b.invoke(event{Key: "t", Amount: 1}); r.ErrorType != "InFlightError" {
+		t.Fatalf("right after the timeout: %s, want InFlightError", r.raw)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if r = b.invoke(event{Key: "t", Amount: 1}); r.ErrorType != "InFlightError" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if r.ErrorType != "" || db.int("runs:t") != 2 || db.int("runs:k") != 1 {
+		t.Fatalf("after the lease: %s, runs t=%d k=%d; want t run twice, k once", r.raw, db.int("runs:t"), db.int("runs:k"))
 	}
 }

@@ -2,7 +2,9 @@
 // -tags lambda.norpc as "bootstrap" and run under the Lambda runtime
 // interface emulator (aws-lambda-rie), it serves idemlambda.Wrap (the
 // "api" mode) or idemlambda.WrapSQS (the "sqs" mode) over a redisstore on
-// the private redis-server of the test (IDEMTEST_REDIS, host:port).
+// the private redis-server of the test (IDEMTEST_REDIS, host:port), or
+// over a dynamostore on the test's dynalite (IDEMTEST_DYNAMODB,
+// host:port, table "idem").
 //
 // The same Redis is the test's system of record: a run counts itself in
 // runs:KEY and lists its fencing token in started:KEY before it works,
@@ -20,9 +22,13 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/dynamostore"
 	"github.com/idemkit/idem/idemlambda"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -59,11 +65,24 @@ return 1`)
 
 func main() {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("IDEMTEST_REDIS"), ReadTimeout: time.Second, WriteTimeout: time.Second})
-	store, err := redisstore.New(rdb, redisstore.Options{Timeout: time.Second})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	var store idem.Store
+	if ep := os.Getenv("IDEMTEST_DYNAMODB"); ep != "" {
+		// The store on DynamoDB (the tests' dynalite, host:port), table
+		// "idem"; Redis stays the system of record.
+		store = dynamostore.New(dynamodb.New(dynamodb.Options{
+			Region:       "us-east-1",
+			BaseEndpoint: aws.String("http://" + ep),
+			Credentials:  credentials.NewStaticCredentialsProvider("idemtest", "idemtestsecret", ""),
+		}), dynamostore.Options{Table: "idem"})
+	} else {
+		rs, err := redisstore.New(rdb, redisstore.Options{Timeout: time.Second})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		store = rs
 	}
+	var err error
 	var gcfg idem.Config
 	if s := os.Getenv("IDEMTEST_LEASE"); s != "" {
 		if gcfg.Lease, err = time.ParseDuration(s); err != nil {
