@@ -588,3 +588,20 @@ func TestWrapRejectsBadConfig(t *testing.T) {
 		t.Error("nil store: accepted")
 	}
 }
+
+// Config.Wait never waits past the invocation's deadline: the invocation
+// then fails with the in-flight error.
+func TestWaitStopsAtTheDeadline(t *testing.T) {
+	s := newStore(&clock{})
+	f := &fn{hold: make(chan struct{}), started: make(chan struct{}, 1)}
+	defer close(f.hold)
+	cfg := orderConfig()
+	cfg.Wait = time.Hour
+	h := wrap(t, s, cfg, f)
+	go h(withDeadline(time.Minute), order{Key: "k", Amount: 1})
+	<-f.started
+	_, err := h(withDeadline(200*time.Millisecond), order{Key: "k", Amount: 1})
+	if !errors.Is(err, idem.ErrInFlight) {
+		t.Fatalf("waiting past the deadline: %v, want in flight", err)
+	}
+}
