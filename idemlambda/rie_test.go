@@ -177,6 +177,18 @@ func (in *instance) kill() {
 	<-in.done
 }
 
+// waitLog waits until the emulator's output (the function's included)
+// holds s.
+func (in *instance) waitLog(s string) {
+	in.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if strings.Contains(in.log.String(), s) {
+			return
+		}
+	}
+	in.t.Fatalf("the function did not print %q within 20s; its output:\n%s", s, in.log.String())
+}
+
 // result is an invocation's answer: the function's result or its error.
 type result struct {
 	raw       []byte
@@ -431,8 +443,8 @@ func TestRIEStaleInvocationIsFenced(t *testing.T) {
 	a := startInstance(t, rs.Addr(), 30, "IDEMTEST_LEASE=1s")
 	b := startInstance(t, rs.Addr(), 30, "IDEMTEST_LEASE=1s")
 	stale := make(chan result)
-	go func() { r, _ := a.tryInvoke(event{Key: "k", Amount: 1, SleepMS: 500}); stale <- r }()
-	db.waitRuns("k", 1)
+	go func() { r, _ := a.tryInvoke(event{Key: "k", Amount: 1, SleepMS: 1500}); stale <- r }()
+	a.waitLog("idemtest: working on k") // past its own Redis calls
 	fn, err := os.FindProcess(a.functionPID())
 	if err != nil {
 		t.Fatal(err)
@@ -470,7 +482,7 @@ func TestRIEStorePausedDuringWork(t *testing.T) {
 	a := startInstance(t, rs.Addr(), 10)
 	first := make(chan result)
 	go func() { r, _ := a.tryInvoke(event{Key: "k", Amount: 1, SleepMS: 2500}); first <- r }()
-	db.waitRuns("k", 1)
+	a.waitLog("idemtest: working on k") // past its own Redis calls
 	if err := rs.Pause(); err != nil {
 		t.Fatal(err)
 	}

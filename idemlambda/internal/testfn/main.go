@@ -133,6 +133,9 @@ func main() {
 			if err != nil {
 				return Receipt{}, err
 			}
+			// For the tests that act while the work runs, and not while
+			// the function talks to Redis.
+			fmt.Println("idemtest: working on " + e.Key)
 			// The work: not cut short by the context, as a write already
 			// on its way would not be.
 			time.Sleep(time.Duration(e.SleepMS) * time.Millisecond)
