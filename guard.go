@@ -143,6 +143,20 @@ func isNilStore(s Store) bool {
 	return false
 }
 
+// WithLease returns a Guard like g whose attempts hold their keys for
+// lease: the same store, telemetry and configuration otherwise. It costs
+// one small allocation, so a caller whose lease depends on the request
+// (idemlambda bounds it by the invocation's deadline) may make one per
+// request. A lease shorter than 10ms is an error, as in New.
+func (g *Guard) WithLease(lease time.Duration) (*Guard, error) {
+	if lease < 10*time.Millisecond {
+		return nil, fmt.Errorf("idem: Guard.WithLease: lease %v is shorter than 10ms", lease)
+	}
+	c := *g
+	c.cfg.Lease = lease
+	return &c, nil
+}
+
 // Config returns the guard's configuration with defaults filled in.
 func (g *Guard) Config() Config { return g.cfg }
 

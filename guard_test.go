@@ -469,3 +469,32 @@ func TestOutcomeNames(t *testing.T) {
 		t.Errorf("the zero Acquisition's Outcome prints %q, want \"none\"", got)
 	}
 }
+
+func TestWithLease(t *testing.T) {
+	g, err := idem.New(memstore.New(memstore.Options{}), idem.Config{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := g.WithLease(50 * time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := short.Config().Lease; got != 50*time.Millisecond {
+		t.Errorf("WithLease(50ms).Config().Lease = %v", got)
+	}
+	if got := g.Config().Lease; got != time.Minute {
+		t.Errorf("the original's lease changed to %v", got)
+	}
+	withLeaseKey, _ := idem.Scope{}.Key("with-lease")
+	att, acq, err := short.Begin(t.Context(), withLeaseKey, idem.Fingerprint{})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatalf("Begin: %v %v", acq.Outcome, err)
+	}
+	att.StopRenewal()
+	if acq.Lease.TTL != 50*time.Millisecond {
+		t.Errorf("the attempt's lease is %v, want 50ms", acq.Lease.TTL)
+	}
+	if _, err := g.WithLease(time.Millisecond); err == nil {
+		t.Error("WithLease(1ms): no error, want one")
+	}
+}

@@ -215,6 +215,10 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 	return out, nil
 }
 
+// waitMargin is how long before the invocation's deadline Config.Wait
+// stops polling.
+const waitMargin = 20 * time.Millisecond
+
 // begin acquires key with the Guard that fits ctx, polling while the key
 // is in flight for at most wait.
 func begin(ctx context.Context, gs *guards, key idem.Key, fp idem.Fingerprint, wait time.Duration) (*idem.Attempt, idem.Acquisition, bool, error) {
@@ -231,7 +235,10 @@ func begin(ctx context.Context, gs *guards, key idem.Key, fp idem.Fingerprint, w
 		}
 		left := time.Until(end)
 		if dl, ok := ctx.Deadline(); ok {
-			left = min(left, time.Until(dl))
+			// Stop a little before the deadline: an acquire sent at the
+			// deadline fails with it, and the caller should hear that the
+			// key is in flight, not that the store call timed out.
+			left = min(left, time.Until(dl)-waitMargin)
 		}
 		if left <= 0 {
 			return att, acq, bounded, nil

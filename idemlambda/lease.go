@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -16,13 +15,9 @@ import (
 // clock differences between the function and the store.
 const DefaultDeadlineMargin = 2 * time.Second
 
-// leaseStep rounds bounded leases up, so that invocations of one function
-// (whose remaining times are close) share a Guard.
-const leaseStep = 100 * time.Millisecond
-
-// maxGuards bounds the Guards kept for bounded leases; past it a Guard is
-// made for the invocation and not kept.
-const maxGuards = 1024
+// minLease is the shortest lease idem takes (idem.Guard.WithLease): an
+// invocation at its deadline gets it.
+const minLease = 10 * time.Millisecond
 
 // guards gives each invocation the Guard whose lease fits it.
 //
@@ -35,13 +30,9 @@ const maxGuards = 1024
 // the background while it runs: a killed invocation's key becomes free
 // within one lease, not at its deadline (which may be 15 minutes away).
 type guards struct {
-	store  idem.Store
 	cfg    idem.Config // defaults filled in
 	base   *idem.Guard
 	margin time.Duration
-
-	mu      sync.Mutex
-	bounded map[time.Duration]*idem.Guard
 }
 
 func newGuards(store idem.Store, cfg idem.Config, margin time.Duration) (*guards, error) {
@@ -61,7 +52,7 @@ func newGuards(store idem.Store, cfg idem.Config, margin time.Duration) (*guards
 	if err != nil {
 		return nil, err
 	}
-	return &guards{store: store, cfg: base.Config(), base: base, margin: margin, bounded: map[time.Duration]*idem.Guard{}}, nil
+	return &guards{cfg: base.Config(), base: base, margin: margin}, nil
 }
 
 // lease returns the lease an invocation running with ctx gets now, and
@@ -75,8 +66,7 @@ func (gs *guards) lease(ctx context.Context) (time.Duration, bool) {
 	if ttl >= gs.cfg.Lease {
 		return gs.cfg.Lease, false
 	}
-	ttl = max((ttl+leaseStep-1)/leaseStep*leaseStep, leaseStep)
-	return ttl, true
+	return max(ttl, minLease), true
 }
 
 // forCtx returns the Guard for an invocation running with ctx and whether
@@ -86,22 +76,6 @@ func (gs *guards) forCtx(ctx context.Context) (*idem.Guard, bool, error) {
 	if !bounded {
 		return gs.base, false, nil
 	}
-	gs.mu.Lock()
-	g := gs.bounded[ttl]
-	gs.mu.Unlock()
-	if g != nil {
-		return g, true, nil
-	}
-	cfg := gs.cfg
-	cfg.Lease = ttl
-	g, err := idem.New(gs.store, cfg)
-	if err != nil {
-		return nil, false, err
-	}
-	gs.mu.Lock()
-	if len(gs.bounded) < maxGuards {
-		gs.bounded[ttl] = g
-	}
-	gs.mu.Unlock()
-	return g, true, nil
+	g, err := gs.base.WithLease(ttl)
+	return g, true, err
 }
