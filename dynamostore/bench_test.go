@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dynamostore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -64,5 +65,47 @@ func BenchmarkAcquireComplete(b *testing.B) {
 			}
 		})
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
+	})
+}
+
+// sequential is a store's batches as idem.AcquireMany and the others make
+// them for a store that is not a BatchStore: the single-key calls, one
+// after the other.
+type sequential struct{ idem.Store }
+
+func (q sequential) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []idem.AcquireResult {
+	out := make([]idem.AcquireResult, len(reqs))
+	for i, r := range reqs {
+		out[i].Acquisition, out[i].Err = q.Store.Acquire(ctx, r)
+	}
+	return out
+}
+func (q sequential) CompleteMany(ctx context.Context, cs []idem.Completion) []error {
+	out := make([]error, len(cs))
+	for i, c := range cs {
+		out[i] = q.Store.Complete(ctx, c.Lease, c.Response, c.Retention)
+	}
+	return out
+}
+func (q sequential) ReleaseMany(ctx context.Context, ls []idem.Lease) []error {
+	out := make([]error, len(ls))
+	for i, l := range ls {
+		out[i] = q.Store.Release(ctx, l)
+	}
+	return out
+}
+
+// BenchmarkBatchPairs measures batches of 64 acquire+complete pairs from 4
+// goroutines: the store's AcquireMany/CompleteMany (keys side by side)
+// against the single-key calls one after the other, which is what a store
+// without the batch extension gets.
+//
+//	go test -run '^$' -bench BatchPairs -benchtime 5s ./dynamostore/
+func BenchmarkBatchPairs(b *testing.B) {
+	b.Run("batch", func(b *testing.B) {
+		storetest.BenchmarkBatchPairs(b, dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("bench")}), 4, 64)
+	})
+	b.Run("sequential", func(b *testing.B) {
+		storetest.BenchmarkBatchPairs(b, sequential{dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("bench")})}, 4, 64)
 	})
 }

@@ -79,5 +79,13 @@
 // whose headers alone do not fit fails Complete with a *idem.StoreError,
 // and the lease stays held until it is released or ends.
 //
-// BatchStore is not implemented.
+// Store implements idem.BatchStore, for batched consumers: each key's
+// transition is the single call's conditional write, different keys go
+// out side by side (up to BatchParallelism at a time), and the requests
+// for one key go one after the other in input order. DynamoDB has no
+// batch write with a condition per item: BatchWriteItem takes no
+// conditions, and TransactWriteItems fails every item when one condition
+// fails (one key in flight would fail the whole batch) and costs twice
+// the capacity. So a batch costs its keys' requests; it saves their
+// waits. BENCHMARKS.md compares it with the single calls in a row.
 package dynamostore

@@ -38,6 +38,21 @@ const Install = "npm install --prefix \"$(go env GOPATH)/" + Dir + "\" dynalite@
 // Region of every client.
 const Region = "us-east-1"
 
+// serve is what cli.js does with --host 127.0.0.1 --createTableMs 0
+// --deleteTableMs 0 --updateTableMs 0, with Node.js's connection timeouts off:
+// idle connections stay open (Node.js closes them after 5s) and a request
+// may wait for the server as long as it must (Node.js resets a connection
+// whose request it has not read in full after 60s or 300s). On a loaded
+// machine both happened to the tests' clients, whose calls make one
+// attempt each ("server closed idle connection", "broken pipe",
+// "connection reset by peer"): failures of the test server, not of the
+// store.
+const serve = `const server = require(process.argv[1])({createTableMs: 0, deleteTableMs: 0, updateTableMs: 0});
+server.keepAliveTimeout = 0;
+server.headersTimeout = 0;
+server.requestTimeout = 0;
+server.listen(Number(process.argv[2]), "127.0.0.1");`
+
 // Server is one dynalite process.
 type Server struct {
 	cmd  *exec.Cmd
@@ -71,8 +86,7 @@ func Start() (*Server, error) {
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
 		s := &Server{port: port, done: make(chan struct{})}
-		s.cmd = exec.Command("node", cli, "--port", strconv.Itoa(port), "--host", "127.0.0.1",
-			"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
+		s.cmd = exec.Command("node", "-e", serve, filepath.Join(filepath.Dir(cli), "index.js"), strconv.Itoa(port))
 		s.cmd.SysProcAttr = proctest.SysProcAttr()
 		if err := s.cmd.Start(); err != nil {
 			return nil, err
