@@ -234,10 +234,14 @@ func (s *Store) exec(ctx context.Context, q string, args ...any) (sql.Result, er
 // Acquire implements idem.Store. A request that fails Validate is an error
 // and writes nothing.
 //
-// It draws a token (one statement), then inserts or takes the record over
-// (a second); when the key is live, it reads the record (a third) to
-// answer in flight, replay or mismatch, and starts again should the record
-// have died in between. A new lease is measured from its write on the
+// It reads the record first (a consistent read, which takes no lock and
+// does not wait for a transaction holding the record): a live record
+// answers in flight, replay or mismatch in one statement, even while a
+// CompleteTx holds the record. Otherwise it draws a token (a second
+// statement), then inserts the record or takes it over (a third), which
+// waits for a transaction holding it; should the record turn out live
+// then, it reads it again to answer, and starts over should it have died
+// in between. A new lease is measured from its write on the
 // server's clock, so Acquire reports the whole TTL.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := req.Validate(); err != nil {
@@ -258,6 +262,9 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 }
 
 func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, bool, error) {
+	if acq, ok, err := s.answer(ctx, req); err != nil || ok {
+		return acq, ok, err
+	}
 	res, err := s.exec(ctx, s.sql.draw)
 	if err != nil {
 		return idem.Acquisition{}, false, err
@@ -284,9 +291,15 @@ func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.
 		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, true, nil
 	}
 	// Live: answer from the record as it is now.
+	return s.answer(ctx, req)
+}
+
+// answer reads the record of req's key and answers from it when it is
+// live and not released; otherwise it reports false.
+func (s *Store) answer(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, bool, error) {
 	r, ok, err := s.read(ctx, req.Key)
 	if err != nil || !ok || r.state == int16(idem.StateReleased) {
-		return idem.Acquisition{}, false, err // died meanwhile: start again
+		return idem.Acquisition{}, false, err
 	}
 	acq, err := acquisition(req, &r)
 	return acq, true, err
