@@ -8,7 +8,8 @@
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
 # with go install and installs dynalite (DynamoDB) with npm when they are
-# missing, and starts (or installs) PostgreSQL
+# missing, installs mariadb-server-core (mariadbd, for a private server)
+# when it is missing, and starts (or installs) PostgreSQL
 # and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
 # installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
@@ -59,6 +60,19 @@ if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
 	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
 fi
 export AWS_EC2_METADATA_DISABLED=true
+
+# The MySQL/MariaDB tests (mysqlstore) run a private mariadbd on a free
+# loopback port, on a data directory initialised in a temporary directory
+# (internal/mysqltest); they never use the system's MariaDB service, which
+# need not run. Install the server binaries when they are missing:
+# mariadb-server-core has mariadbd and mariadb-install-db, and no service.
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	echo "test.sh: installing mariadb-server-core" >&2
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mariadb-server-core >/dev/null
+fi
 
 go vet ./...
 
