@@ -10,6 +10,7 @@ import (
 	"math"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -73,6 +74,9 @@ type Store struct {
 	onReap func(deleted int, took time.Duration, err error)
 	names  names
 	sql    statements
+
+	mu    sync.Mutex
+	stmts map[string]*sql.Stmt // prepared statements, by text
 }
 
 var (
@@ -219,13 +223,39 @@ func retry(ctx context.Context, f func() error) error {
 	}
 }
 
+// stmt returns the prepared statement of q, preparing it on first use.
+// database/sql prepares it again on each connection that runs it, once:
+// an unprepared statement with arguments would cost go-sql-driver three
+// round trips per call (prepare, execute, close), unless the DSN sets
+// interpolateParams.
+func (s *Store) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.stmts[q]; ok {
+		return st, nil
+	}
+	st, err := s.db.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if s.stmts == nil {
+		s.stmts = make(map[string]*sql.Stmt)
+	}
+	s.stmts[q] = st
+	return st, nil
+}
+
 // exec runs a store-owned statement in autocommit mode, retrying it after
 // a deadlock or a lock wait timeout.
 func (s *Store) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	st, err := s.stmt(ctx, q)
+	if err != nil {
+		return nil, err
+	}
 	var res sql.Result
-	err := retry(ctx, func() error {
+	err = retry(ctx, func() error {
 		var err error
-		res, err = s.db.ExecContext(ctx, q, args...)
+		res, err = st.ExecContext(ctx, args...)
 		return err
 	})
 	return res, err
@@ -336,7 +366,11 @@ func acquisition(req idem.AcquireRequest, r *row) (idem.Acquisition, error) {
 func (s *Store) read(ctx context.Context, key idem.Key) (row, bool, error) {
 	var r row
 	var left int64
-	err := s.db.QueryRowContext(ctx, s.sql.get, s.ns, key[:]).Scan(&r.state, &r.token, &r.fp, &r.leaseID, &left, &r.response)
+	st, err := s.stmt(ctx, s.sql.get)
+	if err != nil {
+		return row{}, false, err
+	}
+	err = st.QueryRowContext(ctx, s.ns, key[:]).Scan(&r.state, &r.token, &r.fp, &r.leaseID, &left, &r.response)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row{}, false, nil
 	}
