@@ -377,7 +377,9 @@ func (s *Store) read(ctx context.Context, key idem.Key) (row, bool, error) {
 	if err != nil {
 		return row{}, false, err
 	}
-	r.left = time.Duration(left) * time.Microsecond
+	// Live at the statement's start; it may have ended by the row's
+	// evaluation.
+	r.left = max(time.Duration(left)*time.Microsecond, time.Microsecond)
 	return r, true, nil
 }
 

@@ -122,9 +122,13 @@ ON DUPLICATE KEY UPDATE
 	state       = IF(lease_id <=> ?, 1, state)`
 
 // getSQL reads a live record (Get, and Acquire's answer when the key is
-// live). ? namespace, key.
+// live). ? namespace, key. The time left is measured at the row's
+// evaluation (writeTime), not at the statement's start: the read may see a
+// lease written after the statement started, whose time left from the
+// start would be more than its whole TTL. (Found by the payments example's
+// chaos test: an in-flight answer with RetryAfter over the lease.)
 const getSQL = `
-SELECT state, token, fingerprint, lease_id, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), response
+SELECT state, token, fingerprint, lease_id, TIMESTAMPDIFF(MICROSECOND, ` + writeTime + `, expires_at), response
 FROM {table}
 WHERE namespace = ? AND ` + "`key`" + ` = ? AND expires_at > UTC_TIMESTAMP(6)`
 
