@@ -277,7 +277,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := req.Validate(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	for {
+	for range maxRounds {
 		if err := ctxErr(ctx, "acquire", req.Key); err != nil {
 			return idem.Acquisition{}, err
 		}
@@ -289,7 +289,15 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 			return acq, nil
 		}
 	}
+	return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key,
+		Err: fmt.Errorf("the record was live for the insert and gone for the read %d times in a row", maxRounds)}
 }
+
+// maxRounds bounds Acquire's rounds: a record that is live when the insert
+// finds it and gone when the read follows, every time, is a key acquired
+// and released in a tight loop by others, or a server (or proxy) that does
+// not return LAST_INSERT_ID in its OK packets.
+const maxRounds = 100
 
 func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, bool, error) {
 	if acq, ok, err := s.answer(ctx, req); err != nil || ok {
@@ -301,7 +309,7 @@ func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.
 	}
 	drawn, err := res.LastInsertId()
 	if err == nil && drawn < 1 {
-		err = fmt.Errorf("no token drawn from %s (run Migrate)", s.names.tok)
+		err = fmt.Errorf("no token drawn from %s: is the table migrated (Migrate), and does the server return LAST_INSERT_ID in its OK packets?", s.names.tok)
 	}
 	if err != nil {
 		return idem.Acquisition{}, false, err

@@ -145,7 +145,6 @@ func (s *Server) launch(mysqld string) error {
 		"--skip-name-resolve", "--skip-log-bin",
 		"--max-connections=500",
 		"--innodb-buffer-pool-size=64M",
-		"--innodb-log-file-size=64M",
 	}
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
