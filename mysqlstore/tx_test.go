@@ -116,13 +116,13 @@ func TestCompleteTx(t *testing.T) {
 
 	t.Run("RollbackThenTakeover", func(t *testing.T) {
 		key := newKey(3)
-		old := lease(t, s, key, 100*time.Millisecond)
+		old := lease(t, s, key, 500*time.Millisecond) // long enough for chargeTx on a loaded machine
 		tx, err := chargeTx(t, db, s, old)
 		if err != nil {
 			t.Fatalf("CompleteTx: got error %v, want none", err)
 		}
 		tx.Rollback() // the crash
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(600 * time.Millisecond)
 		cur := lease(t, s, key, time.Minute)
 		if cur.Token <= old.Token {
 			t.Errorf("takeover: got token %d, want > %d", cur.Token, old.Token)
@@ -149,12 +149,12 @@ func TestCompleteTx(t *testing.T) {
 		// transaction ends, even when the lease runs out meanwhile; the
 		// lease granted after the wait is measured from its write.
 		key := newKey(4)
-		l := lease(t, s, key, 100*time.Millisecond)
+		l := lease(t, s, key, 500*time.Millisecond)
 		tx, err := chargeTx(t, db, s, l)
 		if err != nil {
 			t.Fatalf("CompleteTx: got error %v, want none", err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(600 * time.Millisecond)
 		type result struct {
 			acq idem.Acquisition
 			err error
@@ -182,12 +182,12 @@ func TestCompleteTx(t *testing.T) {
 		// than the new lease: the takeover's lease starts at its write,
 		// not at its statement's start, so it is not granted spent.
 		key := newKey(7)
-		l := lease(t, s, key, 50*time.Millisecond)
+		l := lease(t, s, key, 500*time.Millisecond)
 		tx, err := chargeTx(t, db, s, l)
 		if err != nil {
 			t.Fatalf("CompleteTx: got error %v, want none", err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(600 * time.Millisecond)
 		done := make(chan idem.Acquisition, 1)
 		go func() {
 			acq, _ := s.Acquire(context.Background(), idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: 2 * time.Second})
