@@ -9,7 +9,8 @@
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
 # with go install, builds the Lambda runtime interface emulator
 # (aws-lambda-rie) with go install and installs dynalite (DynamoDB) with
-# npm when they are missing, and starts (or installs) PostgreSQL
+# npm when they are missing, installs mariadb-server-core (mariadbd, for a
+# private server) when it is missing, and starts (or installs) PostgreSQL
 # and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
 # installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
@@ -69,6 +70,19 @@ riebin="$(go env GOPATH | cut -d: -f1)/bin"
 if ! command -v aws-lambda-rie >/dev/null 2>&1 && [ ! -x "$riebin/aws-lambda-rie" ]; then
 	echo "test.sh: installing aws-lambda-rie (go install, a few minutes)" >&2
 	GOBIN="$riebin" go install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
+fi
+
+# The MySQL/MariaDB tests (mysqlstore) run a private mariadbd on a free
+# loopback port, on a data directory initialised in a temporary directory
+# (internal/mysqltest); they never use the system's MariaDB service, which
+# need not run. Install the server binaries when they are missing:
+# mariadb-server-core has mariadbd and mariadb-install-db, and no service.
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	echo "test.sh: installing mariadb-server-core" >&2
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mariadb-server-core >/dev/null
 fi
 
 go vet ./...

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,12 +15,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/tieredstore"
@@ -29,14 +32,15 @@ import (
 const storeFlagHelp = `where records live: memory, redis://[user:pass@]host:port[/db], rediss://… (TLS), ` +
 	`redis://host:port?addr=host2:port2 (Cluster), redis://host:port?master_set=NAME&addr=… (Sentinel: the addresses are sentinels), ` +
 	`postgres://… (PostgreSQL; the table is created if missing), ` +
+	`mysql://[user:pass@]host[:port]/db (MySQL or MariaDB; the tables are created if missing), ` +
 	`or a Redis URL and a PostgreSQL URL separated by a space (the tiered store: leases and replays on Redis, ` +
 	`completions in PostgreSQL, relayed to Redis; its table is created if missing)`
 
 // storeFlagHelpRead documents the --store flag of inspect, purge and gc,
 // which create nothing.
 const storeFlagHelpRead = `redis://[user:pass@]host:port[/db], rediss://… (TLS), the Cluster and Sentinel forms (see idem proxy -h), ` +
-	`postgres://…, or a Redis URL and a PostgreSQL URL separated by a space (the tiered store); ` +
-	`nothing is created in it: a PostgreSQL database without idem's table is an error`
+	`postgres://…, mysql://…, or a Redis URL and a PostgreSQL URL separated by a space (the tiered store); ` +
+	`nothing is created in it: a PostgreSQL or MySQL database without idem's table is an error`
 
 // openStore opens the store a --store value names, with its key prefix
 // (Redis) or namespace (PostgreSQL), for the proxy and the demo: the
@@ -128,12 +132,82 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 		var wg sync.WaitGroup
 		wg.Go(func() { s.RunReaper(rctx, o.reapEvery, reapBatch) }) // interval and batch are positive: no error
 		return s, func() { stop(); wg.Wait(); pool.Close() }, nil
+	case "mysql", "mariadb":
+		return openMySQL(ctx, u, prefix, o)
 	}
 	return nil, nil, usageError{fmt.Sprintf("--store: unknown scheme %q; %s", u.Scheme, storeForms)}
 }
 
+// openMySQL opens a mysqlstore on mysql://[user[:pass]@]host[:port]/db[?params]
+// (params are go-sql-driver/mysql's DSN parameters), creating its tables
+// unless o.readOnly, with its reaper when o.reapEvery is positive.
+func openMySQL(ctx context.Context, u *url.URL, prefix string, o storeOptions) (idem.Store, func(), error) {
+	const form = "write mysql://[user[:pass]@]host[:port]/db"
+	if u.Opaque != "" || u.Host == "" {
+		return nil, nil, usageError{"--store: no host: " + form + " (is the // after mysql: missing?)"}
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	if dbName == "" || strings.Contains(dbName, "/") {
+		return nil, nil, usageError{"--store: the MySQL URL names no database: " + form}
+	}
+	cfg := mysql.NewConfig()
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if u.Port() == "" {
+		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	cfg.DBName = dbName
+	cfg.Timeout = pgConnectTimeout
+	if u.RawQuery != "" {
+		// go-sql-driver parses its parameters from a DSN: let it.
+		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return nil, nil, usageError{"--store: the MySQL URL's parameters: " + err.Error()}
+		}
+		parsed.User, parsed.Passwd, parsed.Net, parsed.Addr, parsed.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
+		if parsed.Timeout == 0 {
+			parsed.Timeout = cfg.Timeout
+		}
+		cfg = parsed
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, nil, usageError{"--store: the MySQL URL: " + err.Error()}
+	}
+	db := sql.OpenDB(conn)
+	fail := func(err error) (idem.Store, func(), error) {
+		db.Close()
+		return nil, nil, fmt.Errorf("MySQL at %s: %w", u.Host, err)
+	}
+	if o.readOnly {
+		var n int
+		err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", mysqlstore.DefaultTable).Scan(&n)
+		if err != nil {
+			return fail(err)
+		}
+		if n == 0 {
+			return fail(errNoTable{mysqlstore.DefaultTable})
+		}
+	}
+	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: prefix, Migrate: !o.readOnly, Logger: o.logger, OnReap: o.onReap})
+	if err != nil {
+		return fail(err)
+	}
+	if o.reapEvery <= 0 {
+		return s, func() { db.Close() }, nil
+	}
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { s.RunReaper(rctx, o.reapEvery, reapBatch) }) // interval and batch are positive: no error
+	return s, func() { stop(); wg.Wait(); db.Close() }, nil
+}
+
 // storeForms names what --store takes, for its usage errors.
-const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, " +
+const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, mysql://…, " +
 	"or for the tiered store 'redis://host:port postgres://host/db' (two URLs, one space between them)"
 
 // openTiered opens the tiered store that two --store URLs name, one for

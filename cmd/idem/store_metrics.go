@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/tieredstore"
 )
@@ -99,7 +100,7 @@ func (m *storeMetrics) register(reg *prometheus.Registry, store idem.Store) {
 				Help: "Requests with a new key refused with 503 (urn:idem:problem:store-full) because --store memory was at --memory-limit and no record had expired. Also counted as store_error in idem_requests_total.",
 			}, func() float64 { return float64(s.Stats().Refused) }),
 		)
-	case *pgstore.Store:
+	case *pgstore.Store, *mysqlstore.Store:
 		m.registerReaper(reg)
 	case *tieredstore.Store:
 		m.registerReaper(reg)

@@ -9,6 +9,7 @@ package crash
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/tieredstore"
@@ -34,7 +36,7 @@ import (
 
 // Environment of a child server.
 const (
-	envChild    = "IDEM_CRASH_CHILD"     // "redis", "pg" or "tiered": run a server of that kind
+	envChild    = "IDEM_CRASH_CHILD"     // "redis", "pg", "tiered" or "mysql": run a server of that kind
 	envStoreURL = "IDEM_CRASH_STORE_URL" // redis:// or postgres:// URL of the shared store; for tiered, both, separated by a space
 	envLedger   = "IDEM_CRASH_LEDGER"    // base URL of the parent's ledger
 	envInc      = "IDEM_CRASH_INC"       // this incarnation's number
@@ -161,6 +163,12 @@ func childMain(kind string) int {
 		}
 		c.pool, c.g = pool, g
 		h = http.HandlerFunc(c.servePG)
+	case "mysql":
+		var err error
+		if h, err = c.mysqlChild(os.Getenv(envStoreURL), log); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 2
+		}
 	default:
 		fmt.Fprintf(os.Stderr, "child: unknown kind %q\n", kind)
 		return 2
@@ -193,6 +201,10 @@ type childServer struct {
 	pgs  *pgstore.Store     // pg
 	ts   *tieredstore.Store // tiered
 	g    *idem.Guard
+
+	// mysql only
+	db  *sql.DB
+	mys *mysqlstore.Store
 }
 
 // report tells the parent that the handler of (key, token) reached phase;

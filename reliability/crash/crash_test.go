@@ -180,6 +180,8 @@ func setupStore(t *testing.T, kind string) storeEnv {
 			return out, rows.Err()
 		}
 		return storeEnv{url: storeURL, store: s, pool: pool, effects: effects}
+	case "mysql":
+		return setupMySQL(t)
 	}
 	t.Fatalf("unknown store %q", kind)
 	return storeEnv{}
@@ -451,7 +453,7 @@ func runCrash(t *testing.T, kind string, cc crashCase) {
 		t.Errorf("%d stale-token writes reached the ledger (refused): holders overlapped", s)
 	}
 
-	storeName := map[string]string{"redis": "redis (single)", "pg": "postgres (CompleteTx)", "tiered": "tiered: redis (single) + postgres (CompleteTx)"}[kind]
+	storeName := map[string]string{"redis": "redis (single)", "pg": "postgres (CompleteTx)", "mysql": "mysql (MariaDB 10.11, CompleteTx)", "tiered": "tiered: redis (single) + postgres (CompleteTx)"}[kind]
 	expect := "≤1 extra effect per kill after the effect"
 	if kind != "redis" {
 		expect = "exactly 1 effect per key"

@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	redisSrv.Stop()
+	stopMySQL()
 	os.Exit(code)
 }
 
