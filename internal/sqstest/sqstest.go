@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"go/build"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
@@ -178,9 +180,14 @@ func (s *Server) Client(addr ...string) *sqs.Client {
 }
 
 // NewClient returns a client of an SQS endpoint at addr (host:port), with
-// static credentials and one try per call.
+// static credentials and one try per call. Its HTTP client keeps up to 256
+// idle connections (the SDK's default, 10, makes the callers beyond ten
+// open and close a connection per call, which dominates on loopback).
 func NewClient(addr string) *sqs.Client {
 	return sqs.New(sqs.Options{
+		HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+			t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 256
+		}),
 		Region:           Region,
 		BaseEndpoint:     aws.String("http://" + addr),
 		Credentials:      credentials.NewStaticCredentialsProvider("idemtest", "idemtestsecret", ""),
