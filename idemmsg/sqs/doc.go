@@ -123,10 +123,10 @@
 //
 // # Limits
 //
-// A handler that panics releases its key, and the panic ends Run; its
-// message comes back after its visibility, so a message whose handler
-// always panics is dead-lettered only by the redrive policy: recover in
-// the handler and return an error instead. Messages received but not yet
+// A handler that panics releases its key, and the panic ends Run (the
+// messages it held, that one included, are handed back on the way out), so
+// a message whose handler always panics is dead-lettered only by the
+// redrive policy: recover in the handler and return an error instead. Messages received but not yet
 // decided when Run stops are handed back (visible after a second); those
 // of a crashed consumer come back after VisibilityTimeout.
 package sqs

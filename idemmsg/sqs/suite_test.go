@@ -72,14 +72,14 @@ var queues atomic.Int64
 // (ExtendEvery negative), with a lease twice as long.
 func TestAdapterSuite(t *testing.T) {
 	for _, fifo := range []bool{false, true} {
-		name := "Standard"
+		name, kind := "Standard", "standard"
 		if fifo {
-			name = "FIFO"
+			name, kind = "FIFO", "FIFO"
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			adaptertest.Run(t, adaptertest.Harness{
-				Name:         "sqs " + name,
+				Name:         "sqs (" + kind + ")",
 				NewTopic:     func(t *testing.T, cfg adaptertest.Config) adaptertest.Topic { return newTopic(t, cfg, fifo) },
 				IsCrash:      func(err error) bool { return errors.Is(err, errCrashed) },
 				Concurrency:  true,
