@@ -265,9 +265,12 @@ func consumeIdem(b *testing.B, d *idemmsg.Deduplicator, batch bool) func(context
 			c := &Consumer{
 				Client: t.client, QueueURL: t.queue, Dedup: d, Concurrency: t.shape.conc, Batch: batch, WaitTime: time.Second,
 				Handler: func(context.Context, types.Message) error { t.handle(); return nil },
+				// Run retries what fails (a connection fauxqs closed as it
+				// was reused, say: the clients make one try per call);
+				// the handled count and the empty queue are checked.
 				OnError: func(err error) {
 					if ctx.Err() == nil {
-						b.Errorf("consumer %d: %v", n, err)
+						b.Logf("consumer %d: %v", n, err)
 					}
 				},
 			}
