@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/adaptertest"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
+	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/internal/sqstest"
 	"github.com/idemkit/idem/memstore"
 )
@@ -55,6 +56,17 @@ const (
 
 var queues atomic.Int64
 
+// suiteWait is Harness.Wait: the default, or 60s for the long versions of
+// the broker-fault scenarios (reltest.Long), whose thousands of messages
+// fauxqs, a single Node process, takes longer than 40s to pass through
+// one at a time under -race on a shared machine.
+func suiteWait() time.Duration {
+	if reltest.Long() {
+		return 60 * time.Second
+	}
+	return 0
+}
+
 // TestAdapterSuite runs the shared adapter scenarios against fauxqs: each
 // topic is a fresh queue with a dead-letter queue, and the Deduplicator is
 // on memstore (or Config.Store). Messages carry their key in the
@@ -85,6 +97,7 @@ func TestAdapterSuite(t *testing.T) {
 				Concurrency:  true,
 				Batch:        true,
 				BrokerFaults: true,
+				Wait:         suiteWait(),
 			})
 		})
 	}
