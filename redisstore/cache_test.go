@@ -480,3 +480,45 @@ func TestCacheKeepsReplayRules(t *testing.T) {
 		t.Fatalf("the in-flight key again: %v, want in_flight", a.Outcome)
 	}
 }
+
+// cachedClients are the stores with the replay cache on, as Open builds
+// them (rueidis with client-side caching), on the single node and on the
+// cluster: TestConformance runs storetest on them next to clients(t),
+// whose rueidis stores have the cache off.
+func cachedClients(t testing.TB) []client {
+	var out []client
+	for _, d := range []struct {
+		name string
+		url  string
+	}{
+		{"single", "redis://" + single.Addr()},
+		{"cluster", "redis://" + cluster.Addrs()[0] + "?addr=" + strings.Join(cluster.Addrs()[1:], "&addr=")},
+	} {
+		raw, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cluster.Addrs(), DisableCache: true})
+		if d.name == "single" {
+			raw, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{single.Addr()}, DisableCache: true})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(raw.Close)
+		out = append(out, client{
+			name: "rueidis+cache/" + d.name,
+			store: func(t testing.TB, opts redisstore.Options) *redisstore.Store {
+				s, err := redisstore.Open(d.url, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				if !s.CacheStats().Enabled {
+					t.Fatal("Open: the replay cache is off")
+				}
+				return s
+			},
+			set: func(ctx context.Context, key, value string) error {
+				return raw.Do(ctx, raw.B().Set().Key(key).Value(value).Build()).Error()
+			},
+		})
+	}
+	return out
+}

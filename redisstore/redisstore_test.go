@@ -74,6 +74,9 @@ func rueidisClient(t testing.TB, addrs []string, name string) client {
 	return client{
 		name: "rueidis/" + name,
 		store: func(t testing.TB, opts redisstore.Options) *redisstore.Store {
+			if opts.CacheSize == 0 {
+				opts.CacheSize = -1 // the path without the replay cache; cachedClients has it
+			}
 			s, err := redisstore.NewRueidis(c, opts)
 			if err != nil {
 				t.Fatal(err)
@@ -96,7 +99,7 @@ func clients(t testing.TB) []client {
 }
 
 func TestConformance(t *testing.T) {
-	for _, c := range clients(t) {
+	for _, c := range append(clients(t), cachedClients(t)...) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, func(t *testing.T, prefix string) storetest.Fixture {
