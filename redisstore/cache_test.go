@@ -365,9 +365,6 @@ func TestCacheCluster(t *testing.T) {
 // deleted on the new primary; the cache read from the old one must not
 // answer.
 func TestCacheSentinelFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a Sentinel set and two failovers take about a minute") // runs in scripts/test.sh (no -short)
-	}
 	set, err := redistest.StartSentinelSet()
 	if err != nil {
 		t.Fatal(err)
