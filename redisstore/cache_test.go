@@ -519,3 +519,39 @@ func cachedClients(t testing.TB) []client {
 	}
 	return out
 }
+
+// BenchmarkReplay measures one Acquire answered replay, one at a time, on
+// the package's private redis-server with the store Open builds: with the
+// replay cache (a hit: no round trip) and with it off (the acquire script).
+//
+//	go test -run '^$' -bench Replay -benchtime 20000x ./redisstore/
+func BenchmarkReplay(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		size int
+	}{{"cache", 0}, {"nocache", -1}} {
+		b.Run(c.name, func(b *testing.B) {
+			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("benchreplay"), CacheSize: c.size})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			key := scope(int(cacheSeq.Add(1)))
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: cacheFP, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
+			if err != nil || a.Outcome != idem.Acquired {
+				b.Fatal(a.Outcome, err)
+			}
+			if err := s.Complete(ctx, a.Lease, &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+			req := idem.AcquireRequest{Key: key, Fingerprint: cacheFP, LeaseID: idem.NewLeaseID(), TTL: time.Minute}
+			b.ReportAllocs()
+			for b.Loop() {
+				if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != idem.Replay {
+					b.Fatal(a.Outcome, err)
+				}
+			}
+		})
+	}
+}
