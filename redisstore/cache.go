@@ -154,7 +154,7 @@ func (rc *replayCache) replay(ctx context.Context, name string, req idem.Acquire
 	// The local copy never outlives ttl, nor the PTTL rueidis reads with
 	// it (measured on arrival, so a little later than the server's).
 	res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), ttl)
-	v, err := res.AsBytes()
+	v, err := res.AsBytes() // the cached string's own memory: read only (decodeRecord copies)
 	if err != nil {
 		if _, isRedisErr := rueidis.IsRedisErr(err); isRedisErr && !rueidis.IsRedisNil(err) && permissionError(err) {
 			rc.off.Store(true) // an ACL without CLIENT CACHING, MULTI or PTTL: never try again

@@ -466,6 +466,13 @@ func TestCacheKeepsReplayRules(t *testing.T) {
 	if s.CacheStats().Hits == 0 {
 		t.Fatal("no cache hit")
 	}
+	// A replay's response is the caller's: changing it changes no later replay.
+	if _, a := replayed(t, s, key); len(a.Response.Body) == 2 {
+		a.Response.Body[0] = 'X'
+	}
+	if body, _ := replayed(t, s, key); body != "r1" {
+		t.Fatalf("after a caller changed its replayed body: replay %q, want r1", body)
+	}
 	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.SumFingerprint([]byte("b")), LeaseID: idem.NewLeaseID(), TTL: time.Second})
 	if err != nil || a.Outcome != idem.Mismatch {
 		t.Fatalf("another fingerprint: %v, %v; want mismatch", a.Outcome, err)

@@ -167,6 +167,13 @@ func (c countingRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed)
 	return c.Client.DoMulti(ctx, cmds...)
 }
 
+// DoCache counts the replay cache's read as a command: with a client built
+// with DisableCache (as here), rueidis sends it as a plain GET.
+func (c countingRueidis) DoCache(ctx context.Context, cmd rueidis.Cacheable, ttl time.Duration) rueidis.RedisResult {
+	c.n.Add(1)
+	return c.Client.DoCache(ctx, cmd, ttl)
+}
+
 // TestRoundTrips counts the commands each client sends (one command, one
 // round trip): acquire+complete is exactly two, a replay exactly one.
 func TestRoundTrips(t *testing.T) {
