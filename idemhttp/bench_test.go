@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/redisstore"
 )
 
 // noop is the benchmarks' handler: it does nothing but answer.
@@ -89,11 +90,24 @@ func pingHandler(b *testing.B) http.Handler {
 	})
 }
 
+// newRedisStoreNoCache is newRedisStore with the replay cache off: every
+// replay runs the acquire script.
+func newRedisStoreNoCache(b *testing.B, addr string) *redisstore.Store {
+	s, err := redisstore.Open("redis://"+addr, redisstore.Options{Prefix: fmt.Sprintf("nc%d:", time.Now().UnixNano()), CacheSize: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
 // BenchmarkLatency sends requests one at a time and reports p50/p99 per
 // request: without the middleware, without it but with one Redis PING in
 // the handler (the round trip as a handler pays it), and first requests
 // (new keys) and replays through the middleware on the package's private
-// redis-server (as redisstore.Open sets it up) and on memstore.
+// redis-server (as redisstore.Open sets it up: replays from the replay
+// cache; and with the cache off, replays by the acquire script) and on
+// memstore.
 // Allocations are per request, client included.
 //
 //	go test -run '^$' -bench Latency -benchtime 5000x ./idemhttp/
@@ -107,6 +121,7 @@ func BenchmarkLatency(b *testing.B) {
 		{"no-layer+ping", pingHandler, ""},
 		{"first/redis", func(b *testing.B) http.Handler { return withStore(newRedisStore(b, redisSrv.Addr())) }, "new"},
 		{"replay/redis", func(b *testing.B) http.Handler { return withStore(newRedisStore(b, redisSrv.Addr())) }, "same"},
+		{"replay/redis-nocache", func(b *testing.B) http.Handler { return withStore(newRedisStoreNoCache(b, redisSrv.Addr())) }, "same"},
 		{"first/memstore", func(*testing.B) http.Handler { return withStore(memstore.New(memstore.Options{})) }, "new"},
 		{"replay/memstore", func(*testing.B) http.Handler { return withStore(memstore.New(memstore.Options{})) }, "same"},
 	}

@@ -3,6 +3,45 @@
 // trip, time from Redis TIME. It runs on a single node, with Sentinel and
 // on Redis Cluster, over go-redis v9 (New) or rueidis (NewRueidis, Open).
 //
+// # Replays without a round trip: the replay cache
+//
+// A completed record does not change until it is purged or expires. With
+// rueidis (Open, NewRueidis), Acquire reads a completed record through
+// rueidis's server-assisted client-side cache: a GET of the record key
+// under RESP3 CLIENT TRACKING (opt-in mode), kept in process memory, which
+// Redis invalidates when the key is written, deleted, expires or the
+// database is flushed, and which rueidis drops with the connection it was
+// read on (a lost connection, a restart, a failover). A replay it holds
+// costs no round trip.
+//
+// Only a completed record whose fingerprint is the request's is answered
+// from memory; no record, in flight, released, another fingerprint
+// (mismatch) or a value that is not a record go to the acquire script,
+// which decides as it always has. The cache is read only for keys this
+// process has seen completed (its Complete, or the script answering
+// replay) until the record's expiry as then known, so that first requests
+// stay at one round trip; a cached copy never outlives that expiry, nor
+// the PTTL rueidis reads with it. Get, Renew, Complete, Release, Delete and
+// the batch methods always go to Redis.
+//
+// What it does not guarantee: a change by another client reaches the
+// cache when Redis's invalidation message does (Redis sends it with the
+// change's reply); a connection that delivers nothing without closing (a
+// partition) keeps its copies until rueidis declares it dead (3s with
+// Open). With NewRueidis and a client that sends reads to replicas
+// (SendToReplicas, ReplicaOnly), a replica may lag a purge by its
+// replication delay: set Options.CacheSize negative there.
+//
+// On by default with Open: Options.CacheSize bytes per connection
+// (DefaultCacheSize, 16 MiB; Open uses up to four connections per node,
+// one per Cluster node), negative for off; Open runs without it where the
+// server refuses CLIENT TRACKING (before Redis 6, or an ACL without
+// +client|tracking). NewRueidis reads through the client's own cache
+// (bounded by its CacheSizeEachConn) unless CacheSize is negative. New
+// (go-redis) has no cache: go-redis v9's client-side caching is marked
+// experimental and lives in the caller's client; every replay runs the
+// script there. Store.CacheStats counts hits and misses.
+//
 // # Durability: Options.WaitReplicas
 //
 // Redis replicates asynchronously: a primary acknowledges a write before

@@ -109,6 +109,7 @@ func (s *Store) Fill(ctx context.Context, f Fill) (FillResult, error) {
 		return FillRefused, nil
 	}
 	ms := max(f.TTL.Milliseconds(), 1)
+	s.cache.forget(s.KeyName(f.Key)) // the record is overwritten
 	r, err := s.run(ctx, "fill", f.Key, scriptFill, packToken(f.Token), fp, strconv.FormatInt(ms, 10), string(f.Response), lease)
 	if err != nil {
 		return FillRefused, err

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/binary"
@@ -84,6 +85,21 @@ type Options struct {
 	// well under Timeout, which bounds the whole call, and must be under
 	// a go-redis client's ReadTimeout.
 	WaitTimeout time.Duration
+
+	// CacheSize bounds the replay cache: completed records kept in this
+	// process, which Redis keeps coherent (server-assisted client-side
+	// caching), so that a replay costs no round trip. See the package
+	// documentation for what it guarantees. Negative turns the cache off.
+	//
+	// With Open, it is the bytes each connection to a Redis node may keep
+	// (rueidis's CacheSizeEachConn; Open uses up to four connections per
+	// node, one per node of a cluster); 0 means DefaultCacheSize (16 MiB).
+	// With NewRueidis, the client's own cache holds the records, bounded
+	// by the client's CacheSizeEachConn; the store reads replays through
+	// it unless CacheSize is negative (with a client built with
+	// DisableCache, a replay then costs one GET instead of one script).
+	// New (go-redis) has no cache and ignores it.
+	CacheSize int
 }
 
 // DefaultTimeout is Options.Timeout's default.
@@ -100,6 +116,8 @@ type Store struct {
 
 	waitReplicas int           // Options.WaitReplicas; 0: no WAIT
 	waitTimeout  time.Duration // Options.WaitTimeout
+
+	cache *replayCache // nil: off (go-redis, or Options.CacheSize < 0); cache.go
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -128,7 +146,11 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, errors.New("redisstore: NewRueidis: nil client")
 	}
-	return newStore(newRueidisRunner(c), opts, false)
+	s, err := newStore(newRueidisRunner(c), opts, false)
+	if err == nil && opts.CacheSize >= 0 {
+		s.cache = newReplayCache(c, opts.CacheSize)
+	}
+	return s, err
 }
 
 // Open connects to Redis at url and returns a Store that owns the
@@ -137,6 +159,12 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 // share write system calls: on the benchmark machine that raised
 // acquire+complete throughput by about a quarter and lowered p99
 // (BENCHMARKS.md); an idle caller waits at most those 20µs more.
+//
+// The client has server-assisted client-side caching on, for the replay
+// cache (Options.CacheSize; the package documentation says what it
+// guarantees), unless Options.CacheSize is negative or the URL says
+// client_cache=0. Where the server refuses it (no RESP3, before Redis 6;
+// an ACL without CLIENT TRACKING), Open runs without it.
 //
 // Accepted forms:
 //
@@ -160,21 +188,34 @@ func Open(url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w: %w", ErrBadURL, err)
 	}
-	o.DisableCache = true // idem never reads through client-side caching
+	// The replay cache reads through rueidis's client-side caching
+	// (cache.go); a URL's client_cache=0 turns it off like CacheSize < 0.
+	o.DisableCache = o.DisableCache || opts.CacheSize < 0
+	o.CacheSizeEachConn = cmp.Or(max(opts.CacheSize, 0), DefaultCacheSize)
 	o.MaxFlushDelay = openFlushDelay
 	o.RetryDelay = openRetryDelay
 	if o.ConnWriteTimeout == 0 {
 		o.ConnWriteTimeout = DefaultTimeout // notice a silent server
 	}
 	c, err := rueidis.NewClient(o)
+	if err != nil && !o.DisableCache && errors.Is(err, rueidis.ErrNoCache) {
+		// A server without RESP3 (Redis < 6), or a user the ACL denies
+		// CLIENT TRACKING: run without the cache.
+		o.DisableCache = true
+		c, err = rueidis.NewClient(o)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)
 	}
 	s, err := newStore(newRueidisRunner(c), opts, true)
 	if err != nil {
 		c.Close()
+		return nil, err
 	}
-	return s, err
+	if !o.DisableCache {
+		s.cache = newReplayCache(c, o.CacheSizeEachConn)
+	}
+	return s, nil
 }
 
 // ErrBadURL is wrapped by Open's errors about the form of its URL.
@@ -264,6 +305,15 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := req.Validate(); err != nil {
 		return idem.Acquisition{}, err
 	}
+	if s.cache != nil {
+		return s.acquireCached(ctx, req)
+	}
+	return s.acquire(ctx, req, time.Time{})
+}
+
+// acquire runs the acquire script. start, when set, is a time taken
+// before the call, for the replay cache's hint.
+func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, start time.Time) (idem.Acquisition, error) {
 	r, err := s.run(ctx, "acquire", req.Key, scriptAcquire,
 		string(req.LeaseID[:]), string(req.Fingerprint[:]), strconv.FormatInt(req.TTL.Milliseconds(), 10))
 	if err != nil {
@@ -278,6 +328,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		if err != nil {
 			return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: err}
 		}
+		s.cache.completed(s.KeyName(req.Key), start, left)
 		return idem.Acquisition{Outcome: idem.Replay, Response: rec.Response}, nil
 	case 3:
 		return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: left}, nil
@@ -308,11 +359,17 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 		return &idem.StoreError{Op: "complete", Key: l.Key, Err: err}
 	}
 	args := []string{string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10), string(blob)}
+	start := time.Now()
 	if s.waitReplicas > 0 {
-		return s.completeWait(ctx, l.Key, append(args, "1")...)
+		err = s.completeWait(ctx, l.Key, append(args, "1")...)
+	} else {
+		r, runErr := s.run(ctx, "complete", l.Key, scriptComplete, args...)
+		err = leaseResult(r, runErr)
 	}
-	r, err := s.run(ctx, "complete", l.Key, scriptComplete, args...)
-	return leaseResult(r, err)
+	if err == nil {
+		s.cache.completed(s.KeyName(l.Key), start, msDuration(ms))
+	}
+	return err
 }
 
 // Release implements idem.Store. The released record is kept for the
@@ -344,7 +401,9 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	s.cache.forget(s.KeyName(key))
 	n, err := s.r.del(ctx, s.KeyName(key))
+	s.cache.forget(s.KeyName(key)) // and any hint a concurrent call set
 	if err != nil {
 		return false, &idem.StoreError{Op: "delete", Key: key, Err: err}
 	}
@@ -373,8 +432,8 @@ func (s *Store) explainACL(err error) error {
 	if !permissionError(err) {
 		return err
 	}
-	return fmt.Errorf("%w (the Redis user needs the keys ~%s* and the commands +evalsha +eval +get +set +time +pttl +pexpireat +del)",
-		err, s.prefix)
+	return fmt.Errorf("%w (the Redis user needs the keys ~%s* and the commands +evalsha +eval +get +set +time +pttl +pexpireat +del, "+
+		"and for the replay cache +client|tracking +client|caching +multi +exec)", err, s.prefix)
 }
 
 // permissionError reports whether err is a Redis error reply refusing a

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
+	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/tieredstore"
 )
 
@@ -77,8 +78,9 @@ func (m *storeMetrics) onReap(deleted int, took time.Duration, err error) {
 }
 
 // register adds to reg the metrics that apply to store: the size and
-// refusals of the memory store; the reaper's passes for PostgreSQL; and the
-// outbox backlog of the tiered store.
+// refusals of the memory store; the replay cache of the Redis store; the
+// reaper's passes for PostgreSQL; and the outbox backlog of the tiered
+// store.
 func (m *storeMetrics) register(reg *prometheus.Registry, store idem.Store) {
 	switch s := store.(type) {
 	case *memstore.Store:
@@ -99,6 +101,20 @@ func (m *storeMetrics) register(reg *prometheus.Registry, store idem.Store) {
 				Name: "idem_memory_refused_total",
 				Help: "Requests with a new key refused with 503 (urn:idem:problem:store-full) because --store memory was at --memory-limit and no record had expired. Also counted as store_error in idem_requests_total.",
 			}, func() float64 { return float64(s.Stats().Refused) }),
+		)
+	case *redisstore.Store:
+		if !s.CacheStats().Enabled {
+			return
+		}
+		reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "idem_redis_cache_hits_total",
+				Help: "Acquires the Redis store answered from its replay cache, without a round trip: replays of completed records kept in this process and kept coherent by Redis (client-side caching).",
+			}, func() float64 { return float64(s.CacheStats().Hits) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "idem_redis_cache_misses_total",
+				Help: "Acquires Redis answered while the replay cache is on: first requests, replays of records not (or no longer) in the cache, in-flight and mismatched keys.",
+			}, func() float64 { return float64(s.CacheStats().Misses) }),
 		)
 	case *pgstore.Store, *mysqlstore.Store:
 		m.registerReaper(reg)

@@ -140,11 +140,27 @@ func redisStores(t *testing.T, addr string, callTTL time.Duration, clientRetry b
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]idem.Store{"go-redis": g, "rueidis": r}
+	// rueidis+cache: the replay cache on, as Open sets it up (client-side
+	// caching; the store above reads through a client without it).
+	cc, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:      []string{addr},
+		DisableRetry:     !clientRetry,
+		ConnWriteTimeout: callTTL,
+		Dialer:           net.Dialer{Timeout: callTTL},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Close)
+	rcache, err := redisstore.NewRueidis(cc, redisstore.Options{Timeout: callTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]idem.Store{"go-redis": g, "rueidis": r, "rueidis+cache": rcache}
 }
 
 func TestLinearizableRedis(t *testing.T) {
-	for _, name := range []string{"go-redis", "rueidis"} {
+	for _, name := range []string{"go-redis", "rueidis", "rueidis+cache"} {
 		t.Run(name, func(t *testing.T) {
 			w := newWorkload(t, redisStores(t, srv.Addr(), 2*time.Second, true)[name], 12, reltest.Scale(100, 1000))
 			w.callTTL = 5 * time.Second
@@ -245,7 +261,7 @@ func faults(t *testing.T, proxy *toxiproxy.Proxy, rounds int, stop <-chan struct
 
 func TestLinearizableRedisFaults(t *testing.T) {
 	const callTTL = 200 * time.Millisecond
-	for _, name := range []string{"go-redis", "rueidis"} {
+	for _, name := range []string{"go-redis", "rueidis", "rueidis+cache"} {
 		t.Run(name, func(t *testing.T) {
 			ts := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 			proxy := toxiproxy.NewProxy(ts, "redis", "127.0.0.1:0", srv.Addr())
