@@ -8,7 +8,8 @@
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
 # with go install and installs dynalite (DynamoDB) with npm when they are
-# missing, and starts (or installs) PostgreSQL
+# missing, builds Caddy with idem's handler (caddyidem/cmd/idem-caddy,
+# Go's build cache keeps it), and starts (or installs) PostgreSQL
 # and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
 # installs apidiff (golang.org/x/exp) with go install when it is missing.
 set -euo pipefail
@@ -59,6 +60,17 @@ if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
 	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
 fi
 export AWS_EC2_METADATA_DISABLED=true
+
+# Caddy with idem's handler (caddyidem, a module of its own, so that
+# Caddy's dependencies never reach the main module): the real-client suite
+# (reliability/clients) builds caddyidem/cmd/idem-caddy and runs it. Build
+# it here first, so that the first build (about 2 minutes on 2 cores:
+# Caddy from the module proxy) lands in Go's build cache and not in a
+# test's time; later runs find it there and only link.
+(cd caddyidem && go build -o /dev/null ./cmd/idem-caddy) || {
+	echo "test.sh: building Caddy with idem (caddyidem/cmd/idem-caddy) failed" >&2
+	exit 1
+}
 
 go vet ./...
 
@@ -149,6 +161,10 @@ go test -race -count=1 -timeout 30m "$@" ./... 2>&1 | tee "$log"
 # The router examples are a module of their own (examples/frameworks/go.mod),
 # so the main module does not depend on gin, echo, chi or gorilla/mux.
 (cd examples/frameworks && go vet ./... && go test -race -count=1 ./...) 2>&1 | tee -a "$log"
+
+# The Caddy handler is a module of its own too (caddyidem/go.mod): its tests
+# run a real Caddy in-process in front of a counting upstream.
+(cd caddyidem && go vet ./... && go test -race -count=1 ./...) 2>&1 | tee -a "$log"
 
 # One closing line for CI: test packages that passed and failed.
 echo "packages: $(grep -c '^ok ' "$log") passed, $(grep -c '^FAIL' "$log") failed"
