@@ -324,3 +324,19 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadKeepsRecords: a config reload keeps the memory store (shared
+// by the handlers that name it, in a caddy.UsagePool): a key executed
+// before the reload is replayed after it, not run again.
+func TestReloadKeepsRecords(t *testing.T) {
+	up := startCounter(t, 0)
+	site := fmt.Sprintf("\tidempotency {\n\t\tstore memory\n\t\tprefix reload:\n\t}\n\treverse_proxy %s", strings.TrimPrefix(up.srv.URL, "http://"))
+	key := "reload-" + runID
+	first := post(t, startCaddy(t, site)+"/pay", key, "{}")
+	base := startCaddy(t, site+"\n\theader X-Reloaded yes") // another config: a reload
+	again := post(t, base+"/pay", key, "{}")
+	if again.status != 201 || again.replayed != "true" || again.body != first.body || up.count(key) != 1 {
+		t.Errorf("after the reload: got %d (replayed %q) %q after %d executions, want the replay of %q after 1",
+			again.status, again.replayed, again.body, up.count(key), first.body)
+	}
+}
