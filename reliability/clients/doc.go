@@ -5,8 +5,10 @@
 // Python's grpcio) with a service-config retry policy, each with its own
 // retry logic. They time out during the work, drop the connection
 // mid-body, meet a 5xx first, or storm one key with copies, against `idem
-// proxy` (memory and a private Redis) and the idemhttp middleware on a
-// loopback server; HAProxy also meets an instance SIGKILLed mid-request,
+// proxy` (memory and a private Redis), the idemhttp middleware on a
+// loopback server, and Caddy with idem's handler in front of
+// reverse_proxy (idem-caddy, built from the caddyidem module; memory and
+// Redis; nginx also resends to a second Caddy); HAProxy also meets an instance SIGKILLed mid-request,
 // and the gRPC clients meet idemgrpc's server interceptor on Redis. Every
 // scenario asserts, against a counting upstream (or handler), exactly one
 // effect per key and that every client ends with the byte-identical 201

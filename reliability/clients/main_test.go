@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	rdb.Stop()
 	proctest.RemoveIdem()
+	proctest.RemoveCaddy()
 	os.Exit(code)
 }
 
@@ -37,11 +38,11 @@ func newPrefix() string {
 	return fmt.Sprintf("idem:clients%d:%s:", prefixSeq.Add(1), runID)
 }
 
-// outcomes returns "outcome→status" for every request line the proxy p
-// logged for the stored key digest, in order.
-func outcomes(p *proctest.Proxy, digest string) []string {
+// outcomes returns "outcome→status" for every request line of an idem
+// proxy's log for the stored key digest, in order.
+func outcomes(log, digest string) []string {
 	var out []string
-	for line := range strings.Lines(p.LogText()) {
+	for line := range strings.Lines(log) {
 		var rec struct {
 			Msg, Key, Outcome string
 			Status            int
@@ -58,4 +59,23 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// caddyOutcomes returns "outcome→status" for every access log line of a
+// Caddy's log (idem-caddy) whose idempotency_key is the stored key digest,
+// in order.
+func caddyOutcomes(log, digest string) []string {
+	var out []string
+	for line := range strings.Lines(log) {
+		var rec struct {
+			Msg     string
+			Key     string `json:"idempotency_key"`
+			Outcome string `json:"idempotency_outcome"`
+			Status  int
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "handled request" && rec.Key == digest {
+			out = append(out, fmt.Sprintf("%s→%d", rec.Outcome, rec.Status))
+		}
+	}
+	return out
 }

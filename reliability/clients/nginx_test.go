@@ -137,6 +137,29 @@ func startNginx(t *testing.T, backends ...string) *nginxProc {
 // the replay. The first instance must finish the work and store its answer
 // although nginx closed the connection.
 func TestLoadBalancerResend(t *testing.T) {
+	loadBalancerResend(t, "idem proxy", func(up *upstream, prefix string) *target {
+		args := []string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", prefix}
+		a, b := proctest.StartProxy(t, args...), proctest.StartProxy(t, args...)
+		return &target{name: "nginx → 2 × idem proxy", short: "lb", url: a.Addr + " " + b.Addr, proxies: []*proctest.Proxy{a, b}}
+	})
+}
+
+// TestLoadBalancerResendCaddy is TestLoadBalancerResend with two Caddy
+// instances (idem-caddy: the idempotency handler in front of
+// reverse_proxy) on one Redis in place of the idem proxies.
+func TestLoadBalancerResendCaddy(t *testing.T) {
+	loadBalancerResend(t, "Caddy", func(up *upstream, prefix string) *target {
+		store := "redis://" + rdb.Addr()
+		cf := func(addr string) string { return caddyfile(addr, up.srv.URL, store, prefix) }
+		a, b := proctest.StartCaddy(t, cf), proctest.StartCaddy(t, cf)
+		return &target{name: "nginx → 2 × Caddy", short: "lb-caddy", url: a.Addr + " " + b.Addr, caddies: []*proctest.Caddy{a, b}}
+	})
+}
+
+// loadBalancerResend runs the scenario of TestLoadBalancerResend on the
+// two instances start returns (their addresses in url, space-separated,
+// which nginx then replaces with its own).
+func loadBalancerResend(t *testing.T, what string, start func(up *upstream, prefix string) *target) {
 	clients := []client{pythonClient, nodeClient, curlClient, goClient}
 	for _, c := range clients {
 		if c.tool != "" {
@@ -144,14 +167,13 @@ func TestLoadBalancerResend(t *testing.T) {
 		}
 	}
 	up := startUpstream(t)
-	prefix := newPrefix()
-	args := []string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", prefix}
-	a, b := proctest.StartProxy(t, args...), proctest.StartProxy(t, args...)
-	lb := startNginx(t, a.Addr, b.Addr)
-	tg := &target{name: "nginx → 2 × idem proxy", store: "redis (single)", short: "lb", url: "http://" + lb.addr, proxies: []*proctest.Proxy{a, b}}
+	tg := start(up, newPrefix())
+	tg.store = "redis (single)"
+	lb := startNginx(t, strings.Fields(tg.url)...)
+	tg.url = "http://" + lb.addr
 	row, keys := runOn(t, up, tg, scenario{
-		name: "load balancer resends the POST to the second instance", short: "lb", path: "/pay",
-		fault:   "nginx (proxy_next_upstream error timeout non_idempotent; proxy_read_timeout 300ms) over 2 idem proxies on one Redis; 1 s of work; clients with 5 s timeouts retry",
+		name: "load balancer resends the POST to the second instance", short: tg.short, path: "/pay",
+		fault:   "nginx (proxy_next_upstream error timeout non_idempotent; proxy_read_timeout 300ms) over 2 " + what + " instances on one Redis; 1 s of work; clients with 5 s timeouts retry",
 		timeout: 5 * time.Second, attempts: 6, clients: clients,
 	})
 	// nginx did resend: some request of every key went to both instances.

@@ -32,8 +32,8 @@ type scenario struct {
 	ownAnswer bool
 }
 
-// runScenario runs sc on the four targets (idem proxy and the middleware,
-// on memory and on Redis) at once, one subtest each.
+// runScenario runs sc on the six targets (idem proxy, the middleware and
+// Caddy, on memory and on Redis) at once, one subtest each.
 func runScenario(t *testing.T, sc scenario) {
 	for _, c := range sc.clients {
 		if c.tool != "" {
@@ -114,7 +114,10 @@ func newTally() *tally { return &tally{seen: map[string]int{}, outcomes: map[str
 
 func (tl *tally) notes(tg *target, paths []string) string {
 	what := "middleware outcomes"
-	if tg.mw == nil {
+	switch {
+	case tg.caddies != nil:
+		what = "Caddy access log outcome→status"
+	case tg.mw == nil:
 		what = "proxy log outcome→status"
 	}
 	n := fmt.Sprintf("effects per key %v, upstream calls per key %v; %s: %s", tl.effects, tl.calls, what, reltest.FormatErrors(tl.outcomes))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -159,13 +160,16 @@ func (u *upstream) stream(w http.ResponseWriter, r *http.Request) {
 // target is one system under test: a base URL that clients send to, and
 // how to tell, for a key, what it did.
 type target struct {
-	name  string // "idem proxy" or "middleware"
+	name  string // "idem proxy", "middleware" or "Caddy"
 	store string // "memory" or "redis (single)", for the report
 	short string // for keys: "proxy-mem", ...
 	url   string
 	// proxies are the `idem proxy` processes behind url (two behind nginx);
-	// nil for the middleware.
+	// nil for the middleware and Caddy.
 	proxies []*proctest.Proxy
+	// caddies are the Caddy processes (idem-caddy, the idempotency
+	// handler in front of reverse_proxy) behind url; nil for the others.
+	caddies []*proctest.Caddy
 	mw      *mwServer // nil for a proxy
 }
 
@@ -180,6 +184,55 @@ func startProxyTarget(t *testing.T, up *upstream, store string) *target {
 	}
 	p := proctest.StartProxy(t, args...)
 	tg.url, tg.proxies = "http://"+p.Addr, []*proctest.Proxy{p}
+	return tg
+}
+
+// caddyfile is the Caddyfile of a Caddy target: one site on addr (for
+// every Host: nginx sends its upstream block's name), its
+// access log as JSON on stderr (where the test reads each request's
+// idempotency_outcome), and the idempotency handler on store in front of
+// reverse_proxy to upstream, with no order line (the directive is ordered
+// before reverse_proxy).
+func caddyfile(addr, upstream, store, prefix string) string {
+	host, port, _ := net.SplitHostPort(addr)
+	prefixLine := ""
+	if prefix != "" {
+		prefixLine = "\t\tprefix " + prefix + "\n"
+	}
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output stderr
+		format json
+		level WARN
+	}
+}
+http://:%s {
+	bind %s
+	log {
+		output stderr
+		format json
+	}
+	reverse_proxy %s
+	idempotency {
+		store %s
+%s	}
+}
+`, port, host, strings.TrimPrefix(upstream, "http://"), store, prefixLine)
+}
+
+// startCaddyTarget runs Caddy with idem (idem-caddy) in front of up on
+// store ("memory" or a redis:// URL).
+func startCaddyTarget(t *testing.T, up *upstream, store string) *target {
+	tg := &target{name: "Caddy", store: "memory", short: "caddy-mem"}
+	prefix := ""
+	if store != "memory" {
+		tg.store, tg.short, prefix = "redis (single)", "caddy-redis", newPrefix()
+	}
+	c := proctest.StartCaddy(t, func(addr string) string { return caddyfile(addr, up.srv.URL, store, prefix) })
+	tg.url, tg.caddies = "http://"+c.Addr, []*proctest.Caddy{c}
 	return tg
 }
 
@@ -294,7 +347,10 @@ func (tg *target) outcomesOf(key, path string) []string {
 	}
 	var out []string
 	for _, p := range tg.proxies {
-		out = append(out, outcomes(p, k.String())...)
+		out = append(out, outcomes(p.LogText(), k.String())...)
+	}
+	for _, c := range tg.caddies {
+		out = append(out, caddyOutcomes(c.LogText(), k.String())...)
 	}
 	return out
 }
@@ -310,9 +366,9 @@ func (tg *target) cancelledHandlers(key string) int {
 	return tg.mw.cancelled[key]
 }
 
-// env is one test's systems: the counting upstream and the four targets
-// in front of it (idem proxy and the middleware, each on memory and on the
-// private Redis).
+// env is one test's systems: the counting upstream and the six targets
+// in front of it (idem proxy, the middleware and Caddy, each on memory and
+// on the private Redis).
 type env struct {
 	up      *upstream
 	targets []*target
@@ -326,5 +382,7 @@ func newEnv(t *testing.T) *env {
 		startProxyTarget(t, up, "redis://"+rdb.Addr()),
 		startMiddlewareTarget(t, up, false),
 		startMiddlewareTarget(t, up, true),
+		startCaddyTarget(t, up, "memory"),
+		startCaddyTarget(t, up, "redis://"+rdb.Addr()),
 	}}
 }

@@ -1,0 +1,182 @@
+package caddyidem
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("idempotency", parseCaddyfile)
+	// Before reverse_proxy, so that a site needs no order line: the
+	// handler runs the proxying under the key.
+	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	idempotency [<matcher>] {
+//		store                <url> [<url>]   # memory (default), redis://…, postgres://…, or both (tiered)
+//		prefix               <prefix>
+//		memory_limit         <size>          # 128MiB; 0: none
+//		reap_interval        <duration>      # 1m; 0: never
+//		methods              <method...>     # POST PATCH
+//		require_key
+//		tenant_header        <header>
+//		tenant_cookie        <cookie>
+//		lease                <duration>      # 30s
+//		retention            <duration>      # 24h
+//		wait                 <duration>
+//		fail_open
+//		max_body             <size>          # 1MiB
+//		max_response         <size>          # 1MiB
+//		store_statuses       <status...>
+//		max_execution        <duration>
+//		client_write_timeout <duration>      # 30s; 0: none
+//		cancel_on_disconnect
+//		blob                 <url>
+//		blob_timeout         <duration>      # 30s
+//	}
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile implements caddyfile.Unmarshaler. Every error names
+// the subdirective and what it wants.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive's name
+	if d.NextArg() {
+		return d.ArgErr() // the matcher is the helper's; nothing else goes on this line
+	}
+	for d.NextBlock(0) {
+		name := d.Val()
+		args := d.RemainingArgs()
+		one := func() (string, error) {
+			if len(args) != 1 {
+				return "", d.Errf("%s: want one argument, got %d", name, len(args))
+			}
+			return args[0], nil
+		}
+		none := func() error {
+			if len(args) != 0 {
+				return d.Errf("%s takes no argument, got %d", name, len(args))
+			}
+			return nil
+		}
+		duration := func() (caddy.Duration, error) {
+			a, err := one()
+			if err != nil {
+				return 0, err
+			}
+			v, err := caddy.ParseDuration(a)
+			if err != nil {
+				return 0, d.Errf("%s %q: want a duration such as 30s, 250ms or 1m", name, a)
+			}
+			return caddy.Duration(v), nil
+		}
+		size := func() (int64, error) {
+			a, err := one()
+			if err != nil {
+				return 0, err
+			}
+			v, err := humanize.ParseBytes(a)
+			if err != nil || v > 1<<62 {
+				return 0, d.Errf("%s %q: want a size such as 1048576, 64KiB or 1MiB", name, a)
+			}
+			return int64(v), nil
+		}
+		var err error
+		switch name {
+		case "store":
+			if len(args) < 1 || len(args) > 2 {
+				return d.Errf("store: want a URL (memory, redis://…, postgres://…), or a Redis URL and a PostgreSQL URL (the tiered store), got %d arguments", len(args))
+			}
+			h.Store = strings.Join(args, " ")
+		case "prefix":
+			h.Prefix, err = one()
+		case "memory_limit":
+			var v int64
+			v, err = size()
+			h.MemoryLimit = &v
+		case "reap_interval":
+			var v caddy.Duration
+			v, err = duration()
+			h.ReapInterval = &v
+		case "methods":
+			if len(args) == 0 {
+				return d.Errf("methods: want one or more methods, such as POST PATCH")
+			}
+			h.Methods = nil
+			for _, a := range args {
+				for m := range strings.SplitSeq(a, ",") {
+					if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
+						h.Methods = append(h.Methods, m)
+					}
+				}
+			}
+		case "require_key":
+			err = none()
+			h.RequireKey = true
+		case "tenant_header":
+			h.TenantHeader, err = one()
+		case "tenant_cookie":
+			h.TenantCookie, err = one()
+		case "lease":
+			h.Lease, err = duration()
+		case "retention":
+			h.Retention, err = duration()
+		case "wait":
+			h.Wait, err = duration()
+		case "fail_open":
+			err = none()
+			h.FailOpen = true
+		case "max_body":
+			h.MaxBody, err = size()
+		case "max_response":
+			h.MaxResponse, err = size()
+		case "store_statuses":
+			if len(args) == 0 {
+				return d.Errf("store_statuses: want one or more statuses, such as 200 201 (JSON's [] stores nothing)")
+			}
+			h.StoreStatuses = []int{}
+			for _, a := range args {
+				st, cerr := strconv.Atoi(a)
+				if cerr != nil {
+					return d.Errf("store_statuses: %q is not a status code", a)
+				}
+				h.StoreStatuses = append(h.StoreStatuses, st)
+			}
+		case "max_execution":
+			h.MaxExecution, err = duration()
+		case "client_write_timeout":
+			var v caddy.Duration
+			v, err = duration()
+			h.ClientWriteTimeout = &v
+		case "cancel_on_disconnect":
+			err = none()
+			h.CancelOnDisconnect = true
+		case "blob":
+			h.Blob, err = one()
+		case "blob_timeout":
+			h.BlobTimeout, err = duration()
+		default:
+			return d.Errf("unknown subdirective %q (want store, prefix, memory_limit, reap_interval, methods, require_key, "+
+				"tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, "+
+				"max_execution, client_write_timeout, cancel_on_disconnect, blob, blob_timeout)", name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return h.Validate()
+}
+
+// Interface guard.
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

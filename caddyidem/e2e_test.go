@@ -1,0 +1,342 @@
+package caddyidem
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/nettest"
+	"github.com/idemkit/idem/internal/redistest"
+)
+
+// rdb is the private redis-server of the tests on Redis.
+var rdb *redistest.Server
+
+func TestMain(m *testing.M) {
+	// Caddy keeps its data (certificates, locks) and autosaved config
+	// under XDG_DATA_HOME and XDG_CONFIG_HOME: a directory of the run's,
+	// not the user's.
+	dir, err := os.MkdirTemp("", "caddyidem-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_DATA_HOME", dir)
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	storageDir = dir // caddy.DefaultStorage took its path at init: set storage in the config
+	rdb = redistest.MustStartServer()
+	code := m.Run()
+	caddy.Stop()
+	rdb.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// storageDir is the Caddy storage of the run (a temporary directory).
+var storageDir string
+
+// runID keeps keys and prefixes of one run apart from another's.
+var runID = fmt.Sprint(time.Now().UnixNano())
+
+// counter is the upstream: POST /pay counts one execution per
+// Idempotency-Key, works for work, and answers 201 with a body that names
+// the execution (a second execution has another body).
+type counter struct {
+	srv  *httptest.Server
+	work time.Duration
+	seq  atomic.Int64
+	mu   sync.Mutex
+	runs map[string]int
+	// headers is the raw Idempotency-Key header name of each request.
+	names map[string]bool
+}
+
+func startCounter(t *testing.T, work time.Duration) *counter {
+	c := &counter{work: work, runs: map[string]int{}, names: map[string]bool{}}
+	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idemhttp.HeaderKey)
+		c.mu.Lock()
+		c.runs[key]++
+		c.mu.Unlock()
+		body, _ := io.ReadAll(r.Body)
+		time.Sleep(c.work)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"run":%d,"key":%q,"request":%q}`, c.seq.Add(1), key, body)
+	}))
+	t.Cleanup(c.srv.Close)
+	return c
+}
+
+func (c *counter) count(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runs[key]
+}
+
+// startCaddy loads a Caddyfile into this process's Caddy (replacing the
+// config of the test before) with admin off, listening on a free loopback
+// port; site is the site block's body. It returns the base URL.
+func startCaddy(t *testing.T, site string) string {
+	t.Helper()
+	port, err := nettest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf := fmt.Sprintf("{\n\tadmin off\n\tstorage file_system %s\n\tpersist_config off\n\tauto_https off\n\tmetrics\n\tlog {\n\t\tlevel WARN\n\t}\n}\nhttp://127.0.0.1:%d {\n%s\n}\n", storageDir, port, site)
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
+	if err != nil {
+		t.Fatalf("adapting the Caddyfile: %v\n%s", err, cf)
+	}
+	for _, w := range warnings {
+		t.Logf("Caddyfile warning: %s", w.String())
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading the config: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+type answer struct {
+	status   int
+	body     string
+	replayed string
+	retry    string
+}
+
+func post(t *testing.T, url, key, body string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set(idemhttp.HeaderKey, key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer{resp.StatusCode, string(b), resp.Header.Get(idemhttp.HeaderReplayed), resp.Header.Get("Retry-After")}
+}
+
+// stores are the stores the end-to-end tests run on.
+func stores() map[string]string {
+	return map[string]string{"memory": "memory", "redis": "redis://" + rdb.Addr()}
+}
+
+// TestOncePerKey: through a real Caddy (the issue's route form) to a real
+// upstream, a key runs once; its repeat is the byte-identical replay; a
+// second request while the first runs gets 409 with Retry-After; the same
+// key with another body gets 422; a request without a key passes through.
+func TestOncePerKey(t *testing.T) {
+	for name, store := range stores() {
+		t.Run(name, func(t *testing.T) {
+			up := startCounter(t, 300*time.Millisecond)
+			base := startCaddy(t, fmt.Sprintf("\troute /payments/* {\n\t\tidempotency {\n\t\t\tstore %s\n\t\t\tprefix caddyidem:%s:\n\t\t}\n\t\treverse_proxy %s\n\t}",
+				store, runID, strings.TrimPrefix(up.srv.URL, "http://")))
+			key := "once-" + name + "-" + runID
+			var first, during answer
+			var wg sync.WaitGroup
+			wg.Go(func() { first = post(t, base+"/payments/7", key, `{"amount":1}`) })
+			time.Sleep(100 * time.Millisecond) // the first holds the key (300ms of work)
+			during = post(t, base+"/payments/7", key, `{"amount":1}`)
+			wg.Wait()
+			if first.status != 201 || first.replayed != "" {
+				t.Fatalf("first: got %d (replayed %q) %q, want the upstream's 201", first.status, first.replayed, first.body)
+			}
+			if during.status != 409 || during.retry == "" || !strings.Contains(during.body, idemhttp.ProblemInFlight) {
+				t.Errorf("during the first: got %d Retry-After %q %q, want 409 in-flight with Retry-After", during.status, during.retry, during.body)
+			}
+			again := post(t, base+"/payments/7", key, `{"amount":1}`)
+			if again.status != 201 || again.replayed != "true" || again.body != first.body {
+				t.Errorf("repeat: got %d (replayed %q) %q, want the replay of %q", again.status, again.replayed, again.body, first.body)
+			}
+			other := post(t, base+"/payments/7", key, `{"amount":2}`)
+			if other.status != 422 || !strings.Contains(other.body, idemhttp.ProblemMismatch) {
+				t.Errorf("same key, another body: got %d %q, want 422 mismatch", other.status, other.body)
+			}
+			if n := up.count(key); n != 1 {
+				t.Errorf("got %d executions of the key, want 1", n)
+			}
+			unkeyed := post(t, base+"/payments/7", "", `{"amount":1}`)
+			unkeyed2 := post(t, base+"/payments/7", "", `{"amount":1}`)
+			if unkeyed.status != 201 || unkeyed2.status != 201 || up.count("") != 2 {
+				t.Errorf("without a key: got %d, %d and %d executions, want 201, 201 and 2 (passed through)", unkeyed.status, unkeyed2.status, up.count(""))
+			}
+		})
+	}
+}
+
+// TestUpstreamErrorReleasesKey: reverse_proxy returns an error (502) when
+// the upstream cannot be reached; the key is released, not stored, and
+// the retry once the upstream is back runs it and gets its answer.
+func TestUpstreamErrorReleasesKey(t *testing.T) {
+	port, err := nettest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	upAddr := fmt.Sprintf("127.0.0.1:%d", port)
+	base := startCaddy(t, fmt.Sprintf("\tidempotency\n\treverse_proxy %s", upAddr))
+	key := "down-" + runID
+	down := post(t, base+"/pay", key, `{}`)
+	if down.status != http.StatusBadGateway {
+		t.Fatalf("upstream down: got %d %q, want reverse_proxy's 502", down.status, down.body)
+	}
+	ln, err := net.Listen("tcp", upAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := startCounter(t, 0)
+	up.srv.Close()
+	srv := &http.Server{Handler: up.srv.Config.Handler}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	back := post(t, base+"/pay", key, `{}`)
+	if back.status != 201 || back.replayed != "" || up.count(key) != 1 {
+		t.Errorf("retry once the upstream is back: got %d (replayed %q) %q after %d executions, want the upstream's own 201 after 1 (the 502 released the key)",
+			back.status, back.replayed, back.body, up.count(key))
+	}
+	again := post(t, base+"/pay", key, `{}`)
+	if again.status != 201 || again.replayed != "true" || again.body != back.body {
+		t.Errorf("repeat: got %d (replayed %q) %q, want the replay of %q", again.status, again.replayed, again.body, back.body)
+	}
+}
+
+// TestBodilessSentOnce: a keyed POST without a body is sent upstream
+// once. The upstream answers the first request of each connection and
+// closes the connection on the second without an answer, after counting
+// it: net/http's Transport (reverse_proxy's) resends a request on a
+// reused connection that broke so, when the request has no body and an
+// Idempotency-Key header, and the upstream would run it twice. The
+// handler sends the key under its lower-case name, which the Transport
+// does not take for a sign that it may resend: the key runs once, the
+// client gets 502 and the key is released.
+func TestBodilessSentOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	runs := map[string]int{}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for n := 1; ; n++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					key := req.Header.Get(idemhttp.HeaderKey)
+					mu.Lock()
+					runs[key]++
+					mu.Unlock()
+					if n == 2 {
+						return // acted, and the connection breaks before the answer
+					}
+					fmt.Fprint(c, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	base := startCaddy(t, fmt.Sprintf("\tidempotency\n\treverse_proxy %s", ln.Addr()))
+	if a := post(t, base+"/warm", "", "x"); a.status != 201 { // the upstream connection Caddy keeps
+		t.Fatalf("warm-up: got %d %q, want 201", a.status, a.body)
+	}
+	key := "bodiless-" + runID
+	a := post(t, base+"/pay", key, "")
+	mu.Lock()
+	n := runs[key]
+	mu.Unlock()
+	if n != 1 {
+		t.Errorf("got %d upstream executions of the bodiless keyed request (answered %d %q), want 1", n, a.status, a.body)
+	}
+}
+
+// metricValue reads one series of Caddy's /metrics (0 when absent).
+func metricValue(t *testing.T, url, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), series+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
+}
+
+// TestMetrics: the outcomes are counted under idem proxy's names on
+// Caddy's registry, served by Caddy's metrics handler.
+func TestMetrics(t *testing.T) {
+	up := startCounter(t, 0)
+	base := startCaddy(t, fmt.Sprintf("\tmetrics /metrics\n\tidempotency /pay* {\n\t\tmethods POST\n\t}\n\treverse_proxy /pay* %s", strings.TrimPrefix(up.srv.URL, "http://")))
+	series := func(o string) string { return `idem_requests_total{outcome="` + o + `"}` }
+	before := map[string]float64{}
+	for _, o := range []string{"executed", "replayed", "not_covered"} {
+		before[o] = metricValue(t, base+"/metrics", series(o))
+	}
+	key := "metrics-" + runID
+	post(t, base+"/pay", key, "{}")
+	post(t, base+"/pay", key, "{}")
+	req, _ := http.NewRequest(http.MethodPatch, base+"/pay", strings.NewReader("{}"))
+	req.Header.Set(idemhttp.HeaderKey, key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	for o, want := range map[string]float64{"executed": 1, "replayed": 1, "not_covered": 1} {
+		if got := metricValue(t, base+"/metrics", series(o)) - before[o]; got != want {
+			t.Errorf("%s: got %v more, want %v", series(o), got, want)
+		}
+	}
+}
+
+// TestReloadKeepsRecords: a config reload keeps the memory store (shared
+// by the handlers that name it, in a caddy.UsagePool): a key executed
+// before the reload is replayed after it, not run again.
+func TestReloadKeepsRecords(t *testing.T) {
+	up := startCounter(t, 0)
+	site := fmt.Sprintf("\tidempotency {\n\t\tstore memory\n\t\tprefix reload:\n\t}\n\treverse_proxy %s", strings.TrimPrefix(up.srv.URL, "http://"))
+	key := "reload-" + runID
+	first := post(t, startCaddy(t, site)+"/pay", key, "{}")
+	base := startCaddy(t, site+"\n\theader X-Reloaded yes") // another config: a reload
+	again := post(t, base+"/pay", key, "{}")
+	if again.status != 201 || again.replayed != "true" || again.body != first.body || up.count(key) != 1 {
+		t.Errorf("after the reload: got %d (replayed %q) %q after %d executions, want the replay of %q after 1",
+			again.status, again.replayed, again.body, up.count(key), first.body)
+	}
+}

@@ -1,0 +1,429 @@
+package caddyidem
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults of the fields that idem proxy also has, with its defaults.
+const (
+	// DefaultMemoryLimit is MemoryLimit's default for the memory store:
+	// idem proxy's --memory-limit.
+	DefaultMemoryLimit = 128 << 20
+	// DefaultReapInterval is ReapInterval's default: idem proxy's
+	// --reap-interval.
+	DefaultReapInterval = time.Minute
+	// reapBatch is the most records one statement of the reaper deletes.
+	reapBatch = 1000
+)
+
+// Handler is the idempotency handler, module http.handlers.idempotency.
+// Requests of the covered methods that carry an Idempotency-Key run the
+// rest of the route (reverse_proxy, usually) once per key; a repeat gets
+// the stored response, byte for byte, with Idempotent-Replayed: true.
+// Its fields are idem proxy's flags, under the names of its --config file;
+// a zero field takes idem proxy's default.
+type Handler struct {
+	// Store is where records live: "memory" (the default: this process
+	// only, forgotten on restart), a Redis URL (redis://, rediss://,
+	// valkey://, with the Cluster and Sentinel forms of redisstore.Open),
+	// a PostgreSQL URL (postgres://; the table is created if missing), or
+	// a Redis URL and a PostgreSQL URL separated by a space (the tiered
+	// store). As idem proxy's --store.
+	Store string `json:"store,omitempty"`
+
+	// Prefix is the Redis key prefix or the PostgreSQL namespace (idem
+	// proxy's --prefix). Must not contain { or }.
+	Prefix string `json:"prefix,omitempty"`
+
+	// MemoryLimit bounds the memory store's records, in bytes (--memory-limit).
+	// Default DefaultMemoryLimit; 0: no limit.
+	MemoryLimit *int64 `json:"memory_limit,omitempty"`
+
+	// ReapInterval is how often expired PostgreSQL records are deleted
+	// (--reap-interval). Default DefaultReapInterval; 0: never.
+	ReapInterval *caddy.Duration `json:"reap_interval,omitempty"`
+
+	// Methods are the covered methods; others pass through untouched
+	// (counted not_covered). Default POST and PATCH.
+	Methods []string `json:"methods,omitempty"`
+
+	// RequireKey answers 400 to covered requests without a key.
+	RequireKey bool `json:"require_key,omitempty"`
+
+	// TenantHeader scopes keys by this request header's value, as idem
+	// proxy's --tenant-header (records are shared with proxies on the same
+	// store). Default: a hash of Authorization (idemhttp.DefaultTenant).
+	TenantHeader string `json:"tenant_header,omitempty"`
+
+	// TenantCookie scopes keys by a hash of this cookie
+	// (idemhttp.TenantFromCookie). Not with TenantHeader.
+	TenantCookie string `json:"tenant_cookie,omitempty"`
+
+	// Lease is how long a crashed Caddy blocks a key; renewed while the
+	// work runs. Default idem.DefaultLease (30s); at least 10ms.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// Retention is how long a completed response is replayed. Default
+	// idem.DefaultRetention (24h); at least 1s.
+	Retention caddy.Duration `json:"retention,omitempty"`
+
+	// Wait, when positive, makes a request whose key is in flight wait up
+	// to this long for the result instead of getting 409 at once.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// FailOpen runs the route without idempotency when the store fails
+	// (default: 503, nothing forwarded).
+	FailOpen bool `json:"fail_open,omitempty"`
+
+	// MaxBody is the largest request body of a keyed request, in bytes;
+	// larger gets 413. Default idemhttp.DefaultMaxBodySize (1 MiB).
+	MaxBody int64 `json:"max_body,omitempty"`
+
+	// MaxResponse is the largest response body kept in the record, in
+	// bytes; a larger one goes to Blob, or is completed without its body
+	// (replays answer 500 response-not-kept). Default
+	// idemhttp.DefaultMaxResponseSize (1 MiB); at most idem.MaxEncodedBody.
+	MaxResponse int64 `json:"max_response,omitempty"`
+
+	// StoreStatuses, when set, are the only statuses stored (and
+	// replayed); others release the key. Default idemhttp.DefaultShouldStore
+	// (2xx and 4xx but 408, 409, 425, 429). An empty list set explicitly
+	// stores nothing.
+	StoreStatuses []int `json:"store_statuses,omitempty"`
+
+	// MaxExecution, when positive, cancels work still running after this
+	// long under its key (the key is released).
+	MaxExecution caddy.Duration `json:"max_execution,omitempty"`
+
+	// ClientWriteTimeout: a keyed request's client that does not take a
+	// write (32 KiB at most) within this long is gone, and the response is
+	// still read to its end and stored. Default
+	// idemhttp.DefaultClientWriteTimeout (30s); 0: no limit.
+	ClientWriteTimeout *caddy.Duration `json:"client_write_timeout,omitempty"`
+
+	// CancelOnDisconnect is UNSAFE: a client that leaves cancels its work
+	// and releases the key, so its retry runs the work again
+	// (idemhttp.Config.CancelOnDisconnect).
+	CancelOnDisconnect bool `json:"cancel_on_disconnect,omitempty"`
+
+	// Blob is the blob store of response bodies larger than MaxResponse:
+	// s3://…, file:///DIR or mem:// (blobstore.Open). Default none.
+	Blob string `json:"blob,omitempty"`
+
+	// BlobTimeout gives up a blob operation that makes no progress for
+	// this long. Default idemhttp.DefaultBlobTimeout (30s).
+	BlobTimeout caddy.Duration `json:"blob_timeout,omitempty"`
+
+	covered  map[string]bool
+	mw       func(http.Handler) http.Handler
+	tenant   func(*http.Request) string
+	storeKey string // in the stores pool; "" when none was taken
+	blobKey  string // in the stores pool; "" when none was taken
+	logger   *slog.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
+
+// Validate reports the first bad field, named as the Caddyfile names it,
+// with what it wants.
+func (h *Handler) Validate() error {
+	switch {
+	case h.Lease != 0 && time.Duration(h.Lease) < 10*time.Millisecond:
+		return fmt.Errorf("lease %v: want at least 10ms", time.Duration(h.Lease))
+	case h.Retention != 0 && time.Duration(h.Retention) < time.Second:
+		return fmt.Errorf("retention %v: want at least 1s", time.Duration(h.Retention))
+	case h.Wait < 0:
+		return fmt.Errorf("wait %v: must not be negative", time.Duration(h.Wait))
+	case h.MaxExecution < 0:
+		return fmt.Errorf("max_execution %v: must not be negative (0: no limit)", time.Duration(h.MaxExecution))
+	case h.ClientWriteTimeout != nil && *h.ClientWriteTimeout < 0:
+		return fmt.Errorf("client_write_timeout %v: must not be negative (0: no limit)", time.Duration(*h.ClientWriteTimeout))
+	case h.ReapInterval != nil && *h.ReapInterval < 0:
+		return fmt.Errorf("reap_interval %v: must not be negative (0: never)", time.Duration(*h.ReapInterval))
+	case h.BlobTimeout < 0:
+		return fmt.Errorf("blob_timeout %v: must not be negative", time.Duration(h.BlobTimeout))
+	case h.MemoryLimit != nil && *h.MemoryLimit < 0:
+		return fmt.Errorf("memory_limit %d: must not be negative (0: no limit)", *h.MemoryLimit)
+	case h.MaxBody < 0:
+		return fmt.Errorf("max_body %d: want at least 1 byte", h.MaxBody)
+	case h.MaxResponse < 0 || h.MaxResponse > idem.MaxEncodedBody:
+		return fmt.Errorf("max_response %d: want 1 to %d bytes", h.MaxResponse, idem.MaxEncodedBody)
+	case strings.ContainsAny(h.Prefix, "{}"):
+		return fmt.Errorf("prefix %q: must not contain '{' or '}' (Redis keys put the stored key in braces)", h.Prefix)
+	}
+	for _, m := range h.Methods {
+		if !httpguts.ValidHeaderFieldName(m) || strings.ToUpper(m) != m {
+			return fmt.Errorf("methods: %q is not an upper-case HTTP method", m)
+		}
+	}
+	if h.TenantHeader != "" && !httpguts.ValidHeaderFieldName(h.TenantHeader) {
+		return fmt.Errorf("tenant_header %q: not a header name", h.TenantHeader)
+	}
+	if h.TenantCookie != "" && !httpguts.ValidHeaderFieldName(h.TenantCookie) {
+		return fmt.Errorf("tenant_cookie %q: not a cookie name", h.TenantCookie)
+	}
+	if h.TenantHeader != "" && h.TenantCookie != "" {
+		return fmt.Errorf("tenant_header %q and tenant_cookie %q: set one tenant source, not both", h.TenantHeader, h.TenantCookie)
+	}
+	for _, st := range h.StoreStatuses {
+		if st < 200 || st > 599 {
+			return fmt.Errorf("store_statuses: %d is not a final HTTP status (200-599)", st)
+		}
+	}
+	return nil
+}
+
+// Provision opens the store (and blob store), shared with every handler
+// of the process that names the same ones, so that a config reload keeps
+// the memory store's records and the connections; and builds the
+// idemhttp middleware.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	if err := h.Validate(); err != nil { // Caddy validates after provisioning: check before opening anything
+		return err
+	}
+	h.logger = ctx.Slogger()
+	m := registerMetrics(ctx.GetMetricsRegistry())
+
+	methods := h.Methods
+	if len(methods) == 0 {
+		methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	h.covered = map[string]bool{}
+	for _, meth := range methods {
+		h.covered[meth] = true
+	}
+	memLimit := int64(DefaultMemoryLimit)
+	if h.MemoryLimit != nil {
+		memLimit = *h.MemoryLimit
+	}
+	reap := DefaultReapInterval
+	if h.ReapInterval != nil {
+		reap = time.Duration(*h.ReapInterval)
+	}
+	store, key, err := takeStore(ctx, storeSpec{url: h.Store, prefix: h.Prefix, memLimit: memLimit, reapEvery: reap}, h.logger)
+	if err != nil {
+		return err
+	}
+	h.storeKey = key
+	if isMemory(h.Store) {
+		h.logger.Warn("idempotency: store memory keeps the records in this process: a restart forgets every key " +
+			"(its repeats run again), and other instances have their own; use redis:// or postgres:// in production")
+	}
+
+	h.tenant = tenantFunc(h.TenantHeader, h.TenantCookie)
+	cfg := idemhttp.Config{
+		Methods:         methods,
+		RequireKey:      h.RequireKey,
+		Tenant:          h.tenant,
+		Route:           routeOf,
+		MaxBodySize:     h.MaxBody,
+		Lease:           time.Duration(h.Lease),
+		Retention:       time.Duration(h.Retention),
+		MaxResponseSize: int(h.MaxResponse),
+		Wait:            time.Duration(h.Wait),
+		FailOpen:        h.FailOpen,
+		MaxExecution:    time.Duration(h.MaxExecution),
+		// The config's context ends once Caddy stopped its servers (after
+		// their grace period on a reload or a stop): the work still
+		// running then is cancelled, as idem proxy does past
+		// --shutdown-timeout.
+		StopContext:        ctx,
+		CancelOnDisconnect: h.CancelOnDisconnect,
+		Logger:             h.logger,
+		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
+			m.requests.WithLabelValues(string(o)).Inc()
+			logField(r, zap.String("idempotency_outcome", string(o)))
+		},
+		OnRenew:       m.onRenew,
+		BlobTimeout:   time.Duration(h.BlobTimeout),
+		OnBodyOmitted: func(*http.Request) { m.notKept.Inc() },
+	}
+	if h.ClientWriteTimeout != nil {
+		cfg.ClientWriteTimeout = cmp.Or(time.Duration(*h.ClientWriteTimeout), -1) // 0 here is no limit; idemhttp's 0 is its default
+	}
+	if h.StoreStatuses != nil {
+		statuses := map[int]bool{}
+		for _, st := range h.StoreStatuses {
+			statuses[st] = true
+		}
+		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
+	}
+	if h.Blob != "" {
+		blobs, key, err := takeBlobs(ctx, h.Blob)
+		if err != nil {
+			return err
+		}
+		h.blobKey = key
+		cfg.Blobs = blobs
+		cfg.OnBlobError = m.onBlobError
+		m.initBlobSeries()
+	}
+	mw, err := idemhttp.NewMiddleware(store, cfg)
+	if err != nil {
+		return err
+	}
+	h.mw = mw
+	return nil
+}
+
+// Cleanup gives back the store and the blob store: the last handler that
+// used one closes it.
+func (h *Handler) Cleanup() error {
+	var errs []error
+	if h.storeKey != "" {
+		if _, err := pool.Delete(h.storeKey); err != nil {
+			errs = append(errs, err)
+		}
+		h.storeKey = ""
+	}
+	if h.blobKey != "" {
+		if _, err := pool.Delete(h.blobKey); err != nil {
+			errs = append(errs, err)
+		}
+		h.blobKey = ""
+	}
+	return errors.Join(errs...)
+}
+
+// routeOf is the route of a record's scope: the path as this handler sees
+// it, as idem proxy's without --config, so that a Caddy and a proxy on the
+// same store and prefix share their records.
+func routeOf(r *http.Request) string { return r.URL.EscapedPath() }
+
+// nextFailed carries the error of the rest of the route out of the
+// middleware as a panic, which releases the key (idemhttp: a panic
+// releases it), and is turned back into the error for Caddy.
+type nextFailed struct{ err error }
+
+// ServeHTTP runs the rest of the route (next) through the idemhttp
+// middleware. An error from next (reverse_proxy's 502 when the upstream
+// cannot be reached, say) releases the key, and goes to Caddy as it came,
+// for its error handling (handle_errors) to answer: it is never stored.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
+	if !h.covered[r.Method] {
+		metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
+		logField(r, zap.String("idempotency_outcome", outcomeNotCovered))
+		return next.ServeHTTP(w, r)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			nf, ok := v.(nextFailed)
+			if !ok {
+				panic(v)
+			}
+			err = nf.err
+		}
+	}()
+	h.mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, leased := idem.LeaseFromContext(r.Context())
+		if leased && r.ContentLength == 0 {
+			r.Header = hideReplayHints(r.Header)
+		}
+		if err := next.ServeHTTP(w, r); err != nil {
+			panic(nextFailed{err}) // under a key, it releases the key on its way out
+		}
+	})).ServeHTTP(w, r)
+	if ck, kerr := idemhttp.ParseKey(r.Header); kerr == nil {
+		// The key as its stored digest (what idem inspect --stored-key
+		// takes), never the client's raw key, as idem proxy logs it.
+		if k, kerr := (idem.Scope{Tenant: h.tenant(r), Method: r.Method, Route: routeOf(r)}).Key(ck); kerr == nil {
+			logField(r, zap.String("idempotency_key", k.String()))
+		}
+	}
+	return nil
+}
+
+// logField adds f to the request's access log line.
+func logField(r *http.Request, f zap.Field) {
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Set(f)
+	}
+}
+
+// replayHints are the headers that make net/http's Transport resend a
+// request without a body on its own when a reused connection breaks
+// (Request.isReplayable): the upstream may have acted on the first copy.
+var replayHints = []string{"Idempotency-Key", "X-Idempotency-Key"}
+
+// hideReplayHints returns h, or a copy of h with each of replayHints under
+// its lower-case name, which the upstream reads the same (header names are
+// case-insensitive) but the Transport does not take for a sign that it may
+// resend. idem proxy does the same for a keyed request without a body.
+func hideReplayHints(h http.Header) http.Header {
+	var out http.Header
+	for _, name := range replayHints {
+		v, ok := h[name]
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = h.Clone()
+		}
+		delete(out, name)
+		lower := strings.ToLower(name)
+		out[lower] = append(out[lower], v...)
+	}
+	if out == nil {
+		return h
+	}
+	return out
+}
+
+// tenantFunc is idem proxy's: the named header's value as "hdr:" + value
+// (so that records are shared with proxies and idem inspect --tenant
+// hdr:ID finds them; idem.Scope hashes it), or the cookie's hash, or
+// idemhttp.DefaultTenant.
+func tenantFunc(header, cookie string) func(*http.Request) string {
+	if cookie != "" {
+		return idemhttp.TenantFromCookie(cookie)
+	}
+	if header == "" {
+		return idemhttp.DefaultTenant
+	}
+	return func(r *http.Request) string {
+		switch vs := r.Header.Values(header); {
+		case len(vs) == 1 && vs[0] != "":
+			return "hdr:" + vs[0]
+		case len(vs) > 1:
+			// A client's own value beside the gateway's: never the
+			// tenant of one value alone.
+			return "hdr:" + strings.Join(vs, "\n")
+		}
+		return idemhttp.DefaultTenant(r)
+	}
+}
+
+// isMemory reports whether spec names the memory store.
+func isMemory(spec string) bool { return spec == "" || spec == "memory" }
