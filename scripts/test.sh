@@ -8,9 +8,11 @@
 # nginx, haproxy, python3-requests, python3-grpcio, nodejs and curl with
 # apt-get when they are missing, builds versitygw (an S3-compatible server)
 # with go install and installs dynalite (DynamoDB) with npm when they are
-# missing, and starts (or installs) PostgreSQL
-# and RabbitMQ, so it works on a fresh Debian machine. scripts/apicheck.sh
-# installs apidiff (golang.org/x/exp) with go install when it is missing.
+# missing, builds Valkey 9.1 and Redis 8.6 from Debian's source packages
+# (scripts/build-redis-servers.sh) when they are missing, and starts (or
+# installs) PostgreSQL and RabbitMQ, so it works on a fresh Debian machine.
+# scripts/apicheck.sh installs apidiff (golang.org/x/exp) with go install
+# when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +61,13 @@ if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
 	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
 fi
 export AWS_EC2_METADATA_DISABLED=true
+
+# The redisstore suites also run on Valkey 9.1 (with and without its Lua
+# module) and Redis 8.6, which have SET IFEQ (the store's native path).
+# Build them from Debian's source packages (sid, experimental) when they
+# are missing, into $(go env GOPATH)/idem-servers, where internal/redistest
+# looks (about 6 minutes; the system's apt sources are left alone).
+./scripts/build-redis-servers.sh
 
 go vet ./...
 
