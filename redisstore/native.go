@@ -70,6 +70,10 @@ const maxAhead = 250 // ms
 // puts its token, to cover the time the claim takes to reach the server.
 const claimLead = 5 // ms
 
+// shortClaim is the expiry, in ms, of the claim of a lease of at most
+// 2*maxAhead, which the second step sets to the lease's.
+const shortClaim = 2000
+
 // maxCASAttempts bounds the read, compare-and-set rounds of one transition.
 const maxCASAttempts = 16
 
@@ -382,11 +386,20 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 	if err != nil || ttl <= 0 {
 		return reply{}, fmt.Errorf("lease TTL %q is not a positive number of ms", ttlArg)
 	}
+	// A short lease is claimed for shortClaim first, so that it is still
+	// there for the second step, which gives it its token and expiry.
+	short := ttl <= 2*maxAhead
+	px := ttl
+	if short {
+		px = shortClaim
+	}
+	lead := int64(claimLead)
 	for range maxCASAttempts {
-		t0 := r.serverNowMs() + claimLead
+		t0 := r.serverNowMs() + lead
+		lead = min(2*lead, maxAhead/2) // a claim that came too late leads more next time
 		claim := make([]byte, 0, inFlightLen)
 		claim = append(append(append(append(claim, 'F'), packTokenBytes(t0)...), fp...), id...)
-		res, err := c.tx(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", ttlArg},
+		res, err := c.tx(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
 			[]string{"PTTL", key}, []string{"TIME"})
 		if err != nil {
 			return reply{}, err
@@ -398,13 +411,21 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 		if st.wrongType {
 			return reply{}, nil // not a record
 		}
-		claimedAt := st.now
+		// The fix: the token becomes the server's time at the claim,
+		// larger than every token the key had, and the lease ends ttl
+		// after it.
+		token, fix, left := st.now, write{at: st.now + ttl}, ttl
 		switch {
 		case st.v == nil: // claimed just now
+			if !short && t0 >= st.now && t0-st.now <= maxAhead {
+				r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
+				return reply{n: [3]int64{1, t0, ttl}}, nil
+			}
 		case bytes.Equal(st.v, claim):
-			// Our own claim, sent again after a lost reply: it was made
-			// at the time its remaining TTL tells.
-			claimedAt = st.now + st.pttl - ttl
+			// Our own claim, sent again after a lost reply: when it was
+			// made is unknown, so the token becomes the time now, and the
+			// claim keeps its expiry (later than now, as it is there).
+			fix, left = write{keepTTL: true}, st.pttl
 		default:
 			rep, w := acquireStep(st, id, fp, ttl)
 			if w == nil {
@@ -422,20 +443,16 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 			}
 			continue // the record changed: claim again
 		}
-		if t0 >= claimedAt && t0-claimedAt <= min(maxAhead, ttl-1) {
-			r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
-			return reply{n: [3]int64{1, t0, ttl}}, nil
-		}
-		// The estimate missed: the token becomes the server's time at the
-		// claim, larger than every token the key had.
-		fixed := append(append([]byte{'F'}, packTokenBytes(claimedAt)...), claim[tokenEnd:]...)
-		ok, err := r.cas(ctx, c, key, state{v: claim}, write{val: fixed, keepTTL: true})
+		fix.val = append(append([]byte{'F'}, packTokenBytes(token)...), claim[tokenEnd:]...)
+		ok, err := r.cas(ctx, c, key, state{v: claim}, fix)
 		if err != nil {
 			return reply{}, err
 		}
 		if ok {
-			r.remember(id, leaseMemo{key: key, token: uint64(claimedAt), fp: [16]byte([]byte(fp))})
-			return reply{n: [3]int64{1, claimedAt, ttl}}, nil
+			if token-st.now <= maxAhead {
+				r.remember(id, leaseMemo{key: key, token: uint64(token), fp: [16]byte([]byte(fp))})
+			}
+			return reply{n: [3]int64{1, token, left}}, nil
 		}
 		// The claim expired before the fix: claim again.
 	}
@@ -691,10 +708,10 @@ func (c rueidisConn) one(ctx context.Context, cmd ...string) (nval, error) {
 	res := c.c.Do(ctx, c.build(cmd))
 	m, err := res.ToMessage()
 	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nval{null: true}, nil
+		}
 		if _, ok := rueidis.IsRedisErr(err); ok {
-			if rueidis.IsRedisNil(err) {
-				return nval{null: true}, nil
-			}
 			return nval{err: err}, nil
 		}
 		return nval{}, err

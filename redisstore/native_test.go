@@ -27,7 +27,9 @@ var (
 	serversErr  error
 )
 
-func startKinds(t *testing.T) map[redistest.Kind]*redistest.Server {
+func startKinds(t *testing.T) map[redistest.Kind]*redistest.Server { return startKindsB(t) }
+
+func startKindsB(t testing.TB) map[redistest.Kind]*redistest.Server {
 	t.Helper()
 	serversOnce.Do(func() {
 		servers = map[redistest.Kind]*redistest.Server{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -56,8 +57,8 @@ type pathRunner struct {
 	native *nativeRunner
 	probe  func(ctx context.Context) (bool, error) // SET has IFEQ
 
-	mu     sync.Mutex
-	chosen runner // nil until chosen
+	mu     sync.Mutex             // held while probing
+	chosen atomic.Pointer[runner] // nil until chosen
 }
 
 func newPathRunner(p Path, lua runner, native *nativeRunner, probe func(ctx context.Context) (bool, error)) (*pathRunner, error) {
@@ -65,7 +66,7 @@ func newPathRunner(p Path, lua runner, native *nativeRunner, probe func(ctx cont
 	switch p {
 	case PathAuto, PathNative:
 	case PathLua:
-		r.chosen = lua
+		r.chosen.Store(&lua)
 	default:
 		return nil, fmt.Errorf("redisstore: unknown Options.Path %d", int(p))
 	}
@@ -75,10 +76,13 @@ func newPathRunner(p Path, lua runner, native *nativeRunner, probe func(ctx cont
 // pick returns the runner of the chosen path, probing the server once.
 // A failed probe is tried again on the next call.
 func (r *pathRunner) pick(ctx context.Context) (runner, error) {
+	if c := r.chosen.Load(); c != nil {
+		return *c, nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.chosen != nil {
-		return r.chosen, nil
+	if c := r.chosen.Load(); c != nil {
+		return *c, nil
 	}
 	cas, err := r.probe(ctx)
 	if err != nil {
@@ -87,9 +91,10 @@ func (r *pathRunner) pick(ctx context.Context) (runner, error) {
 		}
 		cas = false // a server without COMMAND DOCS has no IFEQ either
 	}
+	var chosen runner
 	switch {
 	case cas:
-		r.chosen = r.native
+		chosen = r.native
 		// Start the clock estimate before the first claim (a claim
 		// without one takes a second step).
 		if v, err := r.native.c.one(ctx, "TIME"); err == nil {
@@ -100,19 +105,19 @@ func (r *pathRunner) pick(ctx context.Context) (runner, error) {
 	case r.path == PathNative:
 		return nil, ErrNoCAS
 	default:
-		r.chosen = r.lua
+		chosen = r.lua
 	}
-	return r.chosen, nil
+	r.chosen.Store(&chosen)
+	return chosen, nil
 }
 
 // current is Store.Path.
 func (r *pathRunner) current() Path {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch r.chosen {
-	case nil:
+	c := r.chosen.Load()
+	switch {
+	case c == nil:
 		return PathAuto
-	case r.lua:
+	case *c == r.lua:
 		return PathLua
 	}
 	return PathNative
