@@ -165,6 +165,16 @@ func (r *nativeRunner) remember(id string, m leaseMemo) {
 	r.mu.Unlock()
 }
 
+// granted reports whether this runner granted lease id on key with token.
+func (r *nativeRunner) granted(id, key string, token int64) bool {
+	var k [16]byte
+	copy(k[:], id)
+	r.mu.Lock()
+	m, ok := r.leases[k]
+	r.mu.Unlock()
+	return ok && m.key == key && m.token == uint64(token)
+}
+
 // recall returns and forgets the memo of lease id.
 func (r *nativeRunner) recall(id string) (leaseMemo, bool) {
 	var k [16]byte
@@ -421,10 +431,13 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 				r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
 				return reply{n: [3]int64{1, t0, ttl}}, nil
 			}
-		case bytes.Equal(st.v, claim):
-			// Our own claim, sent again after a lost reply: when it was
-			// made is unknown, so the token becomes the time now, and the
-			// claim keeps its expiry (later than now, as it is there).
+		case bytes.Equal(st.v, claim) && !r.granted(id, key, t0):
+			// Our own claim, sent again by the client library after a
+			// lost reply: when it was made is unknown, so the token
+			// becomes the time now, and the claim keeps its expiry (later
+			// than now, as it is there). (A claim of the same bytes that
+			// this runner granted, by an earlier Acquire of the same lease
+			// in the same millisecond, is the lease it granted: below.)
 			fix, left = write{keepTTL: true}, st.pttl
 		default:
 			rep, w := acquireStep(st, id, fp, ttl)

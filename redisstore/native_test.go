@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -208,25 +207,22 @@ func TestNativeTokens(t *testing.T) {
 				if pttl := c.PTTL(ctx, s.KeyName(key)).Val(); pttl <= 5*time.Second || pttl > 8*time.Second {
 					t.Errorf("renew %d: PTTL %v, want within (5s, 8s]", i, pttl)
 				}
-				if i%2 == 0 {
-					if err := s.Release(ctx, a.Lease); err != nil {
-						t.Fatal(err)
-					}
-					if pttl := c.PTTL(ctx, s.KeyName(key)).Val(); pttl <= 0 {
-						t.Errorf("release %d: PTTL %v, want > 0", i, pttl)
-					}
-					continue
-				}
-				resp := &idem.Response{Status: 201, Body: []byte("ok " + strconv.Itoa(i))}
-				if err := s.Complete(ctx, a.Lease, resp, time.Minute); err != nil {
+				if err := s.Release(ctx, a.Lease); err != nil {
 					t.Fatal(err)
 				}
-				if pttl := c.PTTL(ctx, s.KeyName(key)).Val(); pttl <= 50*time.Second || pttl > time.Minute {
-					t.Errorf("complete %d: PTTL %v, want within (50s, 1m]", i, pttl)
+				if pttl := c.PTTL(ctx, s.KeyName(key)).Val(); pttl <= 0 {
+					t.Errorf("release %d: PTTL %v, want > 0", i, pttl)
 				}
-				if _, err := s.Delete(ctx, key); err != nil {
-					t.Fatal(err)
-				}
+			}
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, LeaseID: idem.NewLeaseID(), Fingerprint: fp, TTL: 5 * time.Second})
+			if err != nil || a.Outcome != idem.Acquired || a.Lease.Token <= last {
+				t.Fatalf("last acquire: %v, %v, token %d, want Acquired with a token > %d", a.Outcome, err, a.Lease.Token, last)
+			}
+			if err := s.Complete(ctx, a.Lease, &idem.Response{Status: 201, Body: []byte("ok")}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if pttl := c.PTTL(ctx, s.KeyName(key)).Val(); pttl <= 50*time.Second || pttl > time.Minute {
+				t.Errorf("complete: PTTL %v, want within (50s, 1m]", pttl)
 			}
 		})
 	}
