@@ -185,10 +185,24 @@ func TestNativeTokens(t *testing.T) {
 			fp := idem.Fingerprint{7}
 			var last uint64
 			for i, skew := range []int64{0, -10_000, 10_000, 0, -10_000, 10_000} {
+				// A fresh key takes the claim's token (and a released one
+				// max(last+1, server time)).
+				fresh := scope(1000 + i)
 				redisstore.SkewClock(s, skew)
 				before := serverMs(t, c)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, LeaseID: idem.NewLeaseID(), Fingerprint: fp, TTL: 5 * time.Second})
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: fresh, LeaseID: idem.NewLeaseID(), Fingerprint: fp, TTL: 5 * time.Second})
 				after := serverMs(t, c)
+				if err != nil || a.Outcome != idem.Acquired {
+					t.Fatalf("acquire %d: %v, %v", i, a.Outcome, err)
+				}
+				if tok := a.Lease.Token; int64(tok) < before || int64(tok) > after+250 {
+					t.Errorf("acquire %d of a fresh key (clock estimate %+dms off): token %d, want within [%d, %d+250] (the server's clock)",
+						i, skew, tok, before, after)
+				}
+				redisstore.SkewClock(s, skew)
+				before = serverMs(t, c)
+				a, err = s.Acquire(ctx, idem.AcquireRequest{Key: key, LeaseID: idem.NewLeaseID(), Fingerprint: fp, TTL: 5 * time.Second})
+				after = serverMs(t, c)
 				if err != nil || a.Outcome != idem.Acquired {
 					t.Fatalf("acquire %d: %v, %v", i, a.Outcome, err)
 				}
