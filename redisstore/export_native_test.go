@@ -5,7 +5,9 @@ package redisstore
 // carry tokens that far off, which the store must notice and fix.
 func SkewClock(s *Store, ms int64) {
 	if p, ok := s.r.(*pathRunner); ok {
-		p.native.off.Add(ms * 1000)
+		if c := p.native.clock.Load(); c != nil {
+			p.native.clock.Store(&clockSample{off: c.off + ms*1000, local: c.local})
+		}
 	}
 }
 

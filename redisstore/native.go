@@ -100,15 +100,19 @@ type nconn interface {
 	// tx sends the commands inside MULTI/EXEC (all on key's slot) and
 	// returns each command's reply.
 	tx(ctx context.Context, cmds ...[]string) ([]nval, error)
+	// pipe sends the commands in one pipeline to key's node: tx on a
+	// cluster (the keyless TIME must reach the same node), plain
+	// otherwise, where MULTI and EXEC would only cost server time.
+	pipe(ctx context.Context, cmds ...[]string) ([]nval, error)
 	// one sends one command.
 	one(ctx context.Context, cmd ...string) (nval, error)
 }
 
 // nativeRunner implements the runner interface with native commands.
 type nativeRunner struct {
-	c     nconn
-	base  time.Time    // local monotonic origin for the clock estimate
-	off   atomic.Int64 // server µs − local µs since base; 0: none yet
+	c       nconn
+	base    time.Time                   // local monotonic origin for the clock estimate
+	clock   atomic.Pointer[clockSample] // the best clock sample; nil: none yet
 	dedic   func(ctx context.Context, key string, f func(c nconn) error) error
 	closeFn func()
 	delFn   func(ctx context.Context, key string) (int64, error)
@@ -129,26 +133,41 @@ func newNativeRunner(c nconn) *nativeRunner {
 	return &nativeRunner{c: c, base: time.Now(), leases: map[[16]byte]leaseMemo{}}
 }
 
-// serverNowMs is the runner's estimate of the server's clock in ms.
+// serverNowMs is the runner's estimate of the server's clock in ms: a
+// lower bound, as long as the server's clock does not go back. Each TIME
+// reply, taken at a local time after the server read its clock, gives a
+// lower bound of the offset between the clocks; the estimate keeps the
+// largest, less 1ms per second since (far more than any clock drift). 0:
+// no estimate yet.
 func (r *nativeRunner) serverNowMs() int64 {
-	off := r.off.Load()
-	if off == 0 {
+	c := r.clock.Load()
+	if c == nil {
 		return 0
 	}
-	return (time.Since(r.base).Microseconds() + off) / 1000
+	local := time.Since(r.base).Microseconds()
+	return (local + c.at(local)) / 1000
 }
 
-// observe updates the clock estimate with a TIME reply read just now. The
-// estimate keeps the largest offset seen (the one least delayed), unless
-// the server's clock went back by more than 100ms.
+// clockSample is one TIME reply: server µs − local µs, taken at local µs.
+type clockSample struct{ off, local int64 }
+
+// at is the sample's offset decayed to local µs.
+func (c *clockSample) at(local int64) int64 { return c.off - (local-c.local)/1000 }
+
+// observe updates the clock estimate with a TIME reply read just now.
 func (r *nativeRunner) observe(serverUs int64) {
-	sample := serverUs - time.Since(r.base).Microseconds()
+	local := time.Since(r.base).Microseconds()
+	next := &clockSample{off: serverUs - local, local: local}
 	for {
-		old := r.off.Load()
-		if old != 0 && sample <= old && sample >= old-100_000 {
-			return
+		old := r.clock.Load()
+		if old != nil {
+			cur := old.at(local)
+			// Keep a better bound, unless the server's clock went back.
+			if next.off <= cur && next.off >= cur-100_000 {
+				return
+			}
 		}
-		if r.off.CompareAndSwap(old, sample) {
+		if r.clock.CompareAndSwap(old, next) {
 			return
 		}
 	}
@@ -261,7 +280,7 @@ func (r *nativeRunner) runWait(ctx context.Context, w waitSpec, script int, key 
 // read returns the record at key, its PTTL and the server's time, in one
 // transaction.
 func (r *nativeRunner) read(ctx context.Context, c nconn, key string) (state, error) {
-	res, err := c.tx(ctx, []string{"GET", key}, []string{"PTTL", key}, []string{"TIME"})
+	res, err := c.pipe(ctx, []string{"GET", key}, []string{"PTTL", key}, []string{"TIME"})
 	if err != nil {
 		return state{}, err
 	}
@@ -405,11 +424,12 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 	}
 	lead := int64(claimLead)
 	for range maxCASAttempts {
-		t0 := r.serverNowMs() + lead
+		low := r.serverNowMs() // at most the server's time at the claim
+		t0 := low + lead
 		lead = min(2*lead, maxAhead/2) // a claim that came too late leads more next time
 		claim := make([]byte, 0, inFlightLen)
 		claim = append(append(append(append(claim, 'F'), packTokenBytes(t0)...), fp...), id...)
-		res, err := c.tx(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
+		res, err := c.pipe(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
 			[]string{"PTTL", key}, []string{"TIME"})
 		if err != nil {
 			return reply{}, err
@@ -427,7 +447,12 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 		token, fix, left := st.now, write{at: st.now + ttl}, ttl
 		switch {
 		case st.v == nil: // claimed just now
-			if !short && t0 >= st.now && t0-st.now <= maxAhead {
+			// TIME ran after the claim: t0 at least st.now is at least
+			// the time of the claim. The claim ran after low (a lower
+			// bound unless the server's clock went back: then t0 beyond
+			// st.now+maxAhead shows it), so the lease, longer than
+			// 2*maxAhead, expires after the clock has passed t0.
+			if !short && low > 0 && t0 >= st.now && t0-low <= maxAhead && t0-st.now <= maxAhead {
 				r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
 				return reply{n: [3]int64{1, t0, ttl}}, nil
 			}
@@ -439,6 +464,8 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 			// this runner granted, by an earlier Acquire of the same lease
 			// in the same millisecond, is the lease it granted: below.)
 			fix, left = write{keepTTL: true}, st.pttl
+		case st.pttl == -2:
+			continue // gone between the claim and PTTL: claim again
 		default:
 			rep, w := acquireStep(st, id, fp, ttl)
 			if w == nil {
@@ -682,7 +709,10 @@ type rueidisDoer interface {
 	DoMulti(ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult
 }
 
-type rueidisConn struct{ c rueidisDoer }
+type rueidisConn struct {
+	c       rueidisDoer
+	cluster bool
+}
 
 func (c rueidisConn) build(cmd []string) rueidis.Completed {
 	b := c.c.B().Arbitrary(cmd[0])
@@ -713,6 +743,33 @@ func (c rueidisConn) tx(ctx context.Context, cmds ...[]string) ([]nval, error) {
 	out := make([]nval, len(arr))
 	for i := range arr {
 		out[i] = rueidisVal(&arr[i])
+	}
+	return out, nil
+}
+
+func (c rueidisConn) pipe(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	if c.cluster {
+		return c.tx(ctx, cmds...)
+	}
+	multi := make(rueidis.Commands, len(cmds))
+	for i, cmd := range cmds {
+		multi[i] = c.build(cmd)
+	}
+	res := c.c.DoMulti(ctx, multi...)
+	out := make([]nval, len(res))
+	for i := range res {
+		m, err := res[i].ToMessage()
+		switch {
+		case err == nil:
+			out[i] = rueidisVal(&m)
+		case rueidis.IsRedisNil(err):
+			out[i] = nval{null: true}
+		default:
+			if _, ok := rueidis.IsRedisErr(err); !ok {
+				return nil, err
+			}
+			out[i] = nval{err: err}
+		}
 	}
 	return out, nil
 }
@@ -762,7 +819,7 @@ func rueidisVal(m *rueidis.RedisMessage) nval {
 }
 
 func newRueidisNative(c rueidis.Client) *nativeRunner {
-	r := newNativeRunner(rueidisConn{c})
+	r := newNativeRunner(rueidisConn{c: c, cluster: c.Mode() == rueidis.ClientModeCluster})
 	r.closeFn = c.Close
 	r.delFn = func(ctx context.Context, key string) (int64, error) {
 		return c.Do(ctx, c.B().Del().Key(key).Build()).AsInt64()
@@ -770,7 +827,7 @@ func newRueidisNative(c rueidis.Client) *nativeRunner {
 	r.dedic = func(ctx context.Context, key string, f func(nconn) error) error {
 		// Dedicated picks the connection by the slot of the first command.
 		return c.Dedicated(func(d rueidis.DedicatedClient) error {
-			return f(rueidisConn{d})
+			return f(rueidisConn{c: d})
 		})
 	}
 	return r
@@ -781,8 +838,10 @@ func newRueidisNative(c rueidis.Client) *nativeRunner {
 type goredisConn struct {
 	c interface {
 		TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+		Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 		Do(ctx context.Context, args ...any) *redis.Cmd
 	}
+	cluster bool
 }
 
 func anyArgs(cmd []string) []any {
@@ -794,8 +853,19 @@ func anyArgs(cmd []string) []any {
 }
 
 func (c goredisConn) tx(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	return c.send(ctx, c.c.TxPipelined, cmds)
+}
+
+func (c goredisConn) pipe(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	if c.cluster {
+		return c.tx(ctx, cmds...)
+	}
+	return c.send(ctx, c.c.Pipelined, cmds)
+}
+
+func (c goredisConn) send(ctx context.Context, pipelined func(context.Context, func(redis.Pipeliner) error) ([]redis.Cmder, error), cmds [][]string) ([]nval, error) {
 	res := make([]*redis.Cmd, len(cmds))
-	_, err := c.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cmd := range cmds {
 			res[i] = p.Do(ctx, anyArgs(cmd)...)
 		}
@@ -857,7 +927,8 @@ func goredisVal(v any, err error) nval {
 }
 
 func newGoredisNative(c redis.UniversalClient) *nativeRunner {
-	r := newNativeRunner(goredisConn{c})
+	_, cluster := c.(*redis.ClusterClient)
+	r := newNativeRunner(goredisConn{c: c, cluster: cluster})
 	r.closeFn = func() { c.Close() }
 	r.delFn = func(ctx context.Context, key string) (int64, error) { return c.Del(ctx, key).Result() }
 	r.dedic = func(ctx context.Context, key string, f func(nconn) error) error {
@@ -874,7 +945,7 @@ func newGoredisNative(c redis.UniversalClient) *nativeRunner {
 		}
 		conn := node.Conn()
 		defer conn.Close()
-		return f(goredisConn{conn})
+		return f(goredisConn{c: conn})
 	}
 	return r
 }

@@ -126,7 +126,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
-	r, err := newPathRunner(opts.Path, newGoredisRunner(c), newGoredisNative(c), probeWith(goredisConn{c}))
+	r, err := newPathRunner(opts.Path, newGoredisRunner(c), newGoredisNative(c), probeWith(goredisConn{c: c}))
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +140,7 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, errors.New("redisstore: NewRueidis: nil client")
 	}
-	r, err := newPathRunner(opts.Path, newRueidisRunner(c), newRueidisNative(c), probeWith(rueidisConn{c}))
+	r, err := newPathRunner(opts.Path, newRueidisRunner(c), newRueidisNative(c), probeWith(rueidisConn{c: c}))
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func Open(url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)
 	}
-	r, err := newPathRunner(opts.Path, newRueidisRunner(c), newRueidisNative(c), probeWith(rueidisConn{c}))
+	r, err := newPathRunner(opts.Path, newRueidisRunner(c), newRueidisNative(c), probeWith(rueidisConn{c: c}))
 	if err != nil {
 		c.Close()
 		return nil, err
