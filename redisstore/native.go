@@ -21,43 +21,19 @@ import (
 // with plain commands, for servers that have a compare-and-set (SET …
 // IFEQ: Valkey ≥ 8.1, Redis ≥ 8.4), including servers without scripting.
 // Same state machine, same record values (record.go), same replies: a
-// store can switch paths with its records in place.
+// store can switch paths with its records in place. The package
+// documentation (doc.go) says how each transition stays atomic and what
+// differs from the scripts; in short:
 //
-// How each transition stays atomic without a script:
-//
-//   - Every write that depends on the record is a compare-and-set on the
-//     whole value read: SET key new IFEQ old, with the expiry the script
-//     would set (PXAT, computed from the server time read with the value in
-//     the same MULTI/EXEC; or KEEPTTL). When the record changed in
-//     between, nothing is written, and the transition starts again from a
-//     new read (at most maxCASAttempts times). Record values never repeat
-//     on a key (each carries its token, and tokens only grow), so a value
-//     that compares equal is the record that was read.
-//   - Acquire first claims: MULTI, SET key F… NX GET PX ttl, PTTL key, TIME,
-//     EXEC. One round trip takes an absent key, or returns the record there
-//     (replay, in flight, mismatch) with its time to live. The token in the
-//     claim is the client's estimate of the server's clock a few ms ahead;
-//     it stands only when TIME, read in the same transaction, shows it is at
-//     least the server's time at the claim (an absent key at that time has
-//     had every earlier token passed by the clock, as records expire only
-//     after their token) and at most maxAhead (and the lease) beyond it.
-//     Otherwise a second step sets the token to that server time (SET IFEQ
-//     the claim, KEEPTTL). A released record ('R') is taken by SET IFEQ with
-//     token max(last+1, server time), as the script does.
-//   - Complete and Release of a lease this Store granted (it remembers the
-//     lease's fingerprint: the leases map) are one SET … IFEQ <the lease's
-//     in-flight record> PX … GET: one round trip. Otherwise (another Store
-//     granted the lease, a repeat, a lost lease) they read first.
-//   - Renew, Hold, Raise and Fill read then compare-and-set (two round
-//     trips). Get reads the value and PTTL in one transaction.
-//
-// What differs from the scripts: tokens issued by a claim run up to
-// maxAhead ahead of the server's clock (they still only grow per key); a
-// renewal or a claim of a released record computes the expiry from the
-// server time of its read, a round trip before the write, so the lease it
-// grants ends up to that round trip earlier (never later) than the
-// script's; and Fill over a value that is not a string (not a record)
-// overwrites it without a compare (SET has nothing to compare it with).
+//   - every write that depends on the record is SET key new IFEQ <the
+//     value read>, with the expiry the script would set (PXAT from the
+//     server's TIME read with the value, or KEEPTTL); when the record
+//     changed, the transition starts over from a new read;
+//   - Acquire claims with SET NX GET PX, PTTL, TIME in one pipeline (a
+//     transaction on Cluster), and keeps the claim's token only when TIME
+//     proves it is not below the server's clock at the claim;
+//   - Complete and Release of a lease this runner granted are one SET
+//     IFEQ GET, as it remembers the lease's fingerprint.
 
 // maxAhead bounds how far ahead of the server's clock a claim's token may
 // be; a Complete or Release with a retention or lease of at most this takes
