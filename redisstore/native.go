@@ -44,7 +44,7 @@ const maxAhead = 250 // ms
 
 // claimLead is how far ahead of its estimate of the server's clock a claim
 // puts its token, to cover the time the claim takes to reach the server.
-const claimLead = 5 // ms
+const claimLead = 50 // ms
 
 // shortClaim is the expiry, in ms, of the claim of a lease of at most
 // 2*maxAhead, which the second step sets to the lease's.
@@ -402,7 +402,7 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 	for range maxCASAttempts {
 		low := r.serverNowMs() // at most the server's time at the claim
 		t0 := low + lead
-		lead = min(2*lead, maxAhead/2) // a claim that came too late leads more next time
+		lead = min(2*lead, maxAhead-20) // a claim that came too late leads more next time
 		claim := make([]byte, 0, inFlightLen)
 		claim = append(append(append(append(claim, 'F'), packTokenBytes(t0)...), fp...), id...)
 		res, err := c.pipe(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
@@ -428,9 +428,14 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 			// bound unless the server's clock went back: then t0 beyond
 			// st.now+maxAhead shows it), so the lease, longer than
 			// 2*maxAhead, expires after the clock has passed t0.
-			if !short && low > 0 && t0 >= st.now && t0-low <= maxAhead && t0-st.now <= maxAhead {
-				r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
-				return reply{n: [3]int64{1, t0, ttl}}, nil
+			if low > 0 && t0 >= st.now && t0-low <= maxAhead && t0-st.now <= maxAhead {
+				if !short {
+					r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
+					return reply{n: [3]int64{1, t0, ttl}}, nil
+				}
+				// A short lease keeps its token; the second step only
+				// sets its expiry.
+				token, fix = t0, write{at: max(st.now+ttl, t0+1)}
 			}
 		case bytes.Equal(st.v, claim) && !r.granted(id, key, t0):
 			// Our own claim, sent again by the client library after a
