@@ -45,7 +45,7 @@ deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.de
 LIST
 aptopts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=-"
 	-o "Dir::State::Lists=$apt/lists" -o "Dir::Cache::archives=$apt/archives"
-	-o "APT::Get::List-Cleanup=0")
+	-o "APT::Get::List-Cleanup=0" -o "APT::Sandbox::User=root")
 echo "build-redis-servers: fetching ${want[*]} source (private apt lists in $apt)" >&2
 apt-get -qq "${aptopts[@]}" update
 (cd "$apt/src" && apt-get -qq "${aptopts[@]}" source --download-only "${want[@]}")
@@ -54,7 +54,7 @@ build() { # name dsc-glob binary-name destination
 	local name=$1 glob=$2 bin=$3 dest=$4 dsc dir
 	dsc=$(ls "$apt/src"/$glob | sort -V | tail -n 1)
 	dir="$apt/src/build-$name"
-	: rm -rf "$dir" # TEMP
+	rm -rf "$dir"
 	dpkg-source --no-check -x "$dsc" "$dir" >/dev/null
 	echo "build-redis-servers: building $name ($(basename "$dsc"))" >&2
 	make -C "$dir" -j2 MALLOC=libc BUILD_TLS=no >"$dir.log" 2>&1 || {
@@ -65,9 +65,9 @@ build() { # name dsc-glob binary-name destination
 	mkdir -p "$dest.tmp"
 	cp "$dir/src/$bin" "$dest.tmp/"
 	rm -rf "$dest" && mv "$dest.tmp" "$dest"
-	# Valkey's Lua is a module (src/modules/lua): keep it next to the
-	# server when the build makes it a separate file.
-	: rm -rf "$dir" # TEMP
+	# (Valkey's Lua is a module built into valkey-server; the tests unload
+	# it with MODULE UNLOAD lua for a server without scripting.)
+	rm -rf "$dir" "$dir.log"
 }
 for w in "${want[@]}"; do
 	case $w in
