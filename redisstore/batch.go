@@ -335,7 +335,19 @@ var _ idem.BatchStore = (*Store)(nil)
 // got a reply, fail(i, err) for each whose call failed.
 func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) idem.Key, valid func(int) bool,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
-	b, batched := s.r.(batchRunner)
+	run := s.r
+	if p, ok := run.(*pathRunner); ok {
+		var err error
+		if run, err = p.pick(ctx); err != nil {
+			for i := range n {
+				if valid(i) {
+					fail(i, err)
+				}
+			}
+			return
+		}
+	}
+	b, batched := run.(batchRunner)
 	idx := make([]int, 0, n)
 	for i := range n {
 		if valid(i) {
@@ -347,15 +359,8 @@ func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if !batched { // a runner of another kind: the single script per key
-		for _, i := range idx {
-			r, err := s.r.run(ctx, bs.single, s.KeyName(key(i)), args(i, nil)...)
-			if err != nil {
-				fail(i, s.explainACL(err))
-				continue
-			}
-			answer(i, r)
-		}
+	if !batched { // the native path: the single transition per key (native.go)
+		s.execEach(ctx, run, bs, idx, key, args, answer, fail)
 		return
 	}
 	calls := s.plan(len(idx), func(j int) idem.Key { return key(idx[j]) }, b.grouped())

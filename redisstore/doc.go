@@ -1,6 +1,5 @@
 // Package redisstore is an idem.Store on Redis: one string key per record,
-// every transition one embedded Lua script (scripts/*.lua) and one round
-// trip, time from Redis TIME. It runs on a single node, with Sentinel and
+// time from the server's TIME. It runs on a single node, with Sentinel and
 // on Redis Cluster, over go-redis v9 (New) or rueidis (NewRueidis, Open).
 //
 // # Replays without a round trip: the replay cache
@@ -41,6 +40,73 @@
 // (go-redis) has no cache: go-redis v9's client-side caching is marked
 // experimental and lives in the caller's client; every replay runs the
 // script there. Store.CacheStats counts hits and misses.
+//
+// # Paths: Lua or native commands
+//
+// A store carries out its transitions on one of two paths (Options.Path):
+//
+//   - Lua: every transition is one embedded Lua script (scripts/*.lua) and
+//     one round trip. Any Redis ≥ 6.2 with scripting.
+//   - Native: plain commands around a compare-and-set, SET … IFEQ (Valkey ≥
+//     8.1, Redis ≥ 8.4), with no script: it works where scripting is off
+//     or absent (Valkey 9 with its Lua module unloaded, managed services).
+//
+// PathAuto, the default, asks the server on the store's first call whether
+// SET has the IFEQ argument (COMMAND DOCS SET; never a version string) and
+// takes the native path when it does. Both paths write the same records
+// (record.go) and give the same answers, so a store can switch paths with
+// its records in place, and stores on both paths can share a server.
+//
+// How the native path keeps each transition atomic (native.go):
+//
+//   - Acquire claims the key: SET key F… NX GET PX ttl, then PTTL and
+//     TIME, pipelined (inside MULTI/EXEC on Cluster). An absent key is
+//     taken in that one round trip; a record there comes back with its
+//     TTL (replay, in flight, mismatch: one round trip too). The claim's
+//     token is the client's lower-bound estimate of the server's clock
+//     plus 50ms; it stands only when TIME, read after the claim, is
+//     not later than it (an absent key has had every earlier token passed
+//     by the clock, as records expire only after their token) and it is
+//     at most 250ms ahead. Otherwise a second step (SET IFEQ the claim)
+//     sets the token to the server's TIME. A lease of 500ms or less always
+//     takes that second step, which also sets its expiry. A released
+//     record is taken by SET IFEQ with max(last+1, server time), as the
+//     script does.
+//   - Complete and Release of a lease the same Store granted are one SET
+//     … IFEQ <the lease's in-flight record> PX … GET (the Store remembers
+//     the fingerprint of the leases it grants, at most 65,536). Otherwise,
+//     and for Renew and the layered transitions (Hold, Fill, RaiseToken),
+//     the store reads the record, TTL and TIME, decides as the script
+//     would, and writes with SET … IFEQ <the value read> and the expiry the
+//     script would set (PXAT, or KEEPTTL): never a write that drops the
+//     TTL. When the record changed in between, nothing is written and the
+//     transition starts over (at most 16 times, then an error wrapping
+//     ErrContention). Record values never repeat on a key (each holds its
+//     token), so an equal value is the record that was read.
+//   - Get reads the value and its TTL in one MULTI/EXEC.
+//   - Batches (AcquireMany, CompleteMany, ReleaseMany) run each key's
+//     transition, the keys in parallel (pipelined by the client), the
+//     appearances of one key in order: the same answers as the batch
+//     scripts, not one script call per batch.
+//
+// What differs from the Lua path: a claim's token may run up to 250ms
+// ahead of the server's clock (tokens still strictly increase per key);
+// when a claim reaches the server more than 50ms after the client's
+// estimate (a stalled client or network), its provisional token is
+// visible to Get (inspection) until the second step replaces it, and only
+// the replaced one is ever granted (the linearizability suite passes on
+// this path because such misses are rare, not because they are invisible); a
+// lease that needs the second step, a renewal and a claim of a released
+// record compute their expiry from the server time of a read one round
+// trip before the write, so such a lease ends up to that round trip
+// earlier (never later) than asked; a short lease whose holder dies
+// between the two steps of its claim stays in flight for up to 2s; Fill
+// over a value of another type overwrites it without a compare. The
+// estimate of the server's clock is a lower bound as long as the server's
+// clock does not go back (as the Lua path's tokens also assume); a claim
+// more than 250ms ahead of TIME is fixed all the same. WaitReplicas works
+// on both paths (the native WAIT runs on the connection that wrote;
+// MOVED and ASK are not followed there, the call fails instead).
 //
 // # Durability: Options.WaitReplicas
 //

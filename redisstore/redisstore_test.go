@@ -37,6 +37,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopKinds()
 	single.Stop()
 	cluster.Stop()
 	os.Exit(code)

@@ -100,6 +100,14 @@ type Options struct {
 	// DisableCache, a replay then costs one GET instead of one script).
 	// New (go-redis) has no cache and ignores it.
 	CacheSize int
+
+	// Path chooses Lua scripts or native commands (SET … IFEQ) for the
+	// transitions: PathAuto (the default) asks the server on the first
+	// call and takes native commands where SET has IFEQ (Valkey ≥ 8.1,
+	// Redis ≥ 8.4), Lua elsewhere. PathLua and PathNative force a path, for
+	// tests and operators. See the package documentation for what each
+	// path guarantees.
+	Path Path
 }
 
 // DefaultTimeout is Options.Timeout's default.
@@ -136,7 +144,11 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
-	return newStore(newGoredisRunner(c), opts, false)
+	r, err := newPathRunner(opts.Path, newGoredisRunner(c), newGoredisNative(c), probeWith(goredisConn{c: c}))
+	if err != nil {
+		return nil, err
+	}
+	return newStore(r, opts, false)
 }
 
 // NewRueidis returns a Store over a rueidis client (single node, Sentinel
@@ -146,7 +158,11 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, errors.New("redisstore: NewRueidis: nil client")
 	}
-	s, err := newStore(newRueidisRunner(c), opts, false)
+	r, err := newPathRunner(opts.Path, newRueidisRunner(c), newRueidisNative(c), probeWith(rueidisConn{c: c}))
+	if err != nil {
+		return nil, err
+	}
+	s, err := newStore(r, opts, false)
 	if err == nil && opts.CacheSize >= 0 {
 		s.cache = newReplayCache(c, opts.CacheSize)
 	}
@@ -207,7 +223,12 @@ func Open(url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w", err)
 	}
-	s, err := newStore(newRueidisRunner(c), opts, true)
+	r, err := newPathRunner(opts.Path, newRueidisRunner(c), newRueidisNative(c), probeWith(rueidisConn{c: c}))
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	s, err := newStore(r, opts, true)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -432,7 +453,7 @@ func (s *Store) explainACL(err error) error {
 	if !permissionError(err) {
 		return err
 	}
-	return fmt.Errorf("%w (the Redis user needs the keys ~%s* and the commands +evalsha +eval +get +set +time +pttl +pexpireat +del, "+
+	return fmt.Errorf("%w (the Redis user needs the keys ~%s* and the commands +evalsha +eval +get +set +time +pttl +pexpireat +del on the Lua path; +multi +exec +get +set +time +pttl +del +command|docs on the native path; "+
 		"and for the replay cache +client|tracking +client|caching +multi +exec)", err, s.prefix)
 }
 

@@ -12,6 +12,8 @@
 #     interface emulator), apidiff (scripts/apicheck.sh);
 #   - with npm, into $(go env GOPATH): dynalite (DynamoDB), fauxqs (SQS)
 #     and the Node 22 it needs;
+#   - from Debian's source packages (scripts/build-redis-servers.sh, into
+#     $(go env GOPATH)/idem-servers): Valkey 9.1 and Redis 8.6;
 #   - Caddy with idem's handler (caddyidem/cmd/idem-caddy), built with go
 #     build into Go's build cache.
 set -euo pipefail
@@ -107,6 +109,13 @@ fi
 	echo "test.sh: building Caddy with idem (caddyidem/cmd/idem-caddy) failed" >&2
 	exit 1
 }
+
+# The redisstore suites also run on Valkey 9.1 (with and without its Lua
+# module) and Redis 8.6, which have SET IFEQ (the store's native path).
+# Build them from Debian's source packages (sid, experimental) when they
+# are missing, into $(go env GOPATH)/idem-servers, where internal/redistest
+# looks (about 6 minutes; the system's apt sources are left alone).
+./scripts/build-redis-servers.sh
 
 go vet ./...
 

@@ -48,10 +48,6 @@ func StartCluster(primaries, replicasPerPrimary int, opts ...Option) (*Cluster, 
 	if replicasPerPrimary < 0 {
 		return nil, fmt.Errorf("redistest: negative replicas per primary: %d", replicasPerPrimary)
 	}
-	bin, err := lookPath("redis-server", "redis-server")
-	if err != nil {
-		return nil, err
-	}
 	cli, err := lookPath("redis-cli", "redis-tools")
 	if err != nil {
 		return nil, err
@@ -59,6 +55,10 @@ func StartCluster(primaries, replicasPerPrimary int, opts ...Option) (*Cluster, 
 	cfg := config{cluster: true}
 	for _, opt := range opts {
 		opt(&cfg)
+	}
+	bin, err := cfg.binary()
+	if err != nil {
+		return nil, err
 	}
 
 	nodes := make([]*Server, primaries*(1+replicasPerPrimary))

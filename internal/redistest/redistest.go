@@ -62,12 +62,13 @@ var errPortInUse = errors.New("port already in use")
 // Server is one private redis-server process listening on 127.0.0.1.
 // Its methods are safe for concurrent use.
 type Server struct {
-	bin     string   // path of the redis-server binary
-	port    int      // client port
-	busPort int      // cluster bus port (port+10000), 0 for a standalone server
-	dir     string   // temporary directory holding the log and cluster config
-	logPath string   // server log; also receives the process's stdout and stderr
-	args    []string // redis-server arguments, reused by Restart
+	bin     string     // path of the redis-server binary
+	port    int        // client port
+	busPort int        // cluster bus port (port+10000), 0 for a standalone server
+	dir     string     // temporary directory holding the log and cluster config
+	logPath string     // server log; also receives the process's stdout and stderr
+	args    []string   // redis-server arguments, reused by Restart
+	post    [][]string // commands sent after every start (WithKind)
 
 	mu      sync.Mutex
 	proc    *process // the last process started; nil after Kill or Stop
@@ -84,8 +85,10 @@ type process struct {
 type Option func(*config)
 
 type config struct {
-	args    []string // extra redis-server arguments
-	cluster bool     // start as a cluster node; set by StartCluster only
+	args    []string   // extra redis-server arguments
+	cluster bool       // start as a cluster node; set by StartCluster only
+	kind    Kind       // the server build (WithKind); "" is the system's redis-server
+	post    [][]string // commands sent after every start (WithKind)
 }
 
 // WithArgs adds redis-server command-line arguments, for example
@@ -103,13 +106,13 @@ func WithArgs(args ...string) Option {
 // log; if the port was taken by another process in the meantime it retries on
 // other ports a few times. It fails at once if redis-server is not on PATH.
 func StartServer(opts ...Option) (*Server, error) {
-	bin, err := lookPath("redis-server", "redis-server")
-	if err != nil {
-		return nil, err
-	}
 	var cfg config
 	for _, opt := range opts {
 		opt(&cfg)
+	}
+	bin, err := cfg.binary()
+	if err != nil {
+		return nil, err
 	}
 	return startServer(bin, cfg)
 }
@@ -141,7 +144,7 @@ func startServer(bin string, cfg config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redistest: %w", err)
 	}
-	s := &Server{bin: bin, dir: dir, logPath: filepath.Join(dir, "redis.log")}
+	s := &Server{bin: bin, dir: dir, logPath: filepath.Join(dir, "redis.log"), post: cfg.post}
 	for attempt := 1; ; attempt++ {
 		s.port, s.busPort, err = reservePorts(cfg.cluster)
 		if err != nil {
@@ -222,6 +225,12 @@ func (s *Server) launch() error {
 		}
 		return fmt.Errorf("redistest: redis-server on %s did not start: %w\n--- redis-server log (tail) ---\n%s",
 			s.Addr(), err, tail)
+	}
+	for _, c := range s.post {
+		if _, err := do(s.Addr(), startTimeout, c...); err != nil {
+			p.kill()
+			return fmt.Errorf("redistest: %s on the server on %s: %w", strings.Join(c, " "), s.Addr(), err)
+		}
 	}
 	s.proc = p
 	return nil

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,16 +78,20 @@ type sentinel struct {
 // master_link_status:up and every sentinel lists it as a healthy replica
 // (flags "slave", master-link-status "ok"), waiting at most 15s. On error
 // everything started is stopped.
-func StartSentinelSet() (*SentinelSet, error) {
-	bin, err := lookPath("redis-server", "redis-server")
+func StartSentinelSet(opts ...Option) (*SentinelSet, error) {
+	var cfg config
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	bin, err := cfg.binary()
 	if err != nil {
 		return nil, err
 	}
 	s := &SentinelSet{}
-	if s.primary, err = StartServer(); err != nil {
+	if s.primary, err = StartServer(opts...); err != nil {
 		return nil, err
 	}
-	if s.replica, err = StartServer(WithArgs("--replicaof", "127.0.0.1", strconv.Itoa(s.primary.Port()))); err != nil {
+	if s.replica, err = StartServer(append(slices.Clone(opts), WithArgs("--replicaof", "127.0.0.1", strconv.Itoa(s.primary.Port())))...); err != nil {
 		s.Stop()
 		return nil, err
 	}

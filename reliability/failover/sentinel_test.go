@@ -42,10 +42,20 @@ func sentinelClients(s *redistest.SentinelSet) []storeClient {
 // ErrNotReplicated instead of success, so no acknowledged completion is
 // lost.
 func TestSentinelFailover(t *testing.T) {
+	sentinelFailover(t, redistest.Redis7, redisstore.PathAuto)
+}
+
+// TestSentinelFailoverNative is TestSentinelFailover on Valkey 9.1 (built
+// by scripts/test.sh) with redisstore's native path (no Lua).
+func TestSentinelFailoverNative(t *testing.T) {
+	sentinelFailover(t, redistest.Valkey9, redisstore.PathNative)
+}
+
+func sentinelFailover(t *testing.T, kind redistest.Kind, path redisstore.Path) {
 	for _, name := range []string{"go-redis", "rueidis"} {
 		for _, wait := range []int{0, 1} {
 			t.Run(fmt.Sprintf("%s/wait=%d", name, wait), func(t *testing.T) {
-				set, err := redistest.StartSentinelSet()
+				set, err := redistest.StartSentinelSet(redistest.WithKind(kind))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -56,8 +66,11 @@ func TestSentinelFailover(t *testing.T) {
 						sc = c
 					}
 				}
-				opts := redisstore.Options{Prefix: prefix("sf")}
+				opts := redisstore.Options{Prefix: prefix("sf"), Path: path}
 				store := "redis sentinel (1+1, 3 sentinels), " + name
+				if path == redisstore.PathNative {
+					store = string(kind) + " sentinel (1+1, 3 sentinels), native path, " + name
+				}
 				if wait > 0 {
 					opts.WaitReplicas, opts.WaitTimeout = wait, 250*time.Millisecond
 					store += ", WaitReplicas=1"

@@ -107,6 +107,12 @@ func TestLinearizableMemstore(t *testing.T) {
 // why a transparent resend can make one call's answer non-linearizable).
 func redisStores(t *testing.T, addr string, callTTL time.Duration, clientRetry bool) map[string]idem.Store {
 	t.Helper()
+	return redisStoresPath(t, addr, callTTL, clientRetry, redisstore.PathAuto)
+}
+
+// redisStoresPath is redisStores with the stores on path.
+func redisStoresPath(t *testing.T, addr string, callTTL time.Duration, clientRetry bool, path redisstore.Path) map[string]idem.Store {
+	t.Helper()
 	maxRetries := 0 // go-redis default (3)
 	if !clientRetry {
 		maxRetries = -1
@@ -121,7 +127,7 @@ func redisStores(t *testing.T, addr string, callTTL time.Duration, clientRetry b
 		PoolSize:              32,
 	})
 	t.Cleanup(func() { gc.Close() })
-	g, err := redisstore.New(gc, redisstore.Options{Timeout: callTTL})
+	g, err := redisstore.New(gc, redisstore.Options{Timeout: callTTL, Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +142,7 @@ func redisStores(t *testing.T, addr string, callTTL time.Duration, clientRetry b
 		t.Fatal(err)
 	}
 	t.Cleanup(rc.Close)
-	r, err := redisstore.NewRueidis(rc, redisstore.Options{Timeout: callTTL})
+	r, err := redisstore.NewRueidis(rc, redisstore.Options{Timeout: callTTL, Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,11 +266,17 @@ func faults(t *testing.T, proxy *toxiproxy.Proxy, rounds int, stop <-chan struct
 }
 
 func TestLinearizableRedisFaults(t *testing.T) {
+	linearizableFaults(t, srv.Addr(), redisstore.PathAuto, "redis (single, ")
+}
+
+// linearizableFaults runs the faults workload on the server at addr, on
+// path; label starts the store's name in the results.
+func linearizableFaults(t *testing.T, addr string, path redisstore.Path, label string) {
 	const callTTL = 200 * time.Millisecond
 	for _, name := range []string{"go-redis", "rueidis", "rueidis+cache"} {
 		t.Run(name, func(t *testing.T) {
 			ts := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-			proxy := toxiproxy.NewProxy(ts, "redis", "127.0.0.1:0", srv.Addr())
+			proxy := toxiproxy.NewProxy(ts, "redis", "127.0.0.1:0", addr)
 			if err := proxy.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -272,7 +284,7 @@ func TestLinearizableRedisFaults(t *testing.T) {
 			// The clients run until the faults are done (each of the six
 			// kinds `rounds` times), or until they run out of keys.
 			rounds := reltest.Scale(1, 10)
-			w := newWorkload(t, redisStores(t, proxy.Listen, callTTL, false)[name], 12, rounds*1000)
+			w := newWorkload(t, redisStoresPath(t, proxy.Listen, callTTL, false, path)[name], 12, rounds*1000)
 			w.untilStop = true
 			w.callTTL = callTTL
 			// Few, spaced retries and a wide window of keys keep the
@@ -299,7 +311,7 @@ func TestLinearizableRedisFaults(t *testing.T) {
 			if w.rec.unknown == 0 {
 				t.Errorf("no call was indeterminate: the faults did not bite")
 			}
-			result(t, w, "redis (single, "+name+")", "toxiproxy: latency 3× client timeout, reset_peer, black hole (up and down); client resends off", newModel(stepper{}))
+			result(t, w, label+name+")", "toxiproxy: latency 3× client timeout, reset_peer, black hole (up and down); client resends off", newModel(stepper{}))
 		})
 	}
 }

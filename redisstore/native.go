@@ -1,0 +1,974 @@
+package redisstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+
+	"github.com/idemkit/idem"
+)
+
+// The native path: every transition of the scripts (scripts/*.lua) done
+// with plain commands, for servers that have a compare-and-set (SET …
+// IFEQ: Valkey ≥ 8.1, Redis ≥ 8.4), including servers without scripting.
+// Same state machine, same record values (record.go), same replies: a
+// store can switch paths with its records in place. The package
+// documentation (doc.go) says how each transition stays atomic and what
+// differs from the scripts; in short:
+//
+//   - every write that depends on the record is SET key new IFEQ <the
+//     value read>, with the expiry the script would set (PXAT from the
+//     server's TIME read with the value, or KEEPTTL); when the record
+//     changed, the transition starts over from a new read;
+//   - Acquire claims with SET NX GET PX, PTTL, TIME in one pipeline (a
+//     transaction on Cluster), and keeps the claim's token only when TIME
+//     proves it is not below the server's clock at the claim;
+//   - Complete and Release of a lease this runner granted are one SET
+//     IFEQ GET, as it remembers the lease's fingerprint.
+
+// maxAhead bounds how far ahead of the server's clock a claim's token may
+// be; a Complete or Release with a retention or lease of at most this takes
+// the compare-and-set path with an absolute expiry (PXAT max(now+d,
+// token+1)), so that every record still expires only after the clock has
+// passed its token.
+const maxAhead = 250 // ms
+
+// claimLead is how far ahead of its estimate of the server's clock a claim
+// puts its token, to cover the time the claim takes to reach the server.
+const claimLead = 50 // ms
+
+// shortClaim is the expiry, in ms, of the claim of a lease of at most
+// 2*maxAhead, which the second step sets to the lease's.
+const shortClaim = 2000
+
+// maxCASAttempts bounds the read, compare-and-set rounds of one transition.
+const maxCASAttempts = 16
+
+// maxLeases bounds the leases a native runner remembers (for one-round-trip
+// Complete and Release); when full it forgets them all and starts again.
+const maxLeases = 1 << 16
+
+// ErrContention is wrapped by the error of a transition on the native path
+// whose compare-and-set lost to other writers of the key maxCASAttempts
+// times in a row.
+var ErrContention = errors.New("redisstore: the record changed under every compare-and-set attempt")
+
+// nval is one command's reply, decoded the same way for both clients.
+type nval struct {
+	err  error // an error reply to this command (WRONGTYPE, ...)
+	null bool
+	n    int64
+	b    []byte
+	arr  []nval
+}
+
+// nconn sends commands for the native runner.
+type nconn interface {
+	// tx sends the commands inside MULTI/EXEC (all on key's slot) and
+	// returns each command's reply.
+	tx(ctx context.Context, cmds ...[]string) ([]nval, error)
+	// pipe sends the commands in one pipeline to key's node: tx on a
+	// cluster (the keyless TIME must reach the same node), plain
+	// otherwise, where MULTI and EXEC would only cost server time.
+	pipe(ctx context.Context, cmds ...[]string) ([]nval, error)
+	// one sends one command.
+	one(ctx context.Context, cmd ...string) (nval, error)
+}
+
+// nativeRunner implements the runner interface with native commands.
+type nativeRunner struct {
+	c       nconn
+	base    time.Time                   // local monotonic origin for the clock estimate
+	clock   atomic.Pointer[clockSample] // the best clock sample; nil: none yet
+	dedic   func(ctx context.Context, key string, f func(c nconn) error) error
+	closeFn func()
+	delFn   func(ctx context.Context, key string) (int64, error)
+
+	mu     sync.Mutex
+	leases map[[16]byte]leaseMemo
+}
+
+// leaseMemo is what Complete and Release need of a lease this runner
+// granted to compare-and-set its record in one round trip.
+type leaseMemo struct {
+	key   string
+	token uint64
+	fp    [16]byte
+}
+
+func newNativeRunner(c nconn) *nativeRunner {
+	return &nativeRunner{c: c, base: time.Now(), leases: map[[16]byte]leaseMemo{}}
+}
+
+// serverNowMs is the runner's estimate of the server's clock in ms: a
+// lower bound, as long as the server's clock does not go back. Each TIME
+// reply, taken at a local time after the server read its clock, gives a
+// lower bound of the offset between the clocks; the estimate keeps the
+// largest, less 1ms per second since (far more than any clock drift). 0:
+// no estimate yet.
+func (r *nativeRunner) serverNowMs() int64 {
+	c := r.clock.Load()
+	if c == nil {
+		return 0
+	}
+	local := time.Since(r.base).Microseconds()
+	return (local + c.at(local)) / 1000
+}
+
+// clockSample is one TIME reply: server µs − local µs, taken at local µs.
+type clockSample struct{ off, local int64 }
+
+// at is the sample's offset decayed to local µs.
+func (c *clockSample) at(local int64) int64 { return c.off - (local-c.local)/1000 }
+
+// observe updates the clock estimate with a TIME reply read just now.
+func (r *nativeRunner) observe(serverUs int64) {
+	local := time.Since(r.base).Microseconds()
+	next := &clockSample{off: serverUs - local, local: local}
+	for {
+		old := r.clock.Load()
+		if old != nil {
+			cur := old.at(local)
+			// Keep a better bound, unless the server's clock went back.
+			if next.off <= cur && next.off >= cur-100_000 {
+				return
+			}
+		}
+		if r.clock.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+func (r *nativeRunner) remember(id string, m leaseMemo) {
+	var k [16]byte
+	copy(k[:], id)
+	r.mu.Lock()
+	if len(r.leases) >= maxLeases {
+		clear(r.leases)
+	}
+	r.leases[k] = m
+	r.mu.Unlock()
+}
+
+// granted reports whether this runner granted lease id on key with token.
+func (r *nativeRunner) granted(id, key string, token int64) bool {
+	var k [16]byte
+	copy(k[:], id)
+	r.mu.Lock()
+	m, ok := r.leases[k]
+	r.mu.Unlock()
+	return ok && m.key == key && m.token == uint64(token)
+}
+
+// recall returns and forgets the memo of lease id.
+func (r *nativeRunner) recall(id string) (leaseMemo, bool) {
+	var k [16]byte
+	copy(k[:], id)
+	r.mu.Lock()
+	m, ok := r.leases[k]
+	delete(r.leases, k)
+	r.mu.Unlock()
+	return m, ok
+}
+
+// state is a record as read: its value (nil when absent), whether the key
+// holds another type, its PTTL, and the server's time in ms.
+type state struct {
+	v         []byte
+	wrongType bool
+	pttl      int64
+	now       int64
+}
+
+// write is what a transition writes: val with expiry at (PXAT), or the
+// expiry kept.
+type write struct {
+	val     []byte
+	at      int64
+	keepTTL bool
+}
+
+func (r *nativeRunner) del(ctx context.Context, key string) (int64, error) { return r.delFn(ctx, key) }
+
+func (r *nativeRunner) close() { r.closeFn() }
+
+func (r *nativeRunner) run(ctx context.Context, script int, key string, args ...string) (reply, error) {
+	return r.runOn(ctx, r.c, script, key, args...)
+}
+
+func (r *nativeRunner) runOn(ctx context.Context, c nconn, script int, key string, args ...string) (reply, error) {
+	switch script {
+	case scriptAcquire:
+		return r.acquire(ctx, c, key, args[0], args[1], args[2])
+	case scriptGet:
+		return r.get(ctx, c, key)
+	case scriptComplete:
+		if len(args) < 5 || args[4] != "1" {
+			if rep, ok, err := r.completeFast(ctx, c, key, args); ok || err != nil {
+				return rep, err
+			}
+		}
+	case scriptRelease:
+		if rep, ok, err := r.releaseFast(ctx, c, key, args); ok || err != nil {
+			return rep, err
+		}
+	}
+	step, err := nativeStep(script, args)
+	if err != nil {
+		return reply{}, err
+	}
+	return r.rmw(ctx, c, key, step)
+}
+
+func (r *nativeRunner) runWait(ctx context.Context, w waitSpec, script int, key string, args ...string) (reply, int64, error) {
+	var (
+		rep   reply
+		acked int64
+	)
+	err := r.dedic(ctx, key, func(c nconn) error {
+		var err error
+		if rep, err = r.runOn(ctx, c, script, key, args...); err != nil || rep.n[0] != 1 {
+			return err
+		}
+		v, err := c.one(ctx, "WAIT", strconv.FormatInt(w.replicas, 10), strconv.FormatInt(w.timeoutMs, 10))
+		if err == nil {
+			err = v.err
+		}
+		if err != nil {
+			return fmt.Errorf("WAIT after the transition: %w", err)
+		}
+		acked = v.n
+		return nil
+	})
+	return rep, acked, err
+}
+
+// read returns the record at key, its PTTL and the server's time, in one
+// transaction.
+func (r *nativeRunner) read(ctx context.Context, c nconn, key string) (state, error) {
+	res, err := c.pipe(ctx, []string{"GET", key}, []string{"PTTL", key}, []string{"TIME"})
+	if err != nil {
+		return state{}, err
+	}
+	var st state
+	if err := r.decodeState(res, &st); err != nil {
+		return state{}, err
+	}
+	return st, nil
+}
+
+// decodeState reads [GET|SET…GET, PTTL, TIME] replies into st.
+func (r *nativeRunner) decodeState(res []nval, st *state) error {
+	if len(res) != 3 {
+		return fmt.Errorf("unexpected reply of %d elements to a transaction of 3 commands", len(res))
+	}
+	switch g := res[0]; {
+	case g.err != nil:
+		if !strings.HasPrefix(g.err.Error(), "WRONGTYPE") {
+			return g.err
+		}
+		st.wrongType = true
+	case !g.null:
+		st.v = g.b
+	}
+	if res[1].err != nil {
+		return res[1].err
+	}
+	st.pttl = res[1].n
+	us, err := timeMicros(res[2])
+	if err != nil {
+		return err
+	}
+	r.observe(us)
+	st.now = us / 1000
+	return nil
+}
+
+func timeMicros(v nval) (int64, error) {
+	if v.err != nil {
+		return 0, v.err
+	}
+	if len(v.arr) != 2 {
+		return 0, errors.New("unexpected reply to TIME")
+	}
+	s, err1 := strconv.ParseInt(string(v.arr[0].b), 10, 64)
+	us, err2 := strconv.ParseInt(string(v.arr[1].b), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("unexpected reply to TIME")
+	}
+	return s*1_000_000 + us, nil
+}
+
+// cas writes w at key if the record is still st's: SET IFEQ the value read
+// (NX when absent). It reports whether it wrote.
+func (r *nativeRunner) cas(ctx context.Context, c nconn, key string, st state, w write) (bool, error) {
+	cmd := []string{"SET", key, string(w.val)}
+	switch {
+	case st.wrongType:
+		// Only Fill writes over a value of another type, as fill.lua does;
+		// there is nothing to compare it with.
+	case st.v == nil:
+		cmd = append(cmd, "NX")
+	default:
+		cmd = append(cmd, "IFEQ", string(st.v))
+	}
+	if w.keepTTL {
+		cmd = append(cmd, "KEEPTTL")
+	} else {
+		cmd = append(cmd, "PXAT", strconv.FormatInt(w.at, 10))
+	}
+	v, err := c.one(ctx, cmd...)
+	if err == nil {
+		err = v.err
+	}
+	if err != nil {
+		return false, err
+	}
+	return !v.null, nil
+}
+
+// rmw runs a transition as read, decide, compare-and-set, again when the
+// record changed in between.
+func (r *nativeRunner) rmw(ctx context.Context, c nconn, key string, step func(st state) (reply, *write)) (reply, error) {
+	for range maxCASAttempts {
+		st, err := r.read(ctx, c, key)
+		if err != nil {
+			return reply{}, err
+		}
+		rep, w := step(st)
+		if w == nil {
+			return rep, nil
+		}
+		if ok, err := r.cas(ctx, c, key, st, *w); err != nil || ok {
+			return rep, err
+		}
+	}
+	return reply{}, fmt.Errorf("%w (%d attempts)", ErrContention, maxCASAttempts)
+}
+
+func (r *nativeRunner) get(ctx context.Context, c nconn, key string) (reply, error) {
+	res, err := c.tx(ctx, []string{"GET", key}, []string{"PTTL", key})
+	if err != nil {
+		return reply{}, err
+	}
+	if len(res) != 2 {
+		return reply{}, fmt.Errorf("unexpected reply of %d elements to a transaction of 2 commands", len(res))
+	}
+	g := res[0]
+	switch {
+	case g.err != nil && strings.HasPrefix(g.err.Error(), "WRONGTYPE"):
+		g = nval{b: []byte{}} // reported as an undecodable value, as get.lua does
+	case g.err != nil:
+		return reply{}, g.err
+	case g.null:
+		return reply{}, nil
+	}
+	return reply{n: [3]int64{1, res[1].n, 0}, blob: g.b}, nil
+}
+
+// inFlight reports whether v is an in-flight record of lease id.
+func inFlightOf(v []byte, id string) bool {
+	return len(v) == inFlightLen && v[0] == 'F' && string(v[fpEnd:]) == id
+}
+
+func tokenOf(v []byte) int64 { return int64(unpackToken(v[1:tokenEnd])) }
+
+func packTokenBytes(t int64) []byte { return []byte(packToken(uint64(t))) }
+
+// acquire claims the key (see the comment at the top of the file).
+func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg string) (reply, error) {
+	ttl, err := strconv.ParseInt(ttlArg, 10, 64)
+	if err != nil || ttl <= 0 {
+		return reply{}, fmt.Errorf("lease TTL %q is not a positive number of ms", ttlArg)
+	}
+	// A short lease is claimed for shortClaim first, so that it is still
+	// there for the second step, which gives it its token and expiry.
+	short := ttl <= 2*maxAhead
+	px := ttl
+	if short {
+		px = shortClaim
+	}
+	lead := int64(claimLead)
+	for range maxCASAttempts {
+		low := r.serverNowMs() // at most the server's time at the claim
+		t0 := low + lead
+		lead = min(2*lead, maxAhead-20) // a claim that came too late leads more next time
+		claim := make([]byte, 0, inFlightLen)
+		claim = append(append(append(append(claim, 'F'), packTokenBytes(t0)...), fp...), id...)
+		res, err := c.pipe(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
+			[]string{"PTTL", key}, []string{"TIME"})
+		if err != nil {
+			return reply{}, err
+		}
+		var st state
+		if err := r.decodeState(res, &st); err != nil {
+			return reply{}, err
+		}
+		if st.wrongType {
+			return reply{}, nil // not a record
+		}
+		// The fix: the token becomes the server's time at the claim,
+		// larger than every token the key had, and the lease ends ttl
+		// after it.
+		token, fix, left := st.now, write{at: st.now + ttl}, ttl
+		switch {
+		case st.v == nil: // claimed just now
+			// TIME ran after the claim: t0 at least st.now is at least
+			// the time of the claim. The claim ran after low (a lower
+			// bound unless the server's clock went back: then t0 beyond
+			// st.now+maxAhead shows it), so the lease, longer than
+			// 2*maxAhead, expires after the clock has passed t0.
+			if low > 0 && t0 >= st.now && t0-low <= maxAhead && t0-st.now <= maxAhead {
+				if !short {
+					r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
+					return reply{n: [3]int64{1, t0, ttl}}, nil
+				}
+				// A short lease keeps its token; the second step only
+				// sets its expiry.
+				token, fix = t0, write{at: max(st.now+ttl, t0+1)}
+			}
+		case bytes.Equal(st.v, claim) && !r.granted(id, key, t0):
+			// Our own claim, sent again by the client library after a
+			// lost reply: when it was made is unknown, so the token
+			// becomes the time now, and the claim keeps its expiry (later
+			// than now, as it is there). (A claim of the same bytes that
+			// this runner granted, by an earlier Acquire of the same lease
+			// in the same millisecond, is the lease it granted: below.)
+			fix, left = write{keepTTL: true}, st.pttl
+		case st.pttl == -2:
+			continue // gone between the claim and PTTL: claim again
+		default:
+			rep, w := acquireStep(st, id, fp, ttl)
+			if w == nil {
+				return rep, nil
+			}
+			ok, err := r.cas(ctx, c, key, st, *w)
+			if err != nil {
+				return reply{}, err
+			}
+			if ok {
+				if rep.n[1]-st.now <= maxAhead {
+					r.remember(id, leaseMemo{key: key, token: uint64(rep.n[1]), fp: [16]byte([]byte(fp))})
+				}
+				return rep, nil
+			}
+			continue // the record changed: claim again
+		}
+		fix.val = append(append([]byte{'F'}, packTokenBytes(token)...), claim[tokenEnd:]...)
+		ok, err := r.cas(ctx, c, key, state{v: claim}, fix)
+		if err != nil {
+			return reply{}, err
+		}
+		if ok {
+			if token-st.now <= maxAhead {
+				r.remember(id, leaseMemo{key: key, token: uint64(token), fp: [16]byte([]byte(fp))})
+			}
+			return reply{n: [3]int64{1, token, left}}, nil
+		}
+		// The claim expired before the fix: claim again.
+	}
+	return reply{}, fmt.Errorf("%w (%d attempts)", ErrContention, maxCASAttempts)
+}
+
+// acquireStep is acquire.lua on a record that is there.
+func acquireStep(st state, id, fp string, ttl int64) (reply, *write) {
+	v, n := st.v, len(st.v)
+	switch {
+	case v[0] == 'F' && n == inFlightLen:
+		held := tokenOf(v)
+		switch {
+		case st.pttl < 0:
+			return reply{}, nil
+		case string(v[fpEnd:]) == id:
+			return reply{n: [3]int64{1, held, st.pttl}}, nil
+		case string(v[tokenEnd:fpEnd]) != fp:
+			return reply{n: [3]int64{4, held, 0}}, nil
+		}
+		return reply{n: [3]int64{3, held, st.pttl}}, nil
+	case v[0] == 'C' && n >= fpEnd:
+		done := tokenOf(v)
+		if string(v[tokenEnd:fpEnd]) != fp {
+			return reply{n: [3]int64{4, done, 0}}, nil
+		}
+		return reply{n: [3]int64{2, done, st.pttl}, blob: v}, nil
+	case v[0] == 'R' && n == tokenEnd:
+		token := max(tokenOf(v)+1, st.now)
+		val := append(append(append([]byte{'F'}, packTokenBytes(token)...), fp...), id...)
+		return reply{n: [3]int64{1, token, ttl}}, &write{val: val, at: max(st.now+ttl, token+1)}
+	}
+	return reply{}, nil
+}
+
+// completeFast completes a lease this runner granted in one SET IFEQ GET.
+// ok false: the caller takes the read, compare-and-set path.
+func (r *nativeRunner) completeFast(ctx context.Context, c nconn, key string, args []string) (rep reply, ok bool, err error) {
+	id, token, ret, resp := args[0], args[1], args[2], args[3]
+	m, found := r.recall(id)
+	ms, _ := strconv.ParseInt(ret, 10, 64)
+	if !found || m.key != key || packToken(m.token) != token || ms <= maxAhead {
+		return reply{}, false, nil
+	}
+	want := "F" + token + string(m.fp[:]) + id
+	v, err := c.one(ctx, "SET", key, "C"+token+string(m.fp[:])+resp, "IFEQ", want, "PX", ret, "GET")
+	if err == nil {
+		err = v.err
+	}
+	if err != nil || v.null || string(v.b) != want {
+		return reply{}, false, err
+	}
+	return reply{n: [3]int64{1}}, true, nil
+}
+
+// releaseFast releases a lease this runner granted in one SET IFEQ GET.
+func (r *nativeRunner) releaseFast(ctx context.Context, c nconn, key string, args []string) (rep reply, ok bool, err error) {
+	id, token, keep := args[0], args[1], args[2]
+	m, found := r.recall(id)
+	ms, _ := strconv.ParseInt(keep, 10, 64)
+	if !found || m.key != key || packToken(m.token) != token || ms <= maxAhead {
+		return reply{}, false, nil
+	}
+	want := "F" + token + string(m.fp[:]) + id
+	v, err := c.one(ctx, "SET", key, "R"+token, "IFEQ", want, "PX", keep, "GET")
+	if err == nil {
+		err = v.err
+	}
+	if err != nil || v.null || string(v.b) != want {
+		return reply{}, false, err
+	}
+	return reply{n: [3]int64{1}}, true, nil
+}
+
+// nativeStep returns the decision of a script other than acquire and get,
+// given the record read.
+func nativeStep(script int, args []string) (func(st state) (reply, *write), error) {
+	num := func(i int) (int64, error) {
+		n, err := strconv.ParseInt(args[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("argument %d %q is not a number", i+1, args[i])
+		}
+		return n, nil
+	}
+	switch script {
+	case scriptRenew:
+		id := args[0]
+		ttl, err := num(1)
+		if err != nil {
+			return nil, err
+		}
+		return func(st state) (reply, *write) {
+			if !inFlightOf(st.v, id) {
+				return reply{}, nil
+			}
+			return reply{n: [3]int64{1}}, &write{val: st.v, at: max(st.now+ttl, tokenOf(st.v)+1)}
+		}, nil
+	case scriptHold:
+		id := args[0]
+		ttl, err := num(1)
+		if err != nil {
+			return nil, err
+		}
+		return func(st state) (reply, *write) {
+			if !inFlightOf(st.v, id) {
+				return reply{}, nil
+			}
+			token := tokenOf(st.v)
+			at := max(st.now+ttl, token+1)
+			return reply{n: [3]int64{1, token, at - st.now}, blob: st.v[tokenEnd:fpEnd]}, &write{val: st.v, at: at}
+		}, nil
+	case scriptRaise:
+		id := args[0]
+		floor, err := num(1)
+		if err != nil {
+			return nil, err
+		}
+		return func(st state) (reply, *write) {
+			if !inFlightOf(st.v, id) {
+				return reply{}, nil
+			}
+			if token := tokenOf(st.v); token > floor {
+				return reply{n: [3]int64{1, token}}, nil
+			}
+			token := floor + 1
+			val := append(append([]byte{'F'}, packTokenBytes(token)...), st.v[tokenEnd:]...)
+			return reply{n: [3]int64{1, token}}, &write{val: val, at: max(st.now+max(st.pttl, 1), token+1)}
+		}, nil
+	case scriptComplete:
+		id, token, resp := args[0], args[1], args[3]
+		ret, err := num(2)
+		if err != nil {
+			return nil, err
+		}
+		again := len(args) > 4 && args[4] == "1"
+		return func(st state) (reply, *write) {
+			v := st.v
+			switch {
+			case inFlightOf(v, id):
+				val := append(append([]byte{'C'}, v[1:fpEnd]...), resp...)
+				return reply{n: [3]int64{1}}, &write{val: val, at: max(st.now+ret, tokenOf(v)+1)}
+			case len(v) >= fpEnd && v[0] == 'C' && string(v[1:tokenEnd]) == token && string(v[fpEnd:]) == resp:
+				if again {
+					return reply{n: [3]int64{1}}, &write{val: v, keepTTL: true}
+				}
+				return reply{n: [3]int64{1}}, nil
+			}
+			return reply{}, nil
+		}, nil
+	case scriptRelease:
+		id, token := args[0], args[1]
+		keep, err := num(2)
+		if err != nil {
+			return nil, err
+		}
+		return func(st state) (reply, *write) {
+			v := st.v
+			switch {
+			case inFlightOf(v, id):
+				return reply{n: [3]int64{1}}, &write{val: append([]byte{'R'}, v[1:tokenEnd]...), at: max(st.now+keep, tokenOf(v)+1)}
+			case len(v) == tokenEnd && v[0] == 'R' && string(v[1:]) == token:
+				return reply{n: [3]int64{1}}, nil
+			}
+			return reply{}, nil
+		}, nil
+	case scriptFill:
+		tokenArg, fpArg, resp, lease := args[0], args[1], args[3], args[4]
+		left, err := num(2)
+		if err != nil {
+			return nil, err
+		}
+		if len(tokenArg) != 6 {
+			return nil, fmt.Errorf("token of %d bytes, want 6", len(tokenArg))
+		}
+		token := int64(unpackToken([]byte(tokenArg)))
+		return func(st state) (reply, *write) {
+			if left <= 0 {
+				return reply{}, nil
+			}
+			fp, top := fpArg, token
+			if v, n := st.v, len(st.v); n > 0 {
+				known := (v[0] == 'F' && n == inFlightLen) || (v[0] == 'C' && n >= fpEnd) || (v[0] == 'R' && n == tokenEnd)
+				if known {
+					had := tokenOf(v)
+					if v[0] == 'C' {
+						switch {
+						case had == token:
+							return reply{n: [3]int64{2}}, nil
+						case had > token:
+							return reply{}, nil
+						}
+					}
+					if fp == "" && v[0] == 'F' && string(v[fpEnd:]) == lease {
+						fp = string(v[tokenEnd:fpEnd])
+					}
+					top = max(top, had)
+				}
+			}
+			if len(fp) != 16 {
+				return reply{n: [3]int64{3}}, nil
+			}
+			val := "C" + tokenArg + fp + resp
+			return reply{n: [3]int64{1}}, &write{val: []byte(val), at: max(st.now+left, top+1)}
+		}, nil
+	}
+	return nil, fmt.Errorf("redisstore: no native form of script %d", script)
+}
+
+// rueidis transport.
+
+type rueidisDoer interface {
+	B() rueidis.Builder
+	Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult
+	DoMulti(ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult
+}
+
+type rueidisConn struct {
+	c       rueidisDoer
+	cluster bool
+}
+
+func (c rueidisConn) build(cmd []string) rueidis.Completed {
+	b := c.c.B().Arbitrary(cmd[0])
+	switch cmd[0] {
+	case "GET", "SET", "PTTL":
+		return b.Keys(cmd[1]).Args(cmd[2:]...).Build().ToRetryable().Pin()
+	}
+	return b.Args(cmd[1:]...).Build().ToRetryable().Pin()
+}
+
+func (c rueidisConn) tx(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	multi := make(rueidis.Commands, 0, len(cmds)+2)
+	multi = append(multi, c.c.B().Multi().Build().ToRetryable().Pin())
+	for _, cmd := range cmds {
+		multi = append(multi, c.build(cmd))
+	}
+	multi = append(multi, c.c.B().Exec().Build().ToRetryable().Pin())
+	res := c.c.DoMulti(ctx, multi...)
+	for _, r := range res[:len(res)-1] {
+		if err := r.Error(); err != nil {
+			return nil, err
+		}
+	}
+	arr, err := res[len(res)-1].ToArray()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nval, len(arr))
+	for i := range arr {
+		out[i] = rueidisVal(&arr[i])
+	}
+	return out, nil
+}
+
+func (c rueidisConn) pipe(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	if c.cluster {
+		return c.tx(ctx, cmds...)
+	}
+	multi := make(rueidis.Commands, len(cmds))
+	for i, cmd := range cmds {
+		multi[i] = c.build(cmd)
+	}
+	res := c.c.DoMulti(ctx, multi...)
+	out := make([]nval, len(res))
+	for i := range res {
+		m, err := res[i].ToMessage()
+		switch {
+		case err == nil:
+			out[i] = rueidisVal(&m)
+		case rueidis.IsRedisNil(err):
+			out[i] = nval{null: true}
+		default:
+			if _, ok := rueidis.IsRedisErr(err); !ok {
+				return nil, err
+			}
+			out[i] = nval{err: err}
+		}
+	}
+	return out, nil
+}
+
+func (c rueidisConn) one(ctx context.Context, cmd ...string) (nval, error) {
+	res := c.c.Do(ctx, c.build(cmd))
+	m, err := res.ToMessage()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nval{null: true}, nil
+		}
+		if _, ok := rueidis.IsRedisErr(err); ok {
+			return nval{err: err}, nil
+		}
+		return nval{}, err
+	}
+	return rueidisVal(&m), nil
+}
+
+func rueidisVal(m *rueidis.RedisMessage) nval {
+	if err := m.Error(); err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nval{null: true}
+		}
+		return nval{err: err}
+	}
+	if n, err := m.AsInt64(); err == nil && m.IsInt64() {
+		return nval{n: n}
+	}
+	if m.IsMap() {
+		kv, _ := m.ToMap()
+		out := nval{arr: make([]nval, 0, 2*len(kv))}
+		for k, v := range kv {
+			out.arr = append(out.arr, nval{b: []byte(k)}, rueidisVal(&v))
+		}
+		return out
+	}
+	if arr, err := m.ToArray(); err == nil {
+		out := nval{arr: make([]nval, len(arr))}
+		for i := range arr {
+			out.arr[i] = rueidisVal(&arr[i])
+		}
+		return out
+	}
+	b, _ := m.AsBytes()
+	return nval{b: b}
+}
+
+func newRueidisNative(c rueidis.Client) *nativeRunner {
+	r := newNativeRunner(rueidisConn{c: c, cluster: c.Mode() == rueidis.ClientModeCluster})
+	r.closeFn = c.Close
+	r.delFn = func(ctx context.Context, key string) (int64, error) {
+		return c.Do(ctx, c.B().Del().Key(key).Build()).AsInt64()
+	}
+	r.dedic = func(ctx context.Context, key string, f func(nconn) error) error {
+		// Dedicated picks the connection by the slot of the first command.
+		return c.Dedicated(func(d rueidis.DedicatedClient) error {
+			return f(rueidisConn{c: d})
+		})
+	}
+	return r
+}
+
+// go-redis transport.
+
+type goredisConn struct {
+	c interface {
+		TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+		Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+		Do(ctx context.Context, args ...any) *redis.Cmd
+	}
+	cluster bool
+}
+
+func anyArgs(cmd []string) []any {
+	out := make([]any, len(cmd))
+	for i, a := range cmd {
+		out[i] = a
+	}
+	return out
+}
+
+func (c goredisConn) tx(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	return c.send(ctx, c.c.TxPipelined, cmds)
+}
+
+func (c goredisConn) pipe(ctx context.Context, cmds ...[]string) ([]nval, error) {
+	if c.cluster {
+		return c.tx(ctx, cmds...)
+	}
+	return c.send(ctx, c.c.Pipelined, cmds)
+}
+
+func (c goredisConn) send(ctx context.Context, pipelined func(context.Context, func(redis.Pipeliner) error) ([]redis.Cmder, error), cmds [][]string) ([]nval, error) {
+	res := make([]*redis.Cmd, len(cmds))
+	_, err := pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, cmd := range cmds {
+			res[i] = p.Do(ctx, anyArgs(cmd)...)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		var re redis.Error
+		if !errors.As(err, &re) { // a command's error reply is in its result
+			return nil, err
+		}
+	}
+	out := make([]nval, len(cmds))
+	for i, cmd := range res {
+		out[i] = goredisVal(cmd.Val(), cmd.Err())
+	}
+	return out, nil
+}
+
+func (c goredisConn) one(ctx context.Context, cmd ...string) (nval, error) {
+	res := c.c.Do(ctx, anyArgs(cmd)...)
+	v, err := res.Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		var re redis.Error
+		if !errors.As(err, &re) {
+			return nval{}, err
+		}
+	}
+	return goredisVal(v, err), nil
+}
+
+func goredisVal(v any, err error) nval {
+	if errors.Is(err, redis.Nil) {
+		return nval{null: true}
+	}
+	if err != nil {
+		return nval{err: err}
+	}
+	switch v := v.(type) {
+	case nil:
+		return nval{null: true}
+	case int64:
+		return nval{n: v}
+	case string:
+		return nval{b: []byte(v)}
+	case map[any]any:
+		out := nval{arr: make([]nval, 0, 2*len(v))}
+		for k, e := range v {
+			out.arr = append(out.arr, goredisVal(k, nil), goredisVal(e, nil))
+		}
+		return out
+	case []any:
+		out := nval{arr: make([]nval, len(v))}
+		for i, e := range v {
+			out.arr[i] = goredisVal(e, nil)
+		}
+		return out
+	}
+	return nval{err: fmt.Errorf("unexpected reply %v", v)}
+}
+
+func newGoredisNative(c redis.UniversalClient) *nativeRunner {
+	_, cluster := c.(*redis.ClusterClient)
+	r := newNativeRunner(goredisConn{c: c, cluster: cluster})
+	r.closeFn = func() { c.Close() }
+	r.delFn = func(ctx context.Context, key string) (int64, error) { return c.Del(ctx, key).Result() }
+	r.dedic = func(ctx context.Context, key string, f func(nconn) error) error {
+		node, ok := c.(*redis.Client)
+		if cc, cluster := c.(*redis.ClusterClient); cluster {
+			n, err := cc.MasterForKey(ctx, key)
+			if err != nil {
+				return err
+			}
+			node, ok = n, true
+		}
+		if !ok {
+			return fmt.Errorf("WAIT needs a *redis.Client or *redis.ClusterClient, not %T", c)
+		}
+		conn := node.Conn()
+		defer conn.Close()
+		return f(goredisConn{c: conn})
+	}
+	return r
+}
+
+// maxEachInFlight bounds the keys of one batch whose transitions run at
+// once on the native path.
+const maxEachInFlight = 64
+
+// execEach runs a batch on a runner without batch calls (the native path):
+// each key's single transition, the keys in parallel (the client pipelines
+// them), the appearances of one key one after the other in batch order.
+func (s *Store) execEach(ctx context.Context, run runner, bs *batchScript, idx []int, key func(int) idem.Key,
+	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
+	byKey := map[idem.Key][]int{}
+	var order []idem.Key
+	for _, i := range idx {
+		k := key(i)
+		if _, ok := byKey[k]; !ok {
+			order = append(order, k)
+		}
+		byKey[k] = append(byKey[k], i)
+	}
+	var (
+		mu  sync.Mutex // answer and fail are not safe for concurrent use
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, maxEachInFlight)
+	)
+	for _, k := range order {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			for _, i := range byKey[k] {
+				r, err := run.run(ctx, bs.single, s.KeyName(k), args(i, nil)...)
+				mu.Lock()
+				if err != nil {
+					fail(i, s.explainACL(err))
+				} else {
+					answer(i, r)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
