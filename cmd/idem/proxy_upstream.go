@@ -42,7 +42,7 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 		},
 		Transport:  sendOnce{transport},
 		BufferPool: copyBuffers,
-		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ErrorLog:   slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			cause := context.Cause(r.Context())
 			if errors.Is(cause, idem.ErrMaxExecution) {
