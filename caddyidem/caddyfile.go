@@ -31,7 +31,7 @@ func init() {
 //		tenant_cookie        <cookie>
 //		lease                <duration>      # 30s
 //		retention            <duration>      # 24h
-//		wait                 <duration>
+//		wait                 <duration>      # 500ms; negative: 409 at once
 //		fail_open
 //		max_body             <size>          # 1MiB
 //		max_response         <size>          # 1MiB

@@ -147,13 +147,14 @@ func stores() map[string]string {
 
 // TestOncePerKey: through a real Caddy (the issue's route form) to a real
 // upstream, a key runs once; its repeat is the byte-identical replay; a
-// second request while the first runs gets 409 with Retry-After; the same
+// second request while the first runs gets 409 with Retry-After (wait
+// negative: at once; by default it would wait for the replay); the same
 // key with another body gets 422; a request without a key passes through.
 func TestOncePerKey(t *testing.T) {
 	for name, store := range stores() {
 		t.Run(name, func(t *testing.T) {
 			up := startCounter(t, 300*time.Millisecond)
-			base := startCaddy(t, fmt.Sprintf("\troute /payments/* {\n\t\tidempotency {\n\t\t\tstore %s\n\t\t\tprefix caddyidem:%s:\n\t\t}\n\t\treverse_proxy %s\n\t}",
+			base := startCaddy(t, fmt.Sprintf("\troute /payments/* {\n\t\tidempotency {\n\t\t\tstore %s\n\t\t\tprefix caddyidem:%s:\n\t\t\twait -1s\n\t\t}\n\t\treverse_proxy %s\n\t}",
 				store, runID, strings.TrimPrefix(up.srv.URL, "http://")))
 			key := "once-" + name + "-" + runID
 			var first, during answer

@@ -85,8 +85,9 @@ type Handler struct {
 	// idem.DefaultRetention (24h); at least 1s.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
-	// Wait, when positive, makes a request whose key is in flight wait up
-	// to this long for the result instead of getting 409 at once.
+	// Wait bounds how long a request whose key is in flight waits for the
+	// result before it gets 409 (idemhttp Config.Wait). Default
+	// idemhttp.DefaultWait (500ms); negative: 409 at once.
 	Wait caddy.Duration `json:"wait,omitempty"`
 
 	// FailOpen runs the route without idempotency when the store fails
@@ -164,8 +165,6 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("lease %v: want at least 10ms", time.Duration(h.Lease))
 	case h.Retention != 0 && time.Duration(h.Retention) < time.Second:
 		return fmt.Errorf("retention %v: want at least 1s", time.Duration(h.Retention))
-	case h.Wait < 0:
-		return fmt.Errorf("wait %v: must not be negative", time.Duration(h.Wait))
 	case h.MaxExecution < 0:
 		return fmt.Errorf("max_execution %v: must not be negative (0: no limit)", time.Duration(h.MaxExecution))
 	case h.ClientWriteTimeout != nil && *h.ClientWriteTimeout < 0:

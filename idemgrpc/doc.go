@@ -15,9 +15,11 @@
 //	                                 is stored (per ShouldStore)
 //	same key, completed, same request  the stored message or status, header and trailer
 //	                                 metadata, plus header idempotent-replayed: true
-//	same key, still running          Aborted (IDEMPOTENCY_KEY_IN_FLIGHT) with RetryInfo:
-//	                                 the holder's lease time left, at most 1s; or, with
-//	                                 Config.Wait, wait for the outcome (bounded)
+//	same key, still running          wait for its outcome, up to Config.Wait (default
+//	                                 DefaultWait, 500ms), and replay it; past the wait,
+//	                                 Aborted (IDEMPOTENCY_KEY_IN_FLIGHT) with RetryInfo:
+//	                                 the holder's lease time left, at most 1s (Wait
+//	                                 negative: Aborted at once)
 //	same key, different request      FailedPrecondition (IDEMPOTENCY_KEY_REUSED); the
 //	                                 handler does not run
 //	store failing                    Unavailable (IDEMPOTENCY_STORE_UNAVAILABLE) with
@@ -28,8 +30,8 @@
 //	                                 handler and before the store (ShouldStore,
 //	                                 OnOutcome)
 //	client leaves after the acquire  the handler runs to its end and its outcome is
-//	                                 stored; the retry gets Aborted (or waits), then the
-//	                                 replay
+//	                                 stored; the retry waits (Aborted past Wait), then
+//	                                 gets the replay
 //
 // The interceptor's own errors carry a google.rpc.ErrorInfo with domain
 // ErrorDomain and a stable reason (the Reason constants; ErrorReason reads
@@ -121,8 +123,8 @@
 //     deadline (context.WithoutCancel), so the handler and the calls it
 //     makes with that context run to their end, and the outcome is stored.
 //     Metadata the handler sets after the client left is kept for the
-//     replay, and the handler sees no error for it. A retry gets Aborted
-//     (or waits, with Config.Wait) until then, and the replay after;
+//     replay, and the handler sees no error for it. A retry waits for it
+//     (Config.Wait) or gets Aborted until then, and the replay after;
 //   - after completion: nothing changes.
 //
 // The handler's context is cancelled only when the lease is lost (cause

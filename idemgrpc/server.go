@@ -32,6 +32,12 @@ import (
 // default client can receive is stored.
 const DefaultMaxResponseSize = 4 << 20
 
+// DefaultWait is how long a call whose key is in flight waits for the
+// holder's outcome before it gets Aborted (Config.Wait): the same as
+// idemhttp's, so that the middleware, the proxy and the interceptor treat
+// a copy alike.
+const DefaultWait = engine.DefaultWait
+
 const (
 	// maxInFlightDelay caps the RetryInfo delay of an in-flight answer:
 	// the holder usually finishes long before its lease ends.
@@ -97,12 +103,17 @@ type Config struct {
 	// (grpc.Method(ctx) names the method). Default DefaultShouldStore.
 	ShouldStore func(ctx context.Context, code codes.Code) bool
 
-	// Wait, when positive, makes a call whose key is in flight wait up to
-	// this long for the result instead of getting Aborted at once. It
+	// Wait bounds how long a call whose key is in flight (a copy of a call
+	// still running) waits for the result before it gets Aborted. It
 	// wakes as soon as this process finishes the key, and is handed the
 	// outcome the holder stored (no store round trip); for a holder in
-	// another process it asks the store again after growing pauses (5ms
-	// to 250ms). Default 0: Aborted at once.
+	// another process it asks the store again after growing pauses (5ms,
+	// doubling, at most 250ms apart). If the holder releases the key
+	// instead, the waiter acquires it and runs the handler. Work that
+	// outlasts the wait still answers Aborted, with its retry delay; a
+	// waiting call holds a goroutine meanwhile, and its own deadline
+	// still applies. Default DefaultWait (idemhttp's); negative: Aborted
+	// at once, without waiting (the default before DefaultWait).
 	Wait time.Duration
 
 	// MaxExecution, when positive, bounds how long the handler may run
@@ -266,7 +277,7 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 	}
 	eng, err := engine.New(store, engine.Config{Name: "idemgrpc", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
-		Wait: cfg.Wait, MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
+		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

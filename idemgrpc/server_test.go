@@ -380,8 +380,9 @@ func TestStoreDown(t *testing.T) {
 
 // The client gives up (deadline 100ms) while the handler (500ms) runs: the
 // handler runs to its end with a live context, metadata it sets after the
-// client left is kept, the retry meanwhile gets Aborted with RetryInfo, and
-// the retry after gets the replay. One execution.
+// client left is kept, the retry meanwhile gets Aborted with RetryInfo
+// (without a wait: Config.Wait negative), and the retry after gets the
+// replay. One execution.
 func TestClientTimeoutThenRetry(t *testing.T) {
 	eachStore(t, func(t *testing.T, store idem.Store) {
 		type end struct {
@@ -389,7 +390,7 @@ func TestClientTimeoutThenRetry(t *testing.T) {
 			deadline       bool
 		}
 		ended := make(chan end, 1)
-		s := newServer(t, store, idemgrpc.Config{}, func(ctx context.Context, m string, req *structpb.Struct) (*wrapperspb.StringValue, error) {
+		s := newServer(t, store, idemgrpc.Config{Wait: -1}, func(ctx context.Context, m string, req *structpb.Struct) (*wrapperspb.StringValue, error) {
 			time.Sleep(500 * time.Millisecond)
 			_, hasDeadline := ctx.Deadline()
 			setErr := errors.Join(grpc.SetHeader(ctx, metadata.Pairs("x-after", "left")), grpc.SetTrailer(ctx, metadata.Pairs("x-t", "1")))
@@ -658,7 +659,6 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		"nil store":            {nil, idemgrpc.Config{}},
 		"typed nil store":      {nilRedis, idemgrpc.Config{}},
-		"negative Wait":        {s, idemgrpc.Config{Wait: -time.Second}},
 		"negative MaxExec":     {s, idemgrpc.Config{MaxExecution: -time.Second}},
 		"negative MaxResponse": {s, idemgrpc.Config{MaxResponseSize: -1}},
 		"huge MaxResponse":     {s, idemgrpc.Config{MaxResponseSize: idem.MaxEncodedBody + 1}},
@@ -672,4 +672,73 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := idemgrpc.NewUnaryServerInterceptor(s, idemgrpc.Config{}); err != nil {
 		t.Fatalf("zero Config: %v", err)
 	}
+}
+
+// With the zero Config, a call that meets its key in flight waits up to
+// DefaultWait: it gets the replay of work that ends within it, and Aborted
+// only for work that outlasts it. Wait negative is Aborted at once.
+func TestDefaultWait(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		started, finish := make(chan struct{}, 1), make(chan struct{})
+		h := func(ctx context.Context, m string, req *structpb.Struct) (*wrapperspb.StringValue, error) {
+			started <- struct{}{}
+			<-finish
+			return charge(ctx, m, req)
+		}
+		s := newServer(t, store, idemgrpc.Config{}, h)
+		args := map[string]any{"amount": 3}
+
+		// Work that ends within the wait: the copy gets its replay.
+		first := make(chan answer, 1)
+		go func() { first <- s.call(t.Context(), methodCharge, "short", args) }()
+		<-started
+		copyDone := make(chan answer, 1)
+		go func() { copyDone <- s.call(t.Context(), methodCharge, "short", args) }()
+		time.Sleep(idemgrpc.DefaultWait / 5) // the copy waits
+		finish <- struct{}{}
+		f, c := <-first, <-copyDone
+		if f.err != nil || c.err != nil || !c.replayed() || c.reply != f.reply {
+			t.Fatalf("copy while the work runs: got %q (%v, replayed %t), want the replay of %q (%v)", c.reply, c.err, c.replayed(), f.reply, f.err)
+		}
+
+		// Work that outlasts the wait: Aborted, after the wait.
+		long := make(chan answer, 1)
+		go func() { long <- s.call(t.Context(), methodCharge, "long", args) }()
+		<-started
+		begin := time.Now()
+		a := s.call(t.Context(), methodCharge, "long", args)
+		wantCode(t, "copy of long work", a.err, codes.Aborted, idemgrpc.ReasonInFlight)
+		if waited := time.Since(begin); waited < idemgrpc.DefaultWait {
+			t.Fatalf("copy of long work: Aborted after %v, want after the %v wait", waited, idemgrpc.DefaultWait)
+		}
+
+		// Wait negative: Aborted at once, while the same work still runs
+		// (one store check; a waiting copy of this other interceptor,
+		// which does not see the holder, would ask again and again).
+		counted := &inFlightCounter{Store: store}
+		now := newServer(t, counted, idemgrpc.Config{Wait: -1}, h)
+		a = now.call(t.Context(), methodCharge, "long", args)
+		wantCode(t, "Wait -1", a.err, codes.Aborted, idemgrpc.ReasonInFlight)
+		if n := counted.inFlight.Load(); n != 1 {
+			t.Fatalf("Wait -1: %d store checks, want one", n)
+		}
+		finish <- struct{}{}
+		if l := <-long; l.err != nil {
+			t.Fatal(l.err)
+		}
+	})
+}
+
+// inFlightCounter counts the Acquires that found the key in flight.
+type inFlightCounter struct {
+	idem.Store
+	inFlight atomic.Int64
+}
+
+func (s *inFlightCounter) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	acq, err := s.Store.Acquire(ctx, req)
+	if err == nil && acq.Outcome == idem.InFlight {
+		s.inFlight.Add(1)
+	}
+	return acq, err
 }

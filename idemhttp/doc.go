@@ -13,8 +13,9 @@
 //	                                 and is stored (per ShouldStore)
 //	same key, completed, same body   the stored status, headers and body, byte for byte,
 //	                                 plus Idempotent-Replayed: true
-//	same key, still running          409 with Retry-After: 1 (or, with Config.Wait, wait
-//	                                 for the result, bounded)
+//	same key, still running          wait for its result, up to Config.Wait (default
+//	                                 DefaultWait, 500ms), and replay it; past the wait,
+//	                                 409 with Retry-After: 1 (Wait negative: 409 at once)
 //	same key, different request      422; the handler does not run
 //	key missing, not required        the request passes through untouched
 //	key missing, required            400
@@ -30,7 +31,7 @@
 //	409, 425, 429)                   after the handler and before the store
 //	                                 (ShouldStore, OnBodyOmitted, OnOutcome)
 //	client leaves after the acquire, the handler runs to its end and its response is
-//	or stops reading for             stored; the retry gets 409 (or waits), then the replay
+//	or stops reading for             stored; the retry waits (409 past Wait), then replays
 //	ClientWriteTimeout
 //
 // Error answers are RFC 9457 application/problem+json with a stable type
@@ -71,8 +72,8 @@
 //   - while the handler runs: the handler's context keeps the request's
 //     values but not its cancellation (context.WithoutCancel), so the
 //     handler and the calls it makes with r.Context() run to their end,
-//     and the response is stored. A retry gets 409 (or waits, with
-//     Config.Wait) until then, and the byte-identical replay after;
+//     and the response is stored. A retry waits for it (Config.Wait) or
+//     gets 409 until then, and the byte-identical replay after;
 //   - while the response streams: the middleware stops writing to the
 //     client and keeps capturing; the handler sees no write error (so
 //     httputil.ReverseProxy does not abort), and the whole response is
@@ -175,7 +176,8 @@
 // when possible: the client still gets the handler's response, and a retry
 // runs the handler again. A streamed (flushed) or large
 // response can reach the client first; a retry in that short window gets
-// 409 (or waits, with Config.Wait), never a second execution.
+// its replay or 409 (waiting first, with Config.Wait), never a second
+// execution.
 //
 // # Client
 //

@@ -28,6 +28,9 @@ const (
 	DefaultMaxBodySize        = 1 << 20
 	DefaultMaxResponseSize    = idem.DefaultMaxResponseSize
 	DefaultClientWriteTimeout = 30 * time.Second
+	// DefaultWait is how long a request whose key is in flight waits for
+	// the holder's result before it gets 409 (Config.Wait).
+	DefaultWait = engine.DefaultWait
 )
 
 // HeaderBodyOmitted is set to "true" on the replay of a response whose
@@ -132,11 +135,17 @@ type Config struct {
 	// request can be retried. Default DefaultShouldStore.
 	ShouldStore func(r *http.Request, status int) bool
 
-	// Wait, when positive, makes a request whose key is in flight wait up
-	// to this long for the result instead of getting 409 at once. It wakes
-	// as soon as this process finishes the key, and is handed the response
-	// the holder stored (no store round trip); for a holder in another
-	// process it asks the store again after growing pauses (5ms to 250ms).
+	// Wait bounds how long a request whose key is in flight (a copy of a
+	// request still running) waits for the result before it gets 409. It
+	// wakes as soon as this process finishes the key, and is handed the
+	// response the holder stored (no store round trip); for a holder in
+	// another process it asks the store again after growing pauses (5ms,
+	// doubling, at most 250ms apart: about 7 acquires within DefaultWait).
+	// If the holder releases the key instead (a 5xx, a panic), the waiter
+	// acquires it and runs the handler. Work that outlasts the wait still
+	// answers 409, with Retry-After; a waiting copy holds its connection
+	// and a goroutine meanwhile. Default DefaultWait; negative: 409 at
+	// once, without waiting (the default before DefaultWait).
 	Wait time.Duration
 
 	// MaxExecution, when positive, bounds how long the handler may run
@@ -286,7 +295,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	}
 	eng, err := engine.New(store, engine.Config{Name: "idemhttp", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
-		Wait: cfg.Wait, MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
+		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

@@ -165,10 +165,14 @@ func (s *server) goDo(t *testing.T, method, path, key, body string) <-chan answe
 	return ch
 }
 
+// Without a wait (Config.Wait negative), copies that meet the key in
+// flight get 409 at once; the one execution's response is replayed to the
+// rest.
 func TestConcurrentDuplicates(t *testing.T) {
 	eachStore(t, func(t *testing.T, store idem.Store) {
 		var release = make(chan struct{})
-		s := newServer(t, store, idemhttp.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		counted := &countingStore{Store: store}
+		s := newServer(t, counted, idemhttp.Config{Wait: -1}, func(w http.ResponseWriter, r *http.Request) {
 			<-release // hold the first request so the others meet it in flight
 			charge(w, r)
 		})
@@ -177,6 +181,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Go(func() { answers[i] = <-s.goDo(t, "POST", "/charges", "dup-1", `{"amount":1000}`) })
+		}
+		for deadline := time.Now().Add(10 * time.Second); counted.inFlight.Load() == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond) // until a copy met the key in flight
 		}
 		time.Sleep(100 * time.Millisecond)
 		close(release)
@@ -219,7 +226,59 @@ func TestConcurrentDuplicates(t *testing.T) {
 		if again.status != 201 || again.body != first.body || again.header.Get(idemhttp.HeaderReplayed) != "true" {
 			t.Fatalf("later repeat: got %d %q %v, want a replay of %q", again.status, again.body, again.header, first.body)
 		}
+		if conflicts == 0 {
+			t.Error("no 409: the copies waited, want 409 at once with Wait negative")
+		}
 		t.Logf("%d requests: 1 execution, %d replays, %d conflicts", n, replays, conflicts)
+	})
+}
+
+// With the zero Config, a copy that meets its key in flight waits up to
+// DefaultWait: it gets the replay of work that ends within it, and 409
+// only for work that outlasts it. Wait negative is 409 at once.
+func TestDefaultWait(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		started, finish := make(chan struct{}, 1), make(chan struct{})
+		handler := func(w http.ResponseWriter, r *http.Request) {
+			started <- struct{}{}
+			<-finish
+			charge(w, r)
+		}
+		s := newServer(t, store, idemhttp.Config{}, handler)
+
+		// Work that ends within the wait: the copy gets its replay.
+		first := s.goDo(t, "POST", "/charges", "short", "{}")
+		<-started
+		copyDone := s.goDo(t, "POST", "/charges", "short", "{}")
+		time.Sleep(idemhttp.DefaultWait / 5) // the copy waits
+		finish <- struct{}{}
+		f, c := <-first, <-copyDone
+		if c.status != http.StatusCreated || c.body != f.body || c.header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatalf("copy while the work runs: got %d %q %v, want the replay of %q", c.status, c.body, c.header, f.body)
+		}
+
+		// Work that outlasts the wait: 409, after the wait.
+		long := s.goDo(t, "POST", "/charges", "long", "{}")
+		<-started
+		begin := time.Now()
+		a := s.do(t, "POST", "/charges", "long", "{}")
+		if waited := time.Since(begin); a.status != http.StatusConflict || waited < idemhttp.DefaultWait {
+			t.Fatalf("copy of long work: got %d after %v, want 409 after the %v wait", a.status, waited, idemhttp.DefaultWait)
+		}
+
+		// Wait negative: 409 at once, while the same work still runs
+		// (one store check; a waiting copy of this other middleware, which
+		// does not see the holder, would ask again and again).
+		counted := &countingStore{Store: store}
+		now := newServer(t, counted, idemhttp.Config{Wait: -1}, handler)
+		if a = now.do(t, "POST", "/charges", "long", "{}"); a.status != http.StatusConflict || counted.inFlight.Load() != 1 {
+			t.Fatalf("Wait -1: got %d after %d store checks, want 409 after one", a.status, counted.inFlight.Load())
+		}
+		finish <- struct{}{}
+		<-long
+		if n := s.runs.Load(); n != 2 {
+			t.Fatalf("executions: got %d, want 2 (one per key)", n)
+		}
 	})
 }
 
@@ -762,7 +821,7 @@ func TestHandlerContext(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	s := memstore.New(memstore.Options{})
 	for _, cfg := range []idemhttp.Config{
-		{MaxBodySize: -1}, {Wait: -time.Second}, {Methods: []string{"post"}}, {Lease: time.Millisecond},
+		{MaxBodySize: -1}, {Methods: []string{"post"}}, {Lease: time.Millisecond},
 	} {
 		if _, err := idemhttp.NewMiddleware(s, cfg); err == nil {
 			t.Errorf("NewMiddleware(%+v): got nil error, want one", cfg)

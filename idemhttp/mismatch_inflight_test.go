@@ -20,7 +20,7 @@ import (
 // answered, so a store that took it for a duplicate would answer 409 (or,
 // with Wait, nothing before the Wait ended, then 409).
 func TestMismatchWhileInFlight(t *testing.T) {
-	for _, wait := range []time.Duration{0, 2 * time.Second} {
+	for _, wait := range []time.Duration{-1, 2 * time.Second} {
 		name := "NoWait"
 		if wait > 0 {
 			name = "Wait"

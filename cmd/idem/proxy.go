@@ -69,8 +69,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 Forwards every request to --upstream. Requests of the covered methods that
 carry an Idempotency-Key run once per key: repeats get the stored response
-(Idempotent-Replayed: true), 409 while the first is in flight, 422 when the
-key comes with another request. Every flag can be set as IDEM_<FLAG>
+(Idempotent-Replayed: true), wait for it while the first is in flight (409
+past --wait), 422 when the key comes with another request. Every flag can be set as IDEM_<FLAG>
 (--admin-listen is IDEM_ADMIN_LISTEN). Flags:
 
 `)
@@ -88,7 +88,7 @@ key comes with another request. Every flag can be set as IDEM_<FLAG>
 	fs.StringVar(&o.settings.tenantCookie, "tenant-cookie", "", "scope keys by a hash of this cookie (the session cookie of a web app); a request without it: a hash of Authorization; not with --tenant-header")
 	fs.DurationVar(&o.settings.lease, "lease", idem.DefaultLease, "how long a crashed proxy blocks a key; renewed while the upstream works")
 	fs.DurationVar(&o.settings.retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
-	fs.DurationVar(&o.settings.wait, "wait", 0, "wait up to this long for an in-flight duplicate's result instead of answering 409 at once")
+	fs.DurationVar(&o.settings.wait, "wait", idemhttp.DefaultWait, "a request whose key is in flight (a copy of a request still running) waits up to this long for its result, and gets 409 only past it; 0: 409 at once")
 	fs.DurationVar(&o.settings.maxExecution, "max-execution", 0, "cancel an upstream request still running after this long under its key (answered 504; the key is released); 0: no limit")
 	fs.DurationVar(&o.settings.clientWriteTimeout, "client-write-timeout", idemhttp.DefaultClientWriteTimeout, "a keyed request's client that does not take a write of its response (32 KiB at most) within this long is gone, as if it had disconnected: the upstream's response is still read to its end and stored for the retry; 0: no limit (a client that stops reading holds its key)")
 	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")

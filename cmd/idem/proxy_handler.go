@@ -106,7 +106,7 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		Lease:           s.lease,
 		Retention:       s.retention,
 		MaxResponseSize: int(s.maxResponse),
-		Wait:            s.wait,
+		Wait:            cmp.Or(s.wait, -1), // 0 in the proxy is no wait; idemhttp's 0 is its default
 		FailOpen:        s.failOpen,
 		MaxExecution:    s.maxExecution,
 		StopContext:     p.stop,

@@ -580,7 +580,9 @@ func TestProxySIGKILLFreesKeyAfterLease(t *testing.T) {
 	t.Parallel()
 	rs := proxyRedis(t)
 	up := newTestUpstream(t)
-	args := []string{"--upstream", up.URL, "--store", "redis://" + rs.Addr(), "--lease", "1s"}
+	// --wait 0: a copy sees the dead proxy's key in flight at once (with
+	// the default wait, one sent late in the lease could wait past it).
+	args := []string{"--upstream", up.URL, "--store", "redis://" + rs.Addr(), "--lease", "1s", "--wait", "0"}
 	a := startProxy(t, nil, args...)
 	b := startProxy(t, nil, args...)
 

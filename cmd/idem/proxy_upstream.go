@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -39,8 +40,9 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 			pr.SetURL(target)
 			pr.SetXForwarded()
 		},
-		Transport: sendOnce{transport},
-		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		Transport:  sendOnce{transport},
+		BufferPool: copyBuffers,
+		ErrorLog:   slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			cause := context.Cause(r.Context())
 			if errors.Is(cause, idem.ErrMaxExecution) {
@@ -71,6 +73,23 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 		rp.ServeHTTP(w, r)
 	})
 }
+
+// copyBuffers are the buffers ReverseProxy copies response bodies
+// through. Without a pool it allocates 32 KiB per request and clears it:
+// for the small answers most APIs give, that allocation and the garbage
+// collection it causes were the largest cost of a request passed through.
+var copyBuffers = &bufferPool{}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[]byte); ok {
+		return *buf
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // sendOnce is the upstream transport of the proxy. It sends a request
 // that runs under a lease exactly once, framed as the client framed it.

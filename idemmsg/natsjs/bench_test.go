@@ -3,6 +3,7 @@ package natsjs
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/idemmsg"
-	"github.com/idemkit/idem/idemmsg/internal/msgtest"
+	"github.com/idemkit/idem/idemmsg/internal/loop"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
@@ -85,7 +86,7 @@ func BenchmarkConsume(b *testing.B) {
 			var rawRate float64
 			b.Run("raw", func(b *testing.B) {
 				rawRate = benchConsume(b, js, shape, "raw", func(b *testing.B, _ *benchTarget) (func(context.Context, *benchTarget), func()) {
-					return consumeRaw(b), func() {}
+					return consumeRaw(), func() {}
 				})
 			})
 			for _, batch := range []bool{false, true} {
@@ -124,6 +125,35 @@ type benchTarget struct {
 	redis   *redis.Client // the store's server, for its CPU time (idem only)
 	handled atomic.Int64
 	done    chan struct{} // closed when handled reaches benchMsgs
+
+	mu     sync.Mutex
+	errs   []string // the first errors the consumers reported (pull, ack, OnError)
+	nerrs  int
+	failed bool // an error that invalidates the run (not a pull error retried)
+}
+
+// failure records an error of the consumers. A pull error is retried, as
+// Run retries it; the run stays valid if every message is still handled
+// once and acknowledged (the checks after the timing), and the error is
+// printed with any failure. Others fail the run once it is timed.
+func (t *benchTarget) failure(retried bool, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nerrs++
+	if len(t.errs) < 5 {
+		t.errs = append(t.errs, fmt.Sprintf(format, args...))
+	}
+	t.failed = t.failed || !retried
+}
+
+// why describes the errors the consumers reported, for a failure message.
+func (t *benchTarget) why() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nerrs == 0 {
+		return "no error reported by the consumers"
+	}
+	return fmt.Sprintf("%d errors reported by the consumers, the first: %s", t.nerrs, strings.Join(t.errs, "; "))
 }
 
 func (t *benchTarget) handle() {
@@ -162,7 +192,7 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		case <-t.done:
 		case <-time.After(benchLimit):
 			cancel()
-			b.Fatalf("%s: handled %d of %d messages within %v", mode, t.handled.Load(), benchMsgs, benchLimit)
+			b.Fatalf("%s: handled %d of %d messages within %v (%s)", mode, t.handled.Load(), benchMsgs, benchLimit, t.why())
 		}
 		b.StopTimer()
 		elapsed += time.Since(start)
@@ -174,21 +204,39 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 			cpu += cpu1 - cpu0
 		}
 
-		msgtest.WaitFor(b, "every message acknowledged", benchStop, func() bool {
+		var info *jetstream.ConsumerInfo
+		acked := func() bool {
 			ictx, icancel := context.WithTimeout(context.Background(), time.Second)
 			defer icancel()
-			info, err := t.cons.Info(ictx)
+			var err error
+			info, err = t.cons.Info(ictx)
 			return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
-		})
+		}
+		for deadline := time.Now().Add(benchStop); !acked(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				cancel()
+				state := "no consumer info"
+				if info != nil {
+					state = fmt.Sprintf("pending %d, unacknowledged %d, redelivered %d", info.NumPending, info.NumAckPending, info.NumRedelivered)
+				}
+				b.Fatalf("%s: not every message acknowledged once within %v after the last was handled: %s (%s)", mode, benchStop, state, t.why())
+			}
+		}
 		cancel()
 		select {
 		case <-stopped:
 		case <-time.After(benchStop):
-			b.Fatalf("%s: consumers did not stop within %v", mode, benchStop)
+			b.Fatalf("%s: consumers did not stop within %v (%s)", mode, benchStop, t.why())
 		}
 		release()
 		if n := t.handled.Load(); n != benchMsgs {
-			b.Fatalf("%s: handled %d messages, want %d", mode, n, benchMsgs)
+			b.Fatalf("%s: handled %d messages, want %d (%s)", mode, n, benchMsgs, t.why())
+		}
+		if t.failed {
+			b.Fatalf("%s: %s", mode, t.why())
+		}
+		if t.nerrs > 0 {
+			b.Logf("%s: the run recovered from %s", mode, t.why())
 		}
 		dctx, dcancel := context.WithTimeout(context.Background(), benchStop)
 		if err := js.DeleteStream(dctx, t.stream); err != nil {
@@ -247,42 +295,59 @@ func benchPublish(b *testing.B, js jetstream.JetStream, name string) *benchTarge
 	return &benchTarget{stream: name, cons: cons, done: make(chan struct{})}
 }
 
-// consumeRaw is Run's pull loop without the Deduplicator.
-func consumeRaw(b *testing.B) func(context.Context, *benchTarget) {
+// consumeRaw is Run's pull loop without the Deduplicator: each loop
+// pulls with a Messages iterator and, like Run, takes a new one after a
+// pull error (a missed heartbeat when the machine is busy, for one),
+// after a pause. Before, a pull error ended the loop: with one loop
+// (loops=1), nothing consumed the rest and the run failed after
+// benchLimit, with the error printed only by an Errorf that
+// scripts/bench.sh filtered out.
+func consumeRaw() func(context.Context, *benchTarget) {
 	return func(ctx context.Context, t *benchTarget) {
 		var wg sync.WaitGroup
 		for n := range t.shape.loops {
 			wg.Go(func() {
-				it, err := t.cons.Messages(jetstream.PullMaxMessages(t.shape.pull()))
-				if err != nil {
-					b.Errorf("raw %d: pull: %v", n, err)
-					return
-				}
-				defer it.Stop()
-				pool := workpool.New(t.shape.conc)
-				defer pool.Wait()
-				for {
-					msg, err := it.Next(jetstream.NextContext(ctx))
-					if ctx.Err() != nil {
-						if msg != nil {
-							msg.Nak()
-						}
-						return
+				for failures := 0; ctx.Err() == nil; failures++ {
+					if failures > 0 {
+						loop.Sleep(ctx, loop.Backoff(failures))
 					}
-					if err != nil {
-						b.Errorf("raw %d: pull: %v", n, err)
-						return
+					if err := pullRaw(ctx, t); err != nil && ctx.Err() == nil {
+						t.failure(true, "raw %d: pull: %v", n, err)
 					}
-					pool.Go(func() {
-						t.handle()
-						if err := msg.Ack(); err != nil {
-							b.Errorf("raw %d: ack: %v", n, err)
-						}
-					})
 				}
 			})
 		}
 		wg.Wait()
+	}
+}
+
+// pullRaw runs one Messages iterator until ctx ends (nil) or a pull
+// error, handling and acking each message, t.shape.conc at a time.
+func pullRaw(ctx context.Context, t *benchTarget) error {
+	it, err := t.cons.Messages(jetstream.PullMaxMessages(t.shape.pull()))
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	pool := workpool.New(t.shape.conc)
+	defer pool.Wait()
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if ctx.Err() != nil {
+			if msg != nil {
+				msg.Nak()
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		pool.Go(func() {
+			t.handle()
+			if err := msg.Ack(); err != nil {
+				t.failure(false, "raw: ack: %v", err)
+			}
+		})
 	}
 }
 
@@ -296,13 +361,15 @@ func consumeIdem(b *testing.B, d *idemmsg.Deduplicator, batch bool) func(context
 				Handler: func(context.Context, jetstream.Msg) error { t.handle(); return nil },
 				OnError: func(err error) {
 					if ctx.Err() == nil {
-						b.Errorf("consumer %d: %v", n, err)
+						// Run retries what it reports here: the checks
+						// after the timing tell whether the run is valid.
+						t.failure(true, "consumer %d: %v", n, err)
 					}
 				},
 			}
 			wg.Go(func() {
 				if err := c.Run(ctx); err != nil {
-					b.Errorf("consumer %d: Run: %v", n, err)
+					t.failure(false, "consumer %d: Run: %v", n, err)
 				}
 			})
 		}

@@ -64,7 +64,7 @@ func ImplNames(impls []Impl) []string {
 // order. "none" runs only in scenario b, as its baseline.
 func Builtin() []Impl {
 	var out []Impl
-	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait"} {
+	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait", "idem-409"} {
 		out = append(out, Impl{Name: name, Color: implColors[name], OnlyB: name == "none",
 			Build: func(ctx context.Context, env Env) (Server, error) { return buildBuiltin(ctx, name, env) }})
 	}
@@ -83,7 +83,9 @@ const (
 	Retention       = 10 * time.Minute
 	// benchWait is idem-wait's idemhttp Config.Wait: a request whose key
 	// is in flight waits for the result (woken as soon as it completes in
-	// this process) instead of answering 409 at once.
+	// this process) up to this long, longer than idemhttp.DefaultWait
+	// (idem-rueidis). idem-409 has no wait (Config.Wait negative, the
+	// default before DefaultWait): 409 at once.
 	benchWait = 2 * time.Second
 	// watchAttempts bounds the WATCH/MULTI/EXEC retries after a conflict.
 	watchAttempts = 5
@@ -183,14 +185,17 @@ func buildBuiltin(ctx context.Context, impl string, env Env) (Server, error) {
 	switch impl {
 	case "none":
 		return NetHTTP(app, logger, nil), nil
-	case "idem-rueidis", "idem-wait":
+	case "idem-rueidis", "idem-wait", "idem-409":
 		st, err := redisstore.Open(env.RedisURL, redisstore.Options{})
 		if err != nil {
 			return nil, err
 		}
 		cfg := idemhttp.Config{Retention: Retention, Logger: logger}
-		if impl == "idem-wait" {
+		switch impl {
+		case "idem-wait":
 			cfg.Wait = benchWait
+		case "idem-409":
+			cfg.Wait = -1
 		}
 		mw := idemhttp.Middleware(st, cfg)
 		return NetHTTP(mw(app), logger, func() { st.Close() }), nil

@@ -16,6 +16,7 @@ var implColors = map[string]string{
 	"idem-rueidis": "#2ca02c",
 	"idem-goredis": "#17becf",
 	"idem-wait":    "#9467bd",
+	"idem-409":     "#8c564b",
 }
 
 // colorOf is impl's color: its Impl's, else the built-in one, else gray.

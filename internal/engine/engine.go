@@ -68,7 +68,8 @@ type Config struct {
 	MeterProvider    metric.MeterProvider
 
 	// Wait, when positive, makes Acquire wait up to this long for an
-	// in-flight key's result (Config.Wait of both packages).
+	// in-flight key's result (Config.Wait of both packages, through
+	// WaitOrDefault).
 	Wait time.Duration
 
 	// MaxExecution and StopContext bound the work's context (Config's
@@ -83,6 +84,26 @@ type Config struct {
 	// Logger receives store failures and lost leases. Default
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// DefaultWait is the default of idemhttp's and idemgrpc's Config.Wait
+// (and of idem proxy's --wait): long enough for the usual handler to
+// finish, so that its copies get its result rather than a refusal and
+// a retry; short enough that a copy of long work is soon told to come
+// back later.
+const DefaultWait = 500 * time.Millisecond
+
+// WaitOrDefault turns a Config.Wait of idemhttp or idemgrpc into the
+// engine's Wait: zero is the package's default def, a negative value no
+// wait at all (an in-flight key is refused at once).
+func WaitOrDefault(wait, def time.Duration) time.Duration {
+	switch {
+	case wait == 0:
+		return def
+	case wait < 0:
+		return 0
+	}
+	return wait
 }
 
 // Engine runs keyed requests for one middleware or interceptor.
@@ -180,6 +201,7 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		}
 		switch acq.Outcome {
 		case idem.Acquired:
+			e.waiters.Hold(key) // until Release or the Work's End wakes its waiters
 			if ctx.Err() != nil {
 				// The client left before the key was acquired: nothing
 				// has run, so nothing runs.
@@ -199,7 +221,11 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 			if pause == waiters.FirstPause {
 				telemetry.Event(ctx, telemetry.EventWait)
 			}
-			live, done := e.waiters.Wait(ctx, key, min(pause, left, acq.RetryAfter+time.Millisecond))
+			// A holder in this process wakes its waiters when it is done:
+			// they ask the store again only then, or at the end of the
+			// wait or of the holder's lease. One elsewhere is polled.
+			until := min(left, acq.RetryAfter+time.Millisecond)
+			live, done := e.waiters.Wait(ctx, key, min(pause, until), until)
 			if !live {
 				return Decision{Outcome: OutcomeGone}
 			}
@@ -220,6 +246,9 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 // Release releases att's key when no work was started under it (the
 // client left at the acquire; an adapter's own check failed), logs a
 // failure, and wakes the requests of this process that wait for the key.
+// A decision to run (OutcomeExecuted) ends either here or in its Work's
+// End, never in both: requests of this process that wait for its key wait
+// for that without asking the store.
 func (e *Engine) Release(ctx context.Context, att *idem.Attempt) {
 	e.release(ctx, att)
 	e.waiters.Wake(att.Lease().Key, nil)

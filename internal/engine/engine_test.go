@@ -5,11 +5,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/waiters"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -249,27 +249,80 @@ func TestEndAfterPanic(t *testing.T) {
 }
 
 // A key released without a Work (the client left at the acquire, an
-// adapter's check failed) wakes the requests that wait for it: they do
-// not sleep out their pause (up to waiters.MaxPause).
+// adapter's check failed) wakes the requests that wait for it.
 func TestReleaseWakesWaiters(t *testing.T) {
 	store := signalStore{memstore.New(memstore.Options{}), make(chan struct{})}
-	e := newEngineOn(t, store, Config{Wait: 5 * time.Second})
+	e := newEngineOn(t, store, Config{Wait: time.Minute})
 	ctx := t.Context()
 	k, fp := key(t, "wake"), idem.Fingerprint{1}
 	d := e.Acquire(ctx, ctx, k, fp, "")
 	got := make(chan Decision, 1)
 	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
-	// The pauses double from waiters.FirstPause: past the seventh store
-	// check the waiter sleeps waiters.MaxPause.
-	for range 7 {
-		<-store.inFlight
-	}
+	<-store.inFlight
 	time.Sleep(20 * time.Millisecond) // the waiter waits
-	released := time.Now()
 	e.Release(ctx, d.Attempt)
-	d = <-got
-	if took := time.Since(released); d.Outcome != OutcomeExecuted || took > waiters.MaxPause/2 {
-		t.Fatalf("waiter: got %v after %v, want executed at once", d.Outcome, took)
+	select {
+	case d = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter was not woken by the release (it would wait out the minute)")
+	}
+	if d.Outcome != OutcomeExecuted {
+		t.Fatalf("waiter: got %v, want executed", d.Outcome)
 	}
 	e.Release(ctx, d.Attempt)
+}
+
+// countStore counts the Acquires that found the key in flight.
+type countStore struct {
+	idem.Store
+	inFlight atomic.Int64
+}
+
+func (s *countStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	acq, err := s.Store.Acquire(ctx, req)
+	if err == nil && acq.Outcome == idem.InFlight {
+		s.inFlight.Add(1)
+	}
+	return acq, err
+}
+
+// A request that waits for a key held in this process does not poll the
+// store while the holder runs: it asks once, and is handed the response
+// when the holder is done. (Polling from waiters.FirstPause would ask
+// about seven times in 300ms.)
+func TestWaitForLocalHolderDoesNotPoll(t *testing.T) {
+	store := &countStore{Store: memstore.New(memstore.Options{})}
+	e := newEngineOn(t, store, Config{Wait: time.Minute})
+	ctx := t.Context()
+	k, fp := key(t, "local"), idem.Fingerprint{1}
+	d := e.Acquire(ctx, ctx, k, fp, "")
+	w := e.Start(d, nil)
+	got := make(chan Decision, 1)
+	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
+	time.Sleep(300 * time.Millisecond) // the holder's work
+	if err := w.Complete(&idem.Response{Status: 201, Body: []byte("handed")}); err != nil {
+		t.Fatal(err)
+	}
+	w.End()
+	if d := <-got; d.Outcome != OutcomeReplayed || string(d.Response.Body) != "handed" {
+		t.Fatalf("waiter: got %+v, want the replay", d)
+	}
+	if n := store.inFlight.Load(); n != 1 {
+		t.Errorf("the waiter found the key in flight %d times, want 1: it polled the store while this process held the key", n)
+	}
+
+	// Once the holder is done, nothing of it stays behind: a waiter for
+	// a key held elsewhere (here: acquired on the store directly) polls.
+	k2 := key(t, "elsewhere")
+	if _, err := store.Store.Acquire(ctx, idem.AcquireRequest{Key: k2, LeaseID: idem.NewLeaseID(), Fingerprint: fp, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	store.inFlight.Store(0)
+	e2 := newEngineOn(t, store, Config{Wait: 300 * time.Millisecond})
+	if d := e2.Acquire(ctx, ctx, k2, fp, ""); d.Outcome != OutcomeInFlight {
+		t.Fatalf("held elsewhere: got %v, want in_flight after the wait", d.Outcome)
+	}
+	if n := store.inFlight.Load(); n < 3 {
+		t.Errorf("held elsewhere: the store was asked %d times within the wait, want it polled", n)
+	}
 }

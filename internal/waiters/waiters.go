@@ -22,11 +22,13 @@ const (
 // Set lets requests that wait for an in-flight duplicate wake as soon
 // as this process finishes the key, instead of polling. A holder in
 // another process is not seen here; the waiter then wakes when its backoff
-// ends and asks the store again.
+// ends and asks the store again. A key held in this process (Hold) is
+// waited for without polling: its holder's Wake ends the wait.
 type Set struct {
-	active atomic.Int64 // waiting requests: lets wake skip the lock when zero
+	active atomic.Int64 // waiting requests
 	mu     sync.Mutex
 	keys   map[idem.Key]*waitList
+	holds  map[idem.Key]int // requests of this process holding the key
 }
 
 type waitList struct {
@@ -54,14 +56,31 @@ func (r *Result) For(fp idem.Fingerprint) *idem.Response {
 	return r.Response
 }
 
-// Wait blocks until key is woken, d passes, or ctx ends. It reports
-// whether ctx is still live, and the holder's Result when the holder woke
-// it with one.
-func (w *Set) Wait(ctx context.Context, key idem.Key, d time.Duration) (live bool, res *Result) {
+// Hold records that a request of this process acquired key. Its holder
+// must call Wake once it is done with the key (completed, released, or
+// given up), exactly once per Hold.
+func (w *Set) Hold(key idem.Key) {
+	w.mu.Lock()
+	if w.holds == nil {
+		w.holds = map[idem.Key]int{}
+	}
+	w.holds[key]++
+	w.mu.Unlock()
+}
+
+// Wait blocks until key is woken, d passes, or ctx ends; when a request
+// of this process holds key (Hold), its Wake is awaited up to held
+// instead of d: there is no need to ask the store before the holder is
+// done. It reports whether ctx is still live, and the holder's Result
+// when the holder woke it with one.
+func (w *Set) Wait(ctx context.Context, key idem.Key, d, held time.Duration) (live bool, res *Result) {
 	w.active.Add(1)
 	w.mu.Lock()
 	if w.keys == nil {
 		w.keys = map[idem.Key]*waitList{}
+	}
+	if w.holds[key] > 0 {
+		d = max(d, held)
 	}
 	l := w.keys[key]
 	if l == nil {
@@ -89,16 +108,22 @@ func (w *Set) Wait(ctx context.Context, key idem.Key, d time.Duration) (live boo
 	return ctx.Err() == nil, res
 }
 
-// Wake releases every request waiting on key, handing them res: the
-// response the holder stored, or nil when it stored none (the key was
-// released, the completion failed or was not confirmed).
+// Wake ends one Hold of key and releases every request waiting on key,
+// handing them res: the response the holder stored, or nil when it stored
+// none (the key was released, the completion failed or was not
+// confirmed).
 func (w *Set) Wake(key idem.Key, res *Result) {
-	if w.active.Load() == 0 {
-		return
-	}
 	w.mu.Lock()
-	l := w.keys[key]
-	delete(w.keys, key)
+	if n := w.holds[key]; n > 1 {
+		w.holds[key] = n - 1
+	} else {
+		delete(w.holds, key)
+	}
+	var l *waitList
+	if w.active.Load() > 0 {
+		l = w.keys[key]
+		delete(w.keys, key)
+	}
 	w.mu.Unlock()
 	if l != nil {
 		l.result = res

@@ -23,7 +23,7 @@ func TestWakeHandsResult(t *testing.T) {
 	got := make([]*Result, n)
 	for i := range n {
 		wg.Go(func() {
-			live, r := w.Wait(context.Background(), key, time.Minute)
+			live, r := w.Wait(context.Background(), key, time.Minute, time.Minute)
 			if !live {
 				t.Error("Wait: not live")
 			}
@@ -32,7 +32,7 @@ func TestWakeHandsResult(t *testing.T) {
 	}
 	otherDone := make(chan *Result, 1)
 	go func() {
-		_, r := w.Wait(context.Background(), other, 200*time.Millisecond)
+		_, r := w.Wait(context.Background(), other, 200*time.Millisecond, 0)
 		otherDone <- r
 	}()
 	for waiting(&w, key) < n || waiting(&w, other) < 1 {
@@ -60,7 +60,7 @@ func TestWakeHandsResult(t *testing.T) {
 
 	// Woken without a result (released, not stored): nil, ask the store.
 	done := make(chan *Result, 1)
-	go func() { _, r := w.Wait(context.Background(), key, time.Minute); done <- r }()
+	go func() { _, r := w.Wait(context.Background(), key, time.Minute, time.Minute); done <- r }()
 	for waiting(&w, key) < 1 {
 		time.Sleep(time.Millisecond)
 	}
@@ -78,4 +78,51 @@ func waiting(w *Set, key idem.Key) int {
 		return l.n
 	}
 	return 0
+}
+
+// A key held in this process is waited for until its holder's Wake, not
+// for the polling pause; each Hold is ended by one Wake, and nothing stays
+// behind once the last one is.
+func TestHeldKeyWaitsForWake(t *testing.T) {
+	var w Set
+	key, _ := idem.Scope{}.Key("held")
+	res := &Result{Fingerprint: idem.Fingerprint{1}, Response: &idem.Response{Status: 201}}
+	w.Hold(key)
+	w.Hold(key) // a second holder (a takeover in this process)
+	done := make(chan *Result, 1)
+	go func() { _, r := w.Wait(context.Background(), key, time.Millisecond, time.Minute); done <- r }()
+	for waiting(&w, key) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // far past the polling pause
+	select {
+	case r := <-done:
+		t.Fatalf("Wait returned (%v) after the polling pause while the key is held", r)
+	default:
+	}
+	w.Wake(key, res)
+	if r := <-done; r != res {
+		t.Fatalf("got %v, want the holder's result", r)
+	}
+	// One holder left: still held.
+	go func() { _, r := w.Wait(context.Background(), key, time.Millisecond, time.Minute); done <- r }()
+	for waiting(&w, key) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	w.Wake(key, nil)
+	if r := <-done; r != nil {
+		t.Fatalf("got %v, want nil (released)", r)
+	}
+	// No holder: the polling pause applies.
+	go func() { _, r := w.Wait(context.Background(), key, time.Millisecond, time.Minute); done <- r }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Wait on a key no longer held waited for a holder: a Hold outlived its Wake")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.holds) != 0 || len(w.keys) != 0 {
+		t.Errorf("left behind: %d holds, %d wait lists, want none", len(w.holds), len(w.keys))
+	}
 }

@@ -106,6 +106,9 @@ func startGRPCPayments(t *testing.T) *grpcPayments {
 	t.Cleanup(func() { store.Close() })
 	g := &grpcPayments{effects: map[string][]string{}, running: map[string]int{}, outcomes: map[string][]string{}}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, idemgrpc.Config{
+		// ABORTED at once: the case is the clients' retryPolicy resending
+		// ABORTED within a 0.3 s deadline, shorter than the default wait.
+		Wait:   -1,
 		Logger: slog.New(slog.DiscardHandler),
 		OnOutcome: func(ctx context.Context, _ string, o idemgrpc.Outcome) {
 			key := incomingKey(ctx)

@@ -207,7 +207,11 @@ var haNames = []string{"idem1", "idem2"}
 func startHASetup(t *testing.T, up *upstream, o haproxyOptions, proxyArgs ...string) *haSetup {
 	t.Helper()
 	toolPath(t, "haproxy")
-	args := append([]string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", newPrefix()}, proxyArgs...)
+	// --wait 0: the instance that gets HAProxy's resend answers 409 at
+	// once. With the default wait (500ms) it would wait past HAProxy's
+	// "timeout server 300ms", which would then retry again: the cases
+	// are about HAProxy passing on and the clients handling that 409.
+	args := append([]string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", newPrefix(), "--wait", "0"}, proxyArgs...)
 	s := &haSetup{up: up, proxies: map[string]*proctest.Proxy{}}
 	addrs := map[string]string{}
 	for _, n := range haNames {

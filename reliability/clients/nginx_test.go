@@ -138,7 +138,10 @@ func startNginx(t *testing.T, backends ...string) *nginxProc {
 // although nginx closed the connection.
 func TestLoadBalancerResend(t *testing.T) {
 	loadBalancerResend(t, "idem proxy", func(up *upstream, prefix string) *target {
-		args := []string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", prefix}
+		// --wait 0: the second instance answers 409 at once; with the
+		// default wait (500ms) it would wait past nginx's 300ms, which
+		// would then give up on it too.
+		args := []string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", prefix, "--wait", "0"}
 		a, b := proctest.StartProxy(t, args...), proctest.StartProxy(t, args...)
 		return &target{name: "nginx → 2 × idem proxy", short: "lb", url: a.Addr + " " + b.Addr, proxies: []*proctest.Proxy{a, b}}
 	})
@@ -150,7 +153,10 @@ func TestLoadBalancerResend(t *testing.T) {
 func TestLoadBalancerResendCaddy(t *testing.T) {
 	loadBalancerResend(t, "Caddy", func(up *upstream, prefix string) *target {
 		store := "redis://" + rdb.Addr()
-		cf := func(addr string) string { return caddyfile(addr, up.srv.URL, store, prefix) }
+		// wait -1s: 409 at once, as --wait 0 for the idem proxies.
+		cf := func(addr string) string {
+			return strings.Replace(caddyfile(addr, up.srv.URL, store, prefix), "\t\tstore ", "\t\twait -1s\n\t\tstore ", 1)
+		}
 		a, b := proctest.StartCaddy(t, cf), proctest.StartCaddy(t, cf)
 		return &target{name: "nginx → 2 × Caddy", short: "lb-caddy", url: a.Addr + " " + b.Addr, caddies: []*proctest.Caddy{a, b}}
 	})

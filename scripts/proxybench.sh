@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# What idem proxy costs beside nginx, side by side in one run (BENCHMARKS.md,
+# "idem proxy"): wrk (32 connections, 2 threads) against
+#   1. nginx proxy_pass to the upstream (keepalive upstream connections);
+#   2. a bare net/http/httputil.ReverseProxy (Go's standard library, with a
+#      Transport that keeps 256 idle connections to the upstream);
+#   3. idem proxy passing a GET through (not covered), and a POST without
+#      an Idempotency-Key (passed_through);
+#   4. idem proxy with a unique Idempotency-Key per POST, on the memory
+#      store and on a private redis-server;
+# all in front of one nginx upstream that answers a static 201 on keepalive
+# connections. Each row reports req/s and its ratio to nginx proxy_pass.
+# idem proxy runs with its defaults (a JSON log line per request, here to
+# /dev/null); nginx logs nothing.
+#
+# Installs wrk and nginx with apt-get when missing. Starts everything on
+# free loopback ports and stops it at the end. About two minutes
+# (DURATION per row, default 10s; CONNECTIONS, default 32).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+duration=${DURATION:-10s}
+conns=${CONNECTIONS:-32}
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo=sudo
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v redis-server >/dev/null || need+=(redis-server)
+if [ ${#need[@]} -gt 0 ]; then
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	[ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+	for _ in $(seq 100); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+		sleep 0.1
+	done
+	echo "nothing answers on 127.0.0.1:$1" >&2
+	return 1
+}
+
+up=$(port)
+front=$(port)
+bare=$(port)
+pmem=$(port)
+predis=$(port)
+rport=$(port)
+
+# nginx: the upstream (a static 201) and the front (proxy_pass to it), one
+# process, one worker each way (2 cores: one worker), no logs.
+mkdir -p "$dir/nginx"
+cat >"$dir/nginx.conf" <<EOF
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/nginx-error.log warn;
+daemon off;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	client_body_temp_path $dir/nginx/body;
+	proxy_temp_path $dir/nginx/proxy;
+	fastcgi_temp_path $dir/nginx/fastcgi;
+	uwsgi_temp_path $dir/nginx/uwsgi;
+	scgi_temp_path $dir/nginx/scgi;
+	keepalive_requests 1000000;
+	upstream app { server 127.0.0.1:$up; keepalive 64; }
+	server {
+		listen 127.0.0.1:$up;
+		location / { default_type application/json; return 201 '{"ok":true}\n'; }
+	}
+	server {
+		listen 127.0.0.1:$front;
+		location / {
+			proxy_pass http://app;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+		}
+	}
+}
+EOF
+"$nginx_bin" -c "$dir/nginx.conf" -p "$dir/nginx" &
+pids+=($!)
+
+# The bare ReverseProxy: the standard library only.
+mkdir -p "$dir/bare"
+cat >"$dir/bare/main.go" <<'EOF'
+package main
+
+import (
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+)
+
+func main() {
+	target, _ := url.Parse(os.Args[2])
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 256
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target); pr.SetXForwarded() }, Transport: t}
+	panic(http.ListenAndServe(os.Args[1], rp))
+}
+EOF
+printf 'module bare\n\ngo 1.22\n' >"$dir/bare/go.mod"
+(cd "$dir/bare" && go build -o "$dir/bare-proxy" .)
+go build -o "$dir/idem" ./cmd/idem
+"$dir/bare-proxy" "127.0.0.1:$bare" "http://127.0.0.1:$up" &
+pids+=($!)
+
+redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+	--daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+"$dir/idem" proxy --listen "127.0.0.1:$pmem" --upstream "http://127.0.0.1:$up" --store memory \
+	--memory-limit 2GiB 2>/dev/null &
+pids+=($!)
+"$dir/idem" proxy --listen "127.0.0.1:$predis" --upstream "http://127.0.0.1:$up" \
+	--store "redis://127.0.0.1:$rport/0" 2>/dev/null &
+pids+=($!)
+for p in "$up" "$front" "$bare" "$rport" "$pmem" "$predis"; do wait_port "$p"; done
+
+# wrk scripts: a POST without a key, and a POST with a key unique to the
+# request (the thread's id, a counter, the run).
+cat >"$dir/post.lua" <<'EOF'
+wrk.method = "POST"
+wrk.body = '{"amount":1}'
+wrk.headers["Content-Type"] = "application/json"
+EOF
+cat >"$dir/keyed.lua" <<EOF
+local n, id = 0, 0
+local run = "$(date +%s%N)"
+setup = function(thread) thread:set("id", tostring(math.random(1, 1e9))) end
+init = function() id = wrk.thread:get("id") end
+request = function()
+	n = n + 1
+	return wrk.format("POST", "/", {["Content-Type"] = "application/json", ["Idempotency-Key"] = run .. "-" .. id .. "-" .. n}, '{"amount":1}')
+end
+EOF
+
+# rate URL [script]: req/s, after checking that every answer was a 201.
+rate() {
+	local url=$1 script=${2:-} out
+	if [ -n "$script" ]; then
+		out=$(wrk -t2 -c"$conns" -d"$duration" -s "$script" "$url")
+	else
+		out=$(wrk -t2 -c"$conns" -d"$duration" "$url")
+	fi
+	if grep -q 'Non-2xx\|Socket errors' <<<"$out"; then
+		echo "$out" >&2
+		echo "error: answers other than 201, or socket errors, at $url" >&2
+		return 1
+	fi
+	awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$out"
+}
+
+# Warm every path (connections, caches), untimed.
+for u in "$front" "$bare" "$pmem"; do DURATION=2s wrk -t1 -c4 -d2s "http://127.0.0.1:$u/" >/dev/null; done
+wrk -t1 -c4 -d2s -s "$dir/keyed.lua" "http://127.0.0.1:$predis/" >/dev/null
+
+declare -a names rates
+row() { names+=("$1"); rates+=("$2"); }
+row "nginx proxy_pass (keepalive upstream)" "$(rate "http://127.0.0.1:$front/")"
+row "bare httputil.ReverseProxy" "$(rate "http://127.0.0.1:$bare/")"
+row "idem proxy, GET passed through" "$(rate "http://127.0.0.1:$pmem/")"
+row "idem proxy, POST without a key" "$(rate "http://127.0.0.1:$pmem/" "$dir/post.lua")"
+row "idem proxy, keyed, memory store, unique keys" "$(rate "http://127.0.0.1:$pmem/" "$dir/keyed.lua")"
+row "idem proxy, keyed, Redis, unique keys" "$(rate "http://127.0.0.1:$predis/" "$dir/keyed.lua")"
+row "nginx proxy_pass again (drift check)" "$(rate "http://127.0.0.1:$front/")"
+
+echo "wrk -t2 -c$conns -d$duration, $(nproc) cores, $(redis-server --version | awk '{print $1, $2, $3}'), $("$nginx_bin" -v 2>&1)"
+echo
+echo "| path | req/s | vs nginx proxy_pass |"
+echo "|---|---:|---:|"
+base=${rates[0]}
+for i in "${!names[@]}"; do
+	awk -v n="${names[$i]}" -v r="${rates[$i]}" -v b="$base" 'BEGIN {printf "| %s | %d | %.2f |\n", n, r, r / b}'
+done
