@@ -98,7 +98,16 @@ func Start() (*Server, error) {
 		return nil, err
 	}
 	data := filepath.Join(dir, "data")
-	args := []string{"--no-defaults", "--datadir=" + data, "--auth-root-authentication-method=normal",
+	// Each server has its own tmpdir: in the shared /tmp, two bootstraps
+	// at once (test packages run side by side) removed each other's
+	// temporary tables and one failed ("Unknown table
+	// 'mysql.tmp_user_nopasswd…'").
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	args := []string{"--no-defaults", "--datadir=" + data, "--tmpdir=" + tmp, "--auth-root-authentication-method=normal",
 		"--skip-test-db", "--skip-name-resolve"}
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
@@ -138,6 +147,7 @@ func (s *Server) launch(mysqld string) error {
 	logPath := filepath.Join(s.dir, "server.log")
 	args := []string{"--no-defaults",
 		"--datadir=" + filepath.Join(s.dir, "data"),
+		"--tmpdir=" + filepath.Join(s.dir, "tmp"),
 		"--bind-address=127.0.0.1", "--port=" + strconv.Itoa(s.port),
 		"--socket=" + filepath.Join(s.dir, "sock"),
 		"--pid-file=" + filepath.Join(s.dir, "pid"),
