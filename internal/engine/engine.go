@@ -175,6 +175,21 @@ type Decision struct {
 	fp idem.Fingerprint // the request's, for Start
 }
 
+// waitDeadline is when a request that came at now stops waiting for an
+// in-flight key: after wait, and before the request's own deadline (a
+// gRPC client's, say) by a fifth of the time it has, 10ms to 100ms, so
+// that its caller hears "in flight" rather than nothing.
+func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.Time {
+	end := now.Add(wait)
+	if dl, ok := ctx.Deadline(); ok {
+		margin := min(max(dl.Sub(now)/5, 10*time.Millisecond), 100*time.Millisecond)
+		if d := dl.Add(-margin); d.Before(end) {
+			end = d
+		}
+	}
+	return end
+}
+
 // Acquire acquires key for a request with fingerprint fp, and with
 // Config.Wait waits for an in-flight holder: it wakes as soon as a holder
 // in this process finishes the key, and is handed the response it stored;
@@ -184,7 +199,7 @@ type Decision struct {
 // cancellation or without it); the acquire itself is bounded by the
 // store's timeouts. method, when not empty, is logged with a store failure.
 func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fingerprint, method string) Decision {
-	deadline := time.Now().Add(e.cfg.Wait)
+	deadline := waitDeadline(ctx, time.Now(), e.cfg.Wait)
 	pause := waiters.FirstPause
 	for {
 		att, acq, err := e.g.Begin(parent, key, fp)

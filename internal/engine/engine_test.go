@@ -116,10 +116,22 @@ func TestAcquireWait(t *testing.T) {
 		t.Fatalf("waiter after a release: got %+v, want executed", d)
 	}
 	// Still held: the waiter's client leaves.
-	gone, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
+	gone, cancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
 	if d := e.Acquire(gone, context.WithoutCancel(gone), k, fp, ""); d.Outcome != OutcomeGone {
 		t.Fatalf("client gone while waiting: got %+v, want gone", d)
+	}
+
+	// Still held: a request with a deadline nearer than the wait hears
+	// "in flight" before its deadline, not nothing at it.
+	start := time.Now()
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if d := e.Acquire(short, context.WithoutCancel(short), k, fp, ""); d.Outcome != OutcomeInFlight {
+		t.Fatalf("deadline nearer than the wait: got %+v, want in_flight", d)
+	}
+	if short.Err() != nil {
+		t.Fatalf("deadline nearer than the wait: answered after the deadline (%v)", time.Since(start))
 	}
 	e.Release(ctx, d.Attempt)
 }
