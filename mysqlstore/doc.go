@@ -44,7 +44,7 @@
 //	state       TINYINT         idem.State: 1 in flight, 2 completed, 3 released
 //	token       BIGINT          the fencing token
 //	fingerprint BINARY(16)      idem.Fingerprint (NULL once released)
-//	lease_id    BINARY(16)      the holder's idem.LeaseID (NULL unless in flight)
+//	lease_id    BINARY(16)      the idem.LeaseID of the holder, or of the lease that completed or released it
 //	expires_at  DATETIME(6)     UTC: lease end, retention end or tombstone end; indexed
 //	response    LONGBLOB        idem.Response.AppendBinary (NULL unless completed)
 //
@@ -92,17 +92,24 @@
 //
 // Tokens come from the counter row (UPDATE ... SET v = LAST_INSERT_ID(v +
 // 1)), with no clock involved, each drawn in a statement of its own that
-// commits at once, so the row is locked for that statement only. A
-// takeover's token is the larger of the token it replaces plus one and the
-// one it drew, so tokens strictly increase per key across takeovers,
-// releases and expiry, whatever any clock does, also when the draw was
-// overtaken. A brand-new record carries the token drawn just before its
-// insert: a record of the same key created, expired and deleted entirely
-// between that draw and the insert could have had a larger one. The
-// reaper deletes only records expired for Options.ReapGrace (a minute), so
-// with it this needs an Acquire stalled that long; an operator's Delete can
-// cause it directly (Delete drops a key's history on every store). Tokens
-// have gaps, are shared by all keys and namespaces of a table, and are not
+// commits at once, so the row is locked for that statement only. Every
+// token a record carries was drawn from the counter, for that grant alone:
+// none is above the counter, and no two leases share one. A takeover
+// (after a release or an expiry) happens only with a drawn token larger
+// than the record's; when the draw was overtaken (another Acquire drew
+// later and was granted the key first), the record is left as it is and
+// Acquire draws again. So tokens strictly increase per key across
+// takeovers, releases and expiry, whatever any clock does. A repeated
+// Complete or Release is accepted only from the lease that completed or
+// released the record (its lease id and token), never from another.
+//
+// A brand-new record carries the token drawn just before its insert: a
+// record of the same key created, expired and deleted entirely between
+// that draw and the insert could have had a larger one. The reaper deletes
+// only records expired for Options.ReapGrace (a minute), so with it this
+// needs an Acquire stalled that long; an operator's Delete can cause it
+// directly (Delete drops a key's history on every store). Tokens have
+// gaps, are shared by all keys and namespaces of a table, and are not
 // comparable with those of another store.
 //
 // # Not implemented

@@ -77,6 +77,8 @@ type Store struct {
 
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt // prepared statements, by text
+
+	afterDraw func(drawn int64) // tests: called between the draw and the insert
 }
 
 var (
@@ -271,7 +273,8 @@ func (s *Store) exec(ctx context.Context, q string, args ...any) (sql.Result, er
 // statement), then inserts the record or takes it over (a third), which
 // waits for a transaction holding it; should the record turn out live
 // then, it reads it again to answer, and starts over should it have died
-// in between. A new lease is measured from its write on the
+// in between, or be dead with a token larger than the one drawn (granted
+// after the draw). A new lease is measured from its write on the
 // server's clock, so Acquire reports the whole TTL.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := req.Validate(); err != nil {
@@ -290,13 +293,14 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		}
 	}
 	return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key,
-		Err: fmt.Errorf("the record was live for the insert and gone for the read %d times in a row", maxRounds)}
+		Err: fmt.Errorf("the record was left by the insert (live, or dead with a token larger than the one drawn) and not live for the read %d times in a row", maxRounds)}
 }
 
-// maxRounds bounds Acquire's rounds: a record that is live when the insert
-// finds it and gone when the read follows, every time, is a key acquired
-// and released in a tight loop by others, or a server (or proxy) that does
-// not return LAST_INSERT_ID in its OK packets.
+// maxRounds bounds Acquire's rounds: a record that the insert leaves (live,
+// or dead with a token granted after the draw) and that is not live when
+// the read follows, every time, is a key acquired and released in a tight
+// loop by others, or a server (or proxy) that does not return
+// LAST_INSERT_ID in its OK packets.
 const maxRounds = 100
 
 func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, bool, error) {
@@ -314,9 +318,18 @@ func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.
 	if err != nil {
 		return idem.Acquisition{}, false, err
 	}
+	if s.afterDraw != nil {
+		s.afterDraw(drawn)
+	}
 	ttl := micros(req.TTL)
-	res, err = s.exec(ctx, s.sql.acquire, s.ns, req.Key[:], drawn, req.Fingerprint[:], req.LeaseID[:], ttl,
-		drawn, req.Fingerprint[:], req.LeaseID[:], ttl, req.LeaseID[:])
+	id := req.LeaseID[:]
+	res, err = s.exec(ctx, s.sql.acquire, s.ns, req.Key[:], drawn, req.Fingerprint[:], id, ttl,
+		drawn, req.Fingerprint[:], // fingerprint
+		drawn,     // response
+		drawn, id, // lease_id
+		drawn, drawn, // token
+		drawn, id, ttl, // expires_at
+		drawn, id) // state
 	if err != nil {
 		return idem.Acquisition{}, false, err
 	}
@@ -328,7 +341,9 @@ func (s *Store) acquireOnce(ctx context.Context, req idem.AcquireRequest) (idem.
 		l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: uint64(token), TTL: req.TTL}
 		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, true, nil
 	}
-	// Live: answer from the record as it is now.
+	// Left as it was: answer from the record as it is now if it is live;
+	// if it is dead (its token was larger than the draw, or it died in
+	// between), the caller starts over with a new draw.
 	return s.answer(ctx, req)
 }
 
@@ -524,9 +539,11 @@ func (s *Store) Get(ctx context.Context, key idem.Key) (idem.Record, bool, error
 }
 
 // Delete implements idem.Store. It also deletes an expired record, but
-// reports true only for a live one. Tokens keep increasing after it. It
-// is two statements when the record is not live: the second deletes an
-// expired one.
+// reports true only for a live one. It is two statements when the record
+// is not live: the second deletes an expired one. A later grant of the key
+// carries a larger token than the deleted record's unless its Acquire drew
+// the token before that record's was drawn (see Fencing tokens in the
+// package documentation).
 func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	if err := ctxErr(ctx, "delete", key); err != nil {
 		return false, err
@@ -692,7 +709,11 @@ func (r *row) record() (idem.Record, error) {
 			idem.ErrCorrupt, r.state, r.token, len(r.fp), len(r.leaseID))
 	}
 	copy(rec.Fingerprint[:], r.fp)
-	copy(rec.LeaseID[:], r.leaseID)
+	if rec.State == idem.StateInFlight {
+		// Completed and released records keep the lease id of the lease
+		// that ended them, for its repeats; Record.LeaseID is the holder's.
+		copy(rec.LeaseID[:], r.leaseID)
+	}
 	return rec, nil
 }
 

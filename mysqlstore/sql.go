@@ -59,10 +59,11 @@ INSERT INTO {tok} (id, v) VALUES (1, 0) ON DUPLICATE KEY UPDATE v = v`,
 
 // drawSQL draws a fencing token from the counter: the new value comes
 // back as the statement's LastInsertId. It runs alone in autocommit mode,
-// so the counter row is locked for one statement only; every grant of a
-// key draws its token after the grant before it drew its own (or, for a
-// takeover, makes it larger than the token it replaces, see acquireSQL),
-// so tokens strictly increase per key, with no clock involved.
+// so the counter row is locked for one statement only. Every token in the
+// table was drawn from the counter, once: none is larger than the counter,
+// and none is held by two leases. A takeover happens only with a token
+// larger than the one it replaces (see acquireSQL), so tokens strictly
+// increase per key, with no clock involved.
 const drawSQL = `UPDATE {tok} SET v = LAST_INSERT_ID(v + 1) WHERE id = 1`
 
 // writeTime is the server's clock as the expression is evaluated, in UTC:
@@ -75,30 +76,37 @@ const drawSQL = `UPDATE {tok} SET v = LAST_INSERT_ID(v + 1) WHERE id = 1`
 // warns.
 const writeTime = `(UTC_TIMESTAMP(6) + INTERVAL GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))) MICROSECOND)`
 
+// takeover is acquireSQL's test for taking a record over, on the row as
+// found: the record is dead (released, or its expires_at has passed) and
+// the token just drawn (the ?) is larger than the record's. A dead record
+// with a larger token was granted after the draw (the draw was
+// overtaken): it is left as it is, and Acquire draws again.
+const takeover = `(state = 3 OR expires_at <= UTC_TIMESTAMP(6)) AND ? > token`
+
 // acquireSQL inserts a new in-flight record or takes a dead one over (a
-// released record, or one whose expires_at has passed), in one statement,
-// and leaves a live record as it is.
+// released record, or one whose expires_at has passed) with the token just
+// drawn, in one statement, and leaves a live record as it is, or a dead
+// one whose token is not smaller than the one drawn.
 //
 // ? namespace, key, token (just drawn), fingerprint, lease id, TTL (µs);
-// then, for the takeover: token, fingerprint, lease id, TTL.
+// then, for the update: token, fingerprint; token; token, lease id; token,
+// token; token, lease id, TTL; token, lease id.
 //
-// Its LastInsertId tells the answer apart: the token drawn for a new
-// record (the VALUES row calls LAST_INSERT_ID(token)), the takeover's new
-// token, or 0 when the key is live (the update branch calls
-// LAST_INSERT_ID(0) after the VALUES row set it). The affected-rows count
-// (1 insert, 2 takeover, 0 live conflict, or 1 for it with
-// CLIENT_FOUND_ROWS) is not used, so the caller's DSN may set that flag
-// or not.
+// Its LastInsertId tells the answer apart: the token drawn, for a new
+// record (the VALUES row calls LAST_INSERT_ID(token)) or a takeover; or 0
+// when the record was left as it is (the update branch calls
+// LAST_INSERT_ID(0) after the VALUES row set it): live, or dead with a
+// token not smaller than the one drawn. The affected-rows count (1 insert,
+// 2 takeover, 0 left, or 1 for it with CLIENT_FOUND_ROWS) is not used, so
+// the caller's DSN may set that flag or not.
 //
 // MySQL evaluates the ON DUPLICATE KEY UPDATE assignments from left to
-// right, each seeing the columns assigned before it. The dead test reads
-// state and expires_at, so those two are assigned last: expires_at by the
-// dead test (on the state and expiry it finds), then state by whether the
-// record now holds this lease id (lease ids are random: no live record
-// holds the caller's unless it is the caller's, already in flight). A
-// takeover's token is the larger of the one it replaces plus one and the
-// one just drawn: larger than every earlier token of the key even when the
-// draw was taken before a grant that overtook it.
+// right, each seeing the columns assigned before it. The takeover test
+// reads state, expires_at and token, so fingerprint, response and lease_id
+// are assigned first, then token by the test. After it, the record's
+// token is the one just drawn, with this lease id, if and only if it was
+// taken over (every token is drawn once, so no record held it before):
+// expires_at and state are assigned on that.
 //
 // A new lease starts when it is written (writeTime), not when the
 // statement started: a takeover may have waited for the row lock (a
@@ -114,12 +122,12 @@ const acquireSQL = `
 INSERT INTO {table} (namespace, ` + "`key`" + `, state, token, fingerprint, lease_id, expires_at)
 VALUES (?, ?, 1, LAST_INSERT_ID(?), ?, ?, ` + writeTime + ` + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
-	token       = IF(state = 3 OR expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(GREATEST(token + 1, ?)), token + LAST_INSERT_ID(0)),
-	fingerprint = IF(state = 3 OR expires_at <= UTC_TIMESTAMP(6), ?, fingerprint),
-	response    = IF(state = 3 OR expires_at <= UTC_TIMESTAMP(6), NULL, response),
-	lease_id    = IF(state = 3 OR expires_at <= UTC_TIMESTAMP(6), ?, lease_id),
-	expires_at  = IF(state = 3 OR expires_at <= UTC_TIMESTAMP(6), ` + writeTime + ` + INTERVAL ? MICROSECOND, expires_at),
-	state       = IF(lease_id <=> ?, 1, state)`
+	fingerprint = IF(` + takeover + `, ?, fingerprint),
+	response    = IF(` + takeover + `, NULL, response),
+	lease_id    = IF(` + takeover + `, ?, lease_id),
+	token       = IF(` + takeover + `, LAST_INSERT_ID(?), token + LAST_INSERT_ID(0)),
+	expires_at  = IF(token = ? AND lease_id <=> ?, ` + writeTime + ` + INTERVAL ? MICROSECOND, expires_at),
+	state       = IF(token = ? AND lease_id <=> ?, 1, state)`
 
 // getSQL reads a live record (Get, and Acquire's answer when the key is
 // live). ? namespace, key. The time left is measured at the row's
@@ -141,40 +149,43 @@ WHERE namespace = ? AND ` + "`key`" + ` = ? AND state = 1 AND lease_id = ?
 
 // completeSQL stores the response of a live lease, or accepts, as a
 // repeat after a lost reply, a record this lease completed already: the
-// same token, which is unique per key; a repeat changes nothing (the
-// assignments test state before state is assigned, last). ? response,
-// retention (µs), namespace, key, lease id, token. LastInsertId: the token
-// when completed (now or before), 0 when the lease is lost.
+// record keeps the lease id of the lease that completed it (Get does not
+// report it), and the repeat must match it and the token; a repeat
+// changes nothing (the assignments test state before state is assigned,
+// last). ? response, retention (µs), namespace, key, lease id, token.
+// LastInsertId: the token when completed (now or before), 0 when the lease
+// is lost.
 const completeSQL = `
 UPDATE {table} SET token = LAST_INSERT_ID(token),
 	response = IF(state = 1, ?, response),
 	expires_at = IF(state = 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at),
-	lease_id = NULL, state = 2
+	state = 2
 WHERE namespace = ? AND ` + "`key`" + ` = ? AND expires_at > UTC_TIMESTAMP(6)
-	AND ((state = 1 AND lease_id = ?) OR (state = 2 AND token = ?))`
+	AND lease_id = ? AND (state = 1 OR (state = 2 AND token = ?))`
 
 // completeTxSQL is CompleteTx's statement: it completes a live lease only
 // (a repeat would commit the caller's writes twice). ? response, retention
 // (µs), namespace, key, lease id. One row affected: completed (the state
 // changes, so the count does not depend on CLIENT_FOUND_ROWS); none: lease
-// lost. It locks the row until the caller's transaction ends.
+// lost. It locks the row until the caller's transaction ends. The record
+// keeps the lease id, as with completeSQL.
 const completeTxSQL = `
-UPDATE {table} SET state = 2, lease_id = NULL, response = ?,
+UPDATE {table} SET state = 2, response = ?,
 	expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE namespace = ? AND ` + "`key`" + ` = ? AND state = 1 AND lease_id = ?
 	AND expires_at > UTC_TIMESTAMP(6)`
 
 // releaseSQL ends a live lease without a result, leaving a tombstone
-// (state 3) that keeps the token for the given time, or accepts a repeat
-// (a tombstone with the lease's token). ? tombstone TTL (µs), namespace,
-// key, lease id, token. LastInsertId: the token when released (now or
-// before), 0 when the lease is lost.
+// (state 3) that keeps the token and the lease id for the given time, or
+// accepts a repeat (a tombstone with the lease's id and token). ?
+// tombstone TTL (µs), namespace, key, lease id, token. LastInsertId: the
+// token when released (now or before), 0 when the lease is lost.
 const releaseSQL = `
 UPDATE {table} SET token = LAST_INSERT_ID(token), fingerprint = NULL,
 	expires_at = IF(state = 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at),
-	lease_id = NULL, state = 3
+	state = 3
 WHERE namespace = ? AND ` + "`key`" + ` = ? AND expires_at > UTC_TIMESTAMP(6)
-	AND ((state = 1 AND lease_id = ?) OR (state = 3 AND token = ?))`
+	AND lease_id = ? AND (state = 1 OR (state = 3 AND token = ?))`
 
 // deleteLiveSQL removes a live record; one row affected means there was
 // one. deleteDeadSQL then removes an expired one, if any. ? namespace,
