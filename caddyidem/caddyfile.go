@@ -31,7 +31,7 @@ func init() {
 //		tenant_cookie        <cookie>
 //		lease                <duration>      # 30s
 //		retention            <duration>      # 24h
-//		wait                 <duration>      # 500ms; negative: 409 at once
+//		wait                 <duration>|off  # 500ms; 0 or off: 409 at once
 //		fail_open
 //		max_body             <size>          # 1MiB
 //		max_response         <size>          # 1MiB
@@ -133,7 +133,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "retention":
 			h.Retention, err = duration()
 		case "wait":
-			h.Wait, err = duration()
+			var v caddy.Duration
+			if len(args) == 1 && args[0] == "off" {
+				h.Wait = &v // no wait, as wait 0
+				break
+			}
+			v, err = duration()
+			h.Wait = &v
 		case "fail_open":
 			err = none()
 			h.FailOpen = true

@@ -24,8 +24,8 @@
 // per key while its record lives (Retention) — a repeat gets the stored
 // status, headers and body byte for byte with Idempotent-Replayed: true;
 // while the first is in flight, its result after a wait (wait, default
-// 500ms), 409 with Retry-After past it; 422 for the same key with another request. The work belongs to
-// the key: a client that disconnects or times out does not cancel the
+// 500ms; wait 0: none), 409 with Retry-After past it; 422 for the same key
+// with another request. The work belongs to the key: a client that disconnects or times out does not cancel the
 // upstream request, whose response is stored for the retry. An error
 // returned by the rest of the route (reverse_proxy's 502 when the upstream
 // cannot be reached) releases the key and goes to Caddy's error handling

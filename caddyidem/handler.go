@@ -86,9 +86,10 @@ type Handler struct {
 	Retention caddy.Duration `json:"retention,omitempty"`
 
 	// Wait bounds how long a request whose key is in flight waits for the
-	// result before it gets 409 (idemhttp Config.Wait). Default
-	// idemhttp.DefaultWait (500ms); negative: 409 at once.
-	Wait caddy.Duration `json:"wait,omitempty"`
+	// result before it gets 409 (idemhttp Config.Wait), as idem proxy's
+	// --wait. Unset: idemhttp.DefaultWait (500ms); 0 (the Caddyfile's
+	// wait 0 or wait off, JSON's "wait": 0): no wait, 409 at once.
+	Wait *caddy.Duration `json:"wait,omitempty"`
 
 	// FailOpen runs the route without idempotency when the store fails
 	// (default: 503, nothing forwarded).
@@ -167,6 +168,8 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("retention %v: want at least 1s", time.Duration(h.Retention))
 	case h.MaxExecution < 0:
 		return fmt.Errorf("max_execution %v: must not be negative (0: no limit)", time.Duration(h.MaxExecution))
+	case h.Wait != nil && *h.Wait < 0:
+		return fmt.Errorf("wait %v: must not be negative (0: no wait, 409 at once)", time.Duration(*h.Wait))
 	case h.ClientWriteTimeout != nil && *h.ClientWriteTimeout < 0:
 		return fmt.Errorf("client_write_timeout %v: must not be negative (0: no limit)", time.Duration(*h.ClientWriteTimeout))
 	case h.ReapInterval != nil && *h.ReapInterval < 0:
@@ -251,7 +254,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Lease:           time.Duration(h.Lease),
 		Retention:       time.Duration(h.Retention),
 		MaxResponseSize: int(h.MaxResponse),
-		Wait:            time.Duration(h.Wait),
+		Wait:            h.idemWait(),
 		FailOpen:        h.FailOpen,
 		MaxExecution:    time.Duration(h.MaxExecution),
 		// The config's context ends once Caddy stopped its servers (after
@@ -295,6 +298,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.mw = mw
 	return nil
+}
+
+// idemWait is idemhttp's Config.Wait for h.Wait: unset is idemhttp's
+// default (its 0); 0 is no wait (its negative), as idem proxy's --wait 0.
+func (h *Handler) idemWait() time.Duration {
+	if h.Wait == nil {
+		return 0
+	}
+	return cmp.Or(time.Duration(*h.Wait), -1)
 }
 
 // Cleanup gives back the store and the blob store: the last handler that
