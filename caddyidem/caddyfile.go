@@ -21,7 +21,7 @@ func init() {
 // parseCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	idempotency [<matcher>] {
-//		store                <url> [<url>]   # memory (default), redis://…, postgres://…, or both (tiered)
+//		store                <url> [<url>]   # memory (default), redis://…, postgres://…, mysql://…, or Redis and PostgreSQL (tiered)
 //		prefix               <prefix>
 //		memory_limit         <size>          # 128MiB; 0: none
 //		reap_interval        <duration>      # 1m; 0: never
@@ -96,7 +96,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch name {
 		case "store":
 			if len(args) < 1 || len(args) > 2 {
-				return d.Errf("store: want a URL (memory, redis://…, postgres://…), or a Redis URL and a PostgreSQL URL (the tiered store), got %d arguments", len(args))
+				return d.Errf("store: want a URL (memory, redis://…, postgres://…, mysql://…), or a Redis URL and a PostgreSQL URL (the tiered store), got %d arguments", len(args))
 			}
 			h.Store = strings.Join(args, " ")
 		case "prefix":

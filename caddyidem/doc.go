@@ -37,9 +37,9 @@
 // What is not guaranteed: with store memory (the default) the records live
 // in this process, are shared by every handler that names the same store
 // and prefix, survive config reloads, and are lost on restart; every
-// Caddy instance has its own. Use redis:// or postgres:// (or both, the
-// tiered store) when more than one instance serves a route or restarts
-// matter. A Caddy killed while a request runs blocks its key for one
+// Caddy instance has its own. Use redis://, postgres:// or mysql:// (or
+// Redis and PostgreSQL, the tiered store) when more than one instance
+// serves a route or restarts matter. A Caddy killed while a request runs blocks its key for one
 // lease; the retry after that runs the upstream again (idem's at-least-once
 // limit for a crashed holder). reverse_proxy's own retries (lb_retries,
 // lb_try_duration with retry_match) can resend a request to another

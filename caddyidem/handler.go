@@ -44,21 +44,23 @@ type Handler struct {
 	// Store is where records live: "memory" (the default: this process
 	// only, forgotten on restart), a Redis URL (redis://, rediss://,
 	// valkey://, with the Cluster and Sentinel forms of redisstore.Open),
-	// a PostgreSQL URL (postgres://; the table is created if missing), or
-	// a Redis URL and a PostgreSQL URL separated by a space (the tiered
-	// store). As idem proxy's --store.
+	// a PostgreSQL URL (postgres://; the table is created if missing), a
+	// MySQL or MariaDB URL (mysql://[user[:pass]@]host[:port]/db[?params],
+	// params being go-sql-driver/mysql's; the tables are created if
+	// missing), or a Redis URL and a PostgreSQL URL separated by a space
+	// (the tiered store). As idem proxy's --store.
 	Store string `json:"store,omitempty"`
 
-	// Prefix is the Redis key prefix or the PostgreSQL namespace (idem
-	// proxy's --prefix). Must not contain { or }.
+	// Prefix is the Redis key prefix or the PostgreSQL or MySQL namespace
+	// (idem proxy's --prefix). Must not contain { or }.
 	Prefix string `json:"prefix,omitempty"`
 
 	// MemoryLimit bounds the memory store's records, in bytes (--memory-limit).
 	// Default DefaultMemoryLimit; 0: no limit.
 	MemoryLimit *int64 `json:"memory_limit,omitempty"`
 
-	// ReapInterval is how often expired PostgreSQL records are deleted
-	// (--reap-interval). Default DefaultReapInterval; 0: never.
+	// ReapInterval is how often expired PostgreSQL or MySQL records are
+	// deleted (--reap-interval). Default DefaultReapInterval; 0: never.
 	ReapInterval *caddy.Duration `json:"reap_interval,omitempty"`
 
 	// Methods are the covered methods; others pass through untouched
@@ -241,7 +243,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.storeKey = key
 	if isMemory(h.Store) {
 		h.logger.Warn("idempotency: store memory keeps the records in this process: a restart forgets every key " +
-			"(its repeats run again), and other instances have their own; use redis:// or postgres:// in production")
+			"(its repeats run again), and other instances have their own; use redis://, postgres:// or mysql:// in production")
 	}
 
 	h.tenant = tenantFunc(h.TenantHeader, h.TenantCookie)
