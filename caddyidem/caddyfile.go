@@ -21,7 +21,7 @@ func init() {
 // parseCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	idempotency [<matcher>] {
-//		store                <url> [<url>]   # memory (default), redis://…, postgres://…, or both (tiered)
+//		store                <url> [<url>]   # memory (default), redis://…, postgres://…, mysql://…, or Redis and PostgreSQL (tiered)
 //		prefix               <prefix>
 //		memory_limit         <size>          # 128MiB; 0: none
 //		reap_interval        <duration>      # 1m; 0: never
@@ -31,7 +31,7 @@ func init() {
 //		tenant_cookie        <cookie>
 //		lease                <duration>      # 30s
 //		retention            <duration>      # 24h
-//		wait                 <duration>      # 500ms; negative: 409 at once
+//		wait                 <duration>|off  # 500ms; 0 or off: 409 at once
 //		fail_open
 //		max_body             <size>          # 1MiB
 //		max_response         <size>          # 1MiB
@@ -96,7 +96,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch name {
 		case "store":
 			if len(args) < 1 || len(args) > 2 {
-				return d.Errf("store: want a URL (memory, redis://…, postgres://…), or a Redis URL and a PostgreSQL URL (the tiered store), got %d arguments", len(args))
+				return d.Errf("store: want a URL (memory, redis://…, postgres://…, mysql://…), or a Redis URL and a PostgreSQL URL (the tiered store), got %d arguments", len(args))
 			}
 			h.Store = strings.Join(args, " ")
 		case "prefix":
@@ -133,7 +133,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "retention":
 			h.Retention, err = duration()
 		case "wait":
-			h.Wait, err = duration()
+			var v caddy.Duration
+			if len(args) == 1 && args[0] == "off" {
+				h.Wait = &v // no wait, as wait 0
+				break
+			}
+			v, err = duration()
+			h.Wait = &v
 		case "fail_open":
 			err = none()
 			h.FailOpen = true

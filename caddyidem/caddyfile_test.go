@@ -133,10 +133,10 @@ reverse_proxy app:8080
 	if err := json.Unmarshal(raw, &got); err != nil {
 		t.Fatal(err)
 	}
-	mem, reap, cwt := int64(64<<20), caddy.Duration(0), caddy.Duration(0)
+	mem, reap, cwt, wait := int64(64<<20), caddy.Duration(0), caddy.Duration(0), caddy.Duration(2*time.Second)
 	want := Handler{Store: "redis://127.0.0.1:6379 postgres://u@127.0.0.1/db", Prefix: "shop:", MemoryLimit: &mem, ReapInterval: &reap,
 		Methods: []string{"POST", "PUT", "PATCH"}, RequireKey: true, TenantHeader: "X-Account",
-		Lease: caddy.Duration(10 * time.Second), Retention: caddy.Duration(time.Hour), Wait: caddy.Duration(2 * time.Second),
+		Lease: caddy.Duration(10 * time.Second), Retention: caddy.Duration(time.Hour), Wait: &wait,
 		FailOpen: true, MaxBody: 64 << 10, MaxResponse: 2 << 20, StoreStatuses: []int{200, 201},
 		MaxExecution: caddy.Duration(time.Minute), ClientWriteTimeout: &cwt, CancelOnDisconnect: true,
 		Blob: "mem://", BlobTimeout: caddy.Duration(5 * time.Second)}
@@ -162,6 +162,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"store a b c", "store: want a URL"},
 		{"prefix a{b}", "must not contain '{' or '}'"},
 		{"require_key yes", "require_key takes no argument"},
+		{"wait -1s", "wait -1s: must not be negative (0: no wait, 409 at once)"},
+		{"wait soon", `wait "soon": want a duration`},
 		{"colour blue", `unknown subdirective "colour"`},
 	} {
 		cf := ":8080\nidempotency {\n\t" + tc.body + "\n}\nreverse_proxy app:8080\n"
@@ -185,6 +187,7 @@ func TestJSONValidate(t *testing.T) {
 		{`{"lease": 5000000}`, "lease 5ms: want at least 10ms"},
 		{`{"max_response": -1}`, "max_response -1: want 1 to"},
 		{`{"tenant_header": "a b"}`, `tenant_header "a b": not a header name`},
+		{`{"wait": "-1s"}`, "wait -1s: must not be negative"},
 	} {
 		var h Handler
 		if err := json.Unmarshal([]byte(tc.json), &h); err != nil {
@@ -192,6 +195,54 @@ func TestJSONValidate(t *testing.T) {
 		}
 		if err := h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.json, err, tc.want)
+		}
+	}
+}
+
+// TestWait: wait means what idem proxy's --wait means. Unset (in the
+// Caddyfile or in JSON) is idemhttp's default wait (its Config.Wait 0);
+// wait 0, wait off and JSON's "wait": 0 are no wait, 409 at once (its
+// negative); a duration is that wait.
+func TestWait(t *testing.T) {
+	const noWait, dflt = time.Duration(-1), time.Duration(0) // idemhttp's Config.Wait
+	for _, tc := range []struct {
+		line string // in the Caddyfile block; "" for none
+		want time.Duration
+	}{
+		{"", dflt},
+		{"wait 0", noWait},
+		{"wait 0s", noWait},
+		{"wait off", noWait},
+		{"wait 2s", 2 * time.Second},
+	} {
+		_, raw := handlersOf(t, adapt(t, ":8080\nidempotency {\n\t"+tc.line+"\n}\nreverse_proxy app:8080\n"))
+		var h Handler
+		if err := json.Unmarshal(raw, &h); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.idemWait(); got != tc.want {
+			t.Errorf("Caddyfile %q (JSON %s): got idemhttp Wait %v, want %v", tc.line, raw, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		json string
+		want time.Duration
+	}{
+		{`{}`, dflt},
+		{`{"wait": 0}`, noWait},
+		{`{"wait": "0s"}`, noWait},
+		{`{"wait": "750ms"}`, 750 * time.Millisecond},
+		{`{"wait": 2000000000}`, 2 * time.Second},
+	} {
+		var h Handler
+		if err := json.Unmarshal([]byte(tc.json), &h); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Validate(); err != nil {
+			t.Errorf("%s: got %v, want it valid", tc.json, err)
+		}
+		if got := h.idemWait(); got != tc.want {
+			t.Errorf("JSON %s: got idemhttp Wait %v, want %v", tc.json, got, tc.want)
 		}
 	}
 }

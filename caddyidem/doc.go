@@ -24,8 +24,8 @@
 // per key while its record lives (Retention) — a repeat gets the stored
 // status, headers and body byte for byte with Idempotent-Replayed: true;
 // while the first is in flight, its result after a wait (wait, default
-// 500ms), 409 with Retry-After past it; 422 for the same key with another request. The work belongs to
-// the key: a client that disconnects or times out does not cancel the
+// 500ms; wait 0: none), 409 with Retry-After past it; 422 for the same key
+// with another request. The work belongs to the key: a client that disconnects or times out does not cancel the
 // upstream request, whose response is stored for the retry. An error
 // returned by the rest of the route (reverse_proxy's 502 when the upstream
 // cannot be reached) releases the key and goes to Caddy's error handling
@@ -37,9 +37,9 @@
 // What is not guaranteed: with store memory (the default) the records live
 // in this process, are shared by every handler that names the same store
 // and prefix, survive config reloads, and are lost on restart; every
-// Caddy instance has its own. Use redis:// or postgres:// (or both, the
-// tiered store) when more than one instance serves a route or restarts
-// matter. A Caddy killed while a request runs blocks its key for one
+// Caddy instance has its own. Use redis://, postgres:// or mysql:// (or
+// Redis and PostgreSQL, the tiered store) when more than one instance
+// serves a route or restarts matter. A Caddy killed while a request runs blocks its key for one
 // lease; the retry after that runs the upstream again (idem's at-least-once
 // limit for a crashed holder). reverse_proxy's own retries (lb_retries,
 // lb_try_duration with retry_match) can resend a request to another

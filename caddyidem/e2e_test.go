@@ -147,14 +147,15 @@ func stores() map[string]string {
 
 // TestOncePerKey: through a real Caddy (the issue's route form) to a real
 // upstream, a key runs once; its repeat is the byte-identical replay; a
-// second request while the first runs gets 409 with Retry-After (wait
-// negative: at once; by default it would wait for the replay); the same
+// second request while the first runs gets 409 with Retry-After (wait 0:
+// at once, as idem proxy's --wait 0; by default it would wait for the
+// replay, TestWaitDefault); the same
 // key with another body gets 422; a request without a key passes through.
 func TestOncePerKey(t *testing.T) {
 	for name, store := range stores() {
 		t.Run(name, func(t *testing.T) {
 			up := startCounter(t, 300*time.Millisecond)
-			base := startCaddy(t, fmt.Sprintf("\troute /payments/* {\n\t\tidempotency {\n\t\t\tstore %s\n\t\t\tprefix caddyidem:%s:\n\t\t\twait -1s\n\t\t}\n\t\treverse_proxy %s\n\t}",
+			base := startCaddy(t, fmt.Sprintf("\troute /payments/* {\n\t\tidempotency {\n\t\t\tstore %s\n\t\t\tprefix caddyidem:%s:\n\t\t\twait 0\n\t\t}\n\t\treverse_proxy %s\n\t}",
 				store, runID, strings.TrimPrefix(up.srv.URL, "http://")))
 			key := "once-" + name + "-" + runID
 			var first, during answer
@@ -186,6 +187,51 @@ func TestOncePerKey(t *testing.T) {
 				t.Errorf("without a key: got %d, %d and %d executions, want 201, 201 and 2 (passed through)", unkeyed.status, unkeyed2.status, up.count(""))
 			}
 		})
+	}
+}
+
+// TestWaitDefault: without wait, a copy of a request still running waits
+// for its result (idemhttp.DefaultWait) and gets the replay, not 409. The
+// upstream holds the first until the copy was sent and had a moment to
+// start waiting; a copy that arrives later still gets the replay.
+func TestWaitDefault(t *testing.T) {
+	gate := make(chan struct{})
+	var runs atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		<-gate
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"run":%d}`, n)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	})
+	base := startCaddy(t, fmt.Sprintf("\tidempotency {\n\t\tprefix waitdefault:\n\t}\n\treverse_proxy %s", strings.TrimPrefix(up.URL, "http://")))
+	key := "wait-default-" + runID
+	var first, during answer
+	var wg sync.WaitGroup
+	wg.Go(func() { first = post(t, base+"/pay", key, `{}`) })
+	for runs.Load() == 0 { // the first holds the key and is upstream
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Go(func() { during = post(t, base+"/pay", key, `{}`) })
+	time.Sleep(100 * time.Millisecond) // well within the 500ms wait
+	close(gate)
+	wg.Wait()
+	if first.status != 201 || first.replayed != "" {
+		t.Fatalf("first: got %d (replayed %q) %q, want the upstream's 201", first.status, first.replayed, first.body)
+	}
+	if during.status != 201 || during.replayed != "true" || during.body != first.body {
+		t.Errorf("copy during the first: got %d (replayed %q) %q, want the replay of %q after the default wait (unset wait is not 0)",
+			during.status, during.replayed, during.body, first.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("got %d executions, want 1", n)
 	}
 }
 

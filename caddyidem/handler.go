@@ -44,21 +44,23 @@ type Handler struct {
 	// Store is where records live: "memory" (the default: this process
 	// only, forgotten on restart), a Redis URL (redis://, rediss://,
 	// valkey://, with the Cluster and Sentinel forms of redisstore.Open),
-	// a PostgreSQL URL (postgres://; the table is created if missing), or
-	// a Redis URL and a PostgreSQL URL separated by a space (the tiered
-	// store). As idem proxy's --store.
+	// a PostgreSQL URL (postgres://; the table is created if missing), a
+	// MySQL or MariaDB URL (mysql://[user[:pass]@]host[:port]/db[?params],
+	// params being go-sql-driver/mysql's; the tables are created if
+	// missing), or a Redis URL and a PostgreSQL URL separated by a space
+	// (the tiered store). As idem proxy's --store.
 	Store string `json:"store,omitempty"`
 
-	// Prefix is the Redis key prefix or the PostgreSQL namespace (idem
-	// proxy's --prefix). Must not contain { or }.
+	// Prefix is the Redis key prefix or the PostgreSQL or MySQL namespace
+	// (idem proxy's --prefix). Must not contain { or }.
 	Prefix string `json:"prefix,omitempty"`
 
 	// MemoryLimit bounds the memory store's records, in bytes (--memory-limit).
 	// Default DefaultMemoryLimit; 0: no limit.
 	MemoryLimit *int64 `json:"memory_limit,omitempty"`
 
-	// ReapInterval is how often expired PostgreSQL records are deleted
-	// (--reap-interval). Default DefaultReapInterval; 0: never.
+	// ReapInterval is how often expired PostgreSQL or MySQL records are
+	// deleted (--reap-interval). Default DefaultReapInterval; 0: never.
 	ReapInterval *caddy.Duration `json:"reap_interval,omitempty"`
 
 	// Methods are the covered methods; others pass through untouched
@@ -86,9 +88,10 @@ type Handler struct {
 	Retention caddy.Duration `json:"retention,omitempty"`
 
 	// Wait bounds how long a request whose key is in flight waits for the
-	// result before it gets 409 (idemhttp Config.Wait). Default
-	// idemhttp.DefaultWait (500ms); negative: 409 at once.
-	Wait caddy.Duration `json:"wait,omitempty"`
+	// result before it gets 409 (idemhttp Config.Wait), as idem proxy's
+	// --wait. Unset: idemhttp.DefaultWait (500ms); 0 (the Caddyfile's
+	// wait 0 or wait off, JSON's "wait": 0): no wait, 409 at once.
+	Wait *caddy.Duration `json:"wait,omitempty"`
 
 	// FailOpen runs the route without idempotency when the store fails
 	// (default: 503, nothing forwarded).
@@ -167,6 +170,8 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("retention %v: want at least 1s", time.Duration(h.Retention))
 	case h.MaxExecution < 0:
 		return fmt.Errorf("max_execution %v: must not be negative (0: no limit)", time.Duration(h.MaxExecution))
+	case h.Wait != nil && *h.Wait < 0:
+		return fmt.Errorf("wait %v: must not be negative (0: no wait, 409 at once)", time.Duration(*h.Wait))
 	case h.ClientWriteTimeout != nil && *h.ClientWriteTimeout < 0:
 		return fmt.Errorf("client_write_timeout %v: must not be negative (0: no limit)", time.Duration(*h.ClientWriteTimeout))
 	case h.ReapInterval != nil && *h.ReapInterval < 0:
@@ -238,7 +243,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.storeKey = key
 	if isMemory(h.Store) {
 		h.logger.Warn("idempotency: store memory keeps the records in this process: a restart forgets every key " +
-			"(its repeats run again), and other instances have their own; use redis:// or postgres:// in production")
+			"(its repeats run again), and other instances have their own; use redis://, postgres:// or mysql:// in production")
 	}
 
 	h.tenant = tenantFunc(h.TenantHeader, h.TenantCookie)
@@ -251,7 +256,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Lease:           time.Duration(h.Lease),
 		Retention:       time.Duration(h.Retention),
 		MaxResponseSize: int(h.MaxResponse),
-		Wait:            time.Duration(h.Wait),
+		Wait:            h.idemWait(),
 		FailOpen:        h.FailOpen,
 		MaxExecution:    time.Duration(h.MaxExecution),
 		// The config's context ends once Caddy stopped its servers (after
@@ -295,6 +300,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.mw = mw
 	return nil
+}
+
+// idemWait is idemhttp's Config.Wait for h.Wait: unset is idemhttp's
+// default (its 0); 0 is no wait (its negative), as idem proxy's --wait 0.
+func (h *Handler) idemWait() time.Duration {
+	if h.Wait == nil {
+		return 0
+	}
+	return cmp.Or(time.Duration(*h.Wait), -1)
 }
 
 // Cleanup gives back the store and the blob store: the last handler that

@@ -2,20 +2,24 @@ package caddyidem
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/tieredstore"
@@ -32,7 +36,7 @@ var pool = caddy.NewUsagePool()
 type storeSpec struct {
 	url, prefix string
 	memLimit    int64         // memory only
-	reapEvery   time.Duration // PostgreSQL only; 0: no reaper
+	reapEvery   time.Duration // PostgreSQL and MySQL only; 0: no reaper
 }
 
 // key is the pool's key of the store; it holds the URL, and so maybe a
@@ -70,7 +74,7 @@ func takeStore(ctx caddy.Context, spec storeSpec, logger *slog.Logger) (idem.Sto
 }
 
 // storeForms names what store takes, for its errors.
-const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, " +
+const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, mysql://…, " +
 	"or for the tiered store a Redis URL and a PostgreSQL URL (two arguments)"
 
 // open opens the store spec names. The stores outlive the config that
@@ -113,8 +117,66 @@ func open(ctx caddy.Context, spec storeSpec, logger *slog.Logger) (idem.Store, f
 		var wg sync.WaitGroup
 		wg.Go(func() { s.RunReaper(rctx, spec.reapEvery, reapBatch) }) // both positive: no error
 		return s, func() { stop(); wg.Wait(); p.Close() }, nil
+	case "mysql", "mariadb":
+		return openMySQL(bg, u, spec, logger)
 	}
 	return nil, nil, fmt.Errorf("store: unknown scheme %q; %s", u.Scheme, storeForms)
+}
+
+// openMySQL opens a mysqlstore on mysql://[user[:pass]@]host[:port]/db[?params]
+// (params are go-sql-driver/mysql's DSN parameters), creating its tables
+// if missing, with its reaper when spec.reapEvery is positive: as idem
+// proxy's --store mysql://….
+func openMySQL(ctx context.Context, u *url.URL, spec storeSpec, logger *slog.Logger) (idem.Store, func(), error) {
+	const form = "write mysql://[user[:pass]@]host[:port]/db"
+	if u.Opaque != "" || u.Host == "" {
+		return nil, nil, errors.New("store: the MySQL URL has no host: " + form + " (is the // after mysql: missing?)")
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	if dbName == "" || strings.Contains(dbName, "/") {
+		return nil, nil, errors.New("store: the MySQL URL names no database: " + form)
+	}
+	cfg := mysql.NewConfig()
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if u.Port() == "" {
+		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	cfg.DBName = dbName
+	cfg.Timeout = pgConnectTimeout
+	if u.RawQuery != "" {
+		// go-sql-driver parses its parameters from a DSN: let it.
+		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: the MySQL URL's parameters: %w", err)
+		}
+		parsed.User, parsed.Passwd, parsed.Net, parsed.Addr, parsed.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
+		if parsed.Timeout == 0 {
+			parsed.Timeout = cfg.Timeout
+		}
+		cfg = parsed
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: the MySQL URL: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: spec.prefix, Migrate: true, Logger: logger})
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("store %s://%s: %w", u.Scheme, u.Host, err)
+	}
+	if spec.reapEvery <= 0 {
+		return s, func() { db.Close() }, nil
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.RunReaper(rctx, spec.reapEvery, reapBatch) }) // both positive: no error
+	return s, func() { stop(); wg.Wait(); db.Close() }, nil
 }
 
 // openTiered opens the tiered store of a Redis URL and a PostgreSQL URL,
@@ -178,8 +240,8 @@ func reapOption(every time.Duration) time.Duration {
 	return every
 }
 
-// pgConnectTimeout bounds connecting to PostgreSQL when the URL does not
-// say (connect_timeout=SECONDS), as in idem proxy.
+// pgConnectTimeout bounds connecting to PostgreSQL or MySQL when the URL
+// does not say (connect_timeout=SECONDS, timeout=…), as in idem proxy.
 const pgConnectTimeout = 10 * time.Second
 
 func openPG(ctx context.Context, spec string) (*pgxpool.Pool, error) {

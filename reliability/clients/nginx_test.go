@@ -153,9 +153,9 @@ func TestLoadBalancerResend(t *testing.T) {
 func TestLoadBalancerResendCaddy(t *testing.T) {
 	loadBalancerResend(t, "Caddy", func(up *upstream, prefix string) *target {
 		store := "redis://" + rdb.Addr()
-		// wait -1s: 409 at once, as --wait 0 for the idem proxies.
+		// wait 0: 409 at once, as --wait 0 for the idem proxies.
 		cf := func(addr string) string {
-			return strings.Replace(caddyfile(addr, up.srv.URL, store, prefix), "\t\tstore ", "\t\twait -1s\n\t\tstore ", 1)
+			return strings.Replace(caddyfile(addr, up.srv.URL, store, prefix), "\t\tstore ", "\t\twait 0\n\t\tstore ", 1)
 		}
 		a, b := proctest.StartCaddy(t, cf), proctest.StartCaddy(t, cf)
 		return &target{name: "nginx → 2 × Caddy", short: "lb-caddy", url: a.Addr + " " + b.Addr, caddies: []*proctest.Caddy{a, b}}
