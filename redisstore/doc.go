@@ -23,11 +23,20 @@
 // the PTTL rueidis reads with it. Get, Renew, Complete, Release, Delete and
 // the batch methods always go to Redis.
 //
-// What it does not guarantee: a change by another client reaches the
-// cache when Redis's invalidation message does (Redis sends it with the
-// change's reply); a connection that delivers nothing without closing (a
-// partition) keeps its copies until rueidis declares it dead (3s with
-// Open). With NewRueidis and a client that sends reads to replicas
+// What it does not guarantee: a change reaches the cache when Redis's
+// invalidation message does. Redis sends it with the change's reply only
+// to the connection the change went out on; rueidis reads the cache on
+// one connection per node and sends other commands on any of several, so
+// the invalidation of a change, this process's included, may arrive a
+// moment after the change's reply. For its own Delete and Fill the store
+// makes up for it: it drops the key's hint before and after the change,
+// and ignores the hints of calls that were in flight meanwhile, so it
+// does not read the cache for that key again until it learns anew that
+// the key is completed (at least one more round trip, by when the
+// invalidation has long been sent, though nothing orders the two). A
+// connection that delivers nothing without
+// closing (a partition) keeps its copies until rueidis declares it dead
+// (3s with Open). With NewRueidis and a client that sends reads to replicas
 // (SendToReplicas, ReplicaOnly), a replica may lag a purge by its
 // replication delay: set Options.CacheSize negative there.
 //
