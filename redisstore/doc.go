@@ -113,7 +113,12 @@
 // over a value of another type overwrites it without a compare. The
 // estimate of the server's clock is a lower bound as long as the server's
 // clock does not go back (as the Lua path's tokens also assume); a claim
-// more than 250ms ahead of TIME is fixed all the same. WaitReplicas works
+// more than 250ms ahead of TIME is fixed all the same. RaiseToken keeps
+// the record's expiry as it stands when it writes (KEEPTTL), so a Renew
+// between its read and its write (which leaves the value as it was) is
+// kept, unless the clock must first pass the new token; then, as on the
+// Lua path, the expiry is set to max(the expiry read, token+1), which
+// undoes such a Renew's extension. WaitReplicas works
 // on both paths (the native WAIT runs on the connection that wrote;
 // MOVED and ASK are not followed there, the call fails instead).
 //
