@@ -34,11 +34,11 @@
 // does not read the cache for that key again until it learns anew that
 // the key is completed (at least one more round trip, by when the
 // invalidation has long been sent, though nothing orders the two). A
-// connection that delivers nothing without
-// closing (a partition) keeps its copies until rueidis declares it dead
-// (3s with Open). With NewRueidis and a client that sends reads to replicas
-// (SendToReplicas, ReplicaOnly), a replica may lag a purge by its
-// replication delay: set Options.CacheSize negative there.
+// connection that delivers nothing without closing (a partition) keeps
+// its copies until rueidis declares it dead (3s with Open). With
+// NewRueidis and a client that sends reads to replicas (SendToReplicas,
+// ReplicaOnly), a replica may lag a purge by its replication delay: set
+// Options.CacheSize negative there.
 //
 // On by default with Open: Options.CacheSize bytes per connection
 // (DefaultCacheSize, 16 MiB; Open uses up to four connections per node,
