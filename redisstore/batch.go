@@ -335,6 +335,8 @@ var _ idem.BatchStore = (*Store)(nil)
 // got a reply, fail(i, err) for each whose call failed.
 func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) idem.Key, valid func(int) bool,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
+	ctx, cancel := s.bound(ctx) // bounds the path probe too
+	defer cancel()
 	run := s.r
 	if p, ok := run.(*pathRunner); ok {
 		var err error
@@ -357,8 +359,6 @@ func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) 
 	if len(idx) == 0 {
 		return
 	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
 	if !batched { // the native path: the single transition per key (native.go)
 		s.execEach(ctx, run, bs, idx, key, args, answer, fail)
 		return

@@ -56,13 +56,35 @@ func (s *Store) CacheStats() CacheStats {
 type replayCache struct {
 	c    rueidis.Client
 	seed maphash.Seed
+	base time.Time // hints count from it, on the monotonic clock
 
 	mu    sync.Mutex
-	hints map[uint64]int64 // hash of the record key -> expiry, unix ns (local clock)
+	hints map[uint64]int64 // hash of the record key -> expiry, ns since base
 	max   int              // hints kept at most
+	// gens counts, per shard of key hashes, the forgets of records this
+	// store deleted or overwrote. A call that may learn of a completion
+	// notes its shard's count before it is sent (mark); completed drops
+	// the hint when the count moved, as the record it learned of may be
+	// gone. Written under mu.
+	gens [genShards]atomic.Uint64
+
+	hintHook func() // tests: runs when completed is called
 
 	hits, misses atomic.Uint64
 	off          atomic.Bool // the server refused the cached read (ACL): use the script only
+}
+
+// genShards is how many generation counters a replayCache keeps: a
+// Delete or Fill voids the hints only of the calls in flight on keys of
+// its shard.
+const genShards = 256
+
+// cacheMark is what a call that may learn of a completion notes before
+// it is sent: the time (so that a hint's bound never exceeds the
+// record's expiry on the server) and the generation of the key's shard.
+type cacheMark struct {
+	at  int64 // ns since base
+	gen uint64
 }
 
 // hintBytes is the cache memory per hint allowed: a hint costs about 40
@@ -74,30 +96,54 @@ func newReplayCache(c rueidis.Client, size int) *replayCache {
 	if size <= 0 {
 		size = DefaultCacheSize
 	}
-	return &replayCache{c: c, seed: maphash.MakeSeed(), hints: make(map[uint64]int64),
+	return &replayCache{c: c, seed: maphash.MakeSeed(), base: time.Now(), hints: make(map[uint64]int64),
 		max: min(max(size/hintBytes, 1024), 1<<20)}
 }
 
+// now is the time since base on the monotonic clock, which a change of
+// the wall clock does not move.
+func (rc *replayCache) now() int64 { return int64(time.Since(rc.base)) }
+
+// mark returns the note to pass to completed, taken before the call that
+// may learn that name is completed. A nil rc gives the zero mark.
+func (rc *replayCache) mark(name string) cacheMark {
+	if rc == nil {
+		return cacheMark{}
+	}
+	h := maphash.String(rc.seed, name)
+	return cacheMark{at: rc.now(), gen: rc.gens[h%genShards].Load()}
+}
+
 // completed notes that name holds a completed record until at least
-// start+left, start being a time taken before the call that learned it
-// (so that the bound never exceeds the record's expiry on the server).
-func (rc *replayCache) completed(name string, start time.Time, left time.Duration) {
+// m.at+left, m being the mark taken before the call that learned it (so
+// that the bound never exceeds the record's expiry on the server). It
+// notes nothing when this store forgot a record of name's shard since
+// the mark (Delete, Fill): the completion may be gone, and the tracked
+// copy of it not yet invalidated (see forget).
+func (rc *replayCache) completed(name string, m cacheMark, left time.Duration) {
 	if rc == nil || left < time.Millisecond {
 		return
 	}
-	h, until := maphash.String(rc.seed, name), start.Add(left).UnixNano()
+	if rc.hintHook != nil {
+		rc.hintHook()
+	}
+	h := maphash.String(rc.seed, name)
+	until := m.at + int64(left)
 	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.gens[h%genShards].Load() != m.gen {
+		return
+	}
 	if len(rc.hints) >= rc.max {
 		rc.trim()
 	}
 	rc.hints[h] = until
-	rc.mu.Unlock()
 }
 
 // trim drops expired hints, then arbitrary ones (Go's map order) down to
 // three quarters of max. rc.mu is held.
 func (rc *replayCache) trim() {
-	now := time.Now().UnixNano()
+	now := rc.now()
 	for h, until := range rc.hints {
 		if until <= now {
 			delete(rc.hints, h)
@@ -111,11 +157,26 @@ func (rc *replayCache) trim() {
 	}
 }
 
-// forget drops name's hint (the store deletes or overwrites the record).
+// forget drops name's hint because the store deletes or overwrites the
+// record, and voids the hints of the calls in flight on its shard (see
+// completed). Call it before and after the change: Redis sends the
+// invalidation of a change with its reply only on the connection the
+// change went out on, and rueidis may read the cache on another, so the
+// tracked copy may outlive the change's reply for a moment; without a
+// hint it is not read.
 func (rc *replayCache) forget(name string) {
 	if rc == nil {
 		return
 	}
+	h := maphash.String(rc.seed, name)
+	rc.mu.Lock()
+	rc.gens[h%genShards].Add(1)
+	delete(rc.hints, h)
+	rc.mu.Unlock()
+}
+
+// drop drops name's hint (the cached read found no replay there).
+func (rc *replayCache) drop(name string) {
 	h := maphash.String(rc.seed, name)
 	rc.mu.Lock()
 	delete(rc.hints, h)
@@ -132,9 +193,9 @@ func (rc *replayCache) ttl(name string) time.Duration {
 	if !ok {
 		return 0
 	}
-	left := time.Duration(until - time.Now().UnixNano())
+	left := time.Duration(until - rc.now())
 	if left < time.Millisecond {
-		rc.forget(name)
+		rc.drop(name)
 		return 0
 	}
 	return left
@@ -159,14 +220,14 @@ func (rc *replayCache) replay(ctx context.Context, name string, req idem.Acquire
 		if _, isRedisErr := rueidis.IsRedisErr(err); isRedisErr && !rueidis.IsRedisNil(err) && permissionError(err) {
 			rc.off.Store(true) // an ACL without CLIENT CACHING, MULTI or PTTL: never try again
 		}
-		rc.forget(name)
+		rc.drop(name)
 		return acq, false
 	}
 	resp, match := completedResponse(v, req.Fingerprint)
 	if !match {
 		// In flight, released, not a record, or another fingerprint
 		// (mismatch is the script's to decide).
-		rc.forget(name)
+		rc.drop(name)
 		return acq, false
 	}
 	if res.IsCacheHit() {
@@ -203,5 +264,5 @@ func (s *Store) acquireCached(ctx context.Context, req idem.AcquireRequest) (ide
 		return acq, nil
 	}
 	s.cache.misses.Add(1)
-	return s.acquire(ctx, req, time.Now())
+	return s.acquire(ctx, req, s.cache.mark(name))
 }

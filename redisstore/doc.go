@@ -23,13 +23,22 @@
 // the PTTL rueidis reads with it. Get, Renew, Complete, Release, Delete and
 // the batch methods always go to Redis.
 //
-// What it does not guarantee: a change by another client reaches the
-// cache when Redis's invalidation message does (Redis sends it with the
-// change's reply); a connection that delivers nothing without closing (a
-// partition) keeps its copies until rueidis declares it dead (3s with
-// Open). With NewRueidis and a client that sends reads to replicas
-// (SendToReplicas, ReplicaOnly), a replica may lag a purge by its
-// replication delay: set Options.CacheSize negative there.
+// What it does not guarantee: a change reaches the cache when Redis's
+// invalidation message does. Redis sends it with the change's reply only
+// to the connection the change went out on; rueidis reads the cache on
+// one connection per node and sends other commands on any of several, so
+// the invalidation of a change, this process's included, may arrive a
+// moment after the change's reply. For its own Delete and Fill the store
+// makes up for it: it drops the key's hint before and after the change,
+// and ignores the hints of calls that were in flight meanwhile, so it
+// does not read the cache for that key again until it learns anew that
+// the key is completed (at least one more round trip, by when the
+// invalidation has long been sent, though nothing orders the two). A
+// connection that delivers nothing without closing (a partition) keeps
+// its copies until rueidis declares it dead (3s with Open). With
+// NewRueidis and a client that sends reads to replicas (SendToReplicas,
+// ReplicaOnly), a replica may lag a purge by its replication delay: set
+// Options.CacheSize negative there.
 //
 // On by default with Open: Options.CacheSize bytes per connection
 // (DefaultCacheSize, 16 MiB; Open uses up to four connections per node,
@@ -104,7 +113,12 @@
 // over a value of another type overwrites it without a compare. The
 // estimate of the server's clock is a lower bound as long as the server's
 // clock does not go back (as the Lua path's tokens also assume); a claim
-// more than 250ms ahead of TIME is fixed all the same. WaitReplicas works
+// more than 250ms ahead of TIME is fixed all the same. RaiseToken keeps
+// the record's expiry as it stands when it writes (KEEPTTL), so a Renew
+// between its read and its write (which leaves the value as it was) is
+// kept, unless the clock must first pass the new token; then, as on the
+// Lua path, the expiry is set to max(the expiry read, token+1), which
+// undoes such a Renew's extension. WaitReplicas works
 // on both paths (the native WAIT runs on the connection that wrote;
 // MOVED and ASK are not followed there, the call fails instead).
 //

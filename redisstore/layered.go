@@ -111,6 +111,7 @@ func (s *Store) Fill(ctx context.Context, f Fill) (FillResult, error) {
 	ms := max(f.TTL.Milliseconds(), 1)
 	s.cache.forget(s.KeyName(f.Key)) // the record is overwritten
 	r, err := s.run(ctx, "fill", f.Key, scriptFill, packToken(f.Token), fp, strconv.FormatInt(ms, 10), string(f.Response), lease)
+	s.cache.forget(s.KeyName(f.Key)) // and any hint a call in flight set, as Delete does
 	if err != nil {
 		return FillRefused, err
 	}

@@ -253,8 +253,10 @@ func (r *nativeRunner) runWait(ctx context.Context, w waitSpec, script int, key 
 	return rep, acked, err
 }
 
-// read returns the record at key, its PTTL and the server's time, in one
-// transaction.
+// read returns the record at key, its PTTL and the server's time, sent
+// together in one pipeline (a transaction on Cluster, see pipe): not
+// atomic on a single node, which the compare-and-set that follows makes
+// up for, as it writes only when the value is still the one read.
 func (r *nativeRunner) read(ctx context.Context, c nconn, key string) (state, error) {
 	res, err := c.pipe(ctx, []string{"GET", key}, []string{"PTTL", key}, []string{"TIME"})
 	if err != nil {
@@ -600,6 +602,14 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 			}
 			token := floor + 1
 			val := append(append([]byte{'F'}, packTokenBytes(token)...), st.v[tokenEnd:]...)
+			if st.pttl > 0 && token+1 <= st.now+st.pttl {
+				// The usual case: the expiry already comes after the new
+				// token. KEEPTTL keeps it as it is when the SET runs,
+				// so that a Renew between the read and the SET (which
+				// leaves the value as it was, so IFEQ still matches)
+				// is not undone by the expiry read before it.
+				return reply{n: [3]int64{1, token}}, &write{val: val, keepTTL: true}
+			}
 			return reply{n: [3]int64{1, token}}, &write{val: val, at: max(st.now+max(st.pttl, 1), token+1)}
 		}, nil
 	case scriptComplete:

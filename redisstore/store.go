@@ -329,12 +329,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if s.cache != nil {
 		return s.acquireCached(ctx, req)
 	}
-	return s.acquire(ctx, req, time.Time{})
+	return s.acquire(ctx, req, cacheMark{})
 }
 
-// acquire runs the acquire script. start, when set, is a time taken
-// before the call, for the replay cache's hint.
-func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, start time.Time) (idem.Acquisition, error) {
+// acquire runs the acquire script. m is the replay cache's mark, taken
+// before the call, for its hint.
+func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, m cacheMark) (idem.Acquisition, error) {
 	r, err := s.run(ctx, "acquire", req.Key, scriptAcquire,
 		string(req.LeaseID[:]), string(req.Fingerprint[:]), strconv.FormatInt(req.TTL.Milliseconds(), 10))
 	if err != nil {
@@ -349,7 +349,7 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, start time
 		if err != nil {
 			return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: err}
 		}
-		s.cache.completed(s.KeyName(req.Key), start, left)
+		s.cache.completed(s.KeyName(req.Key), m, left)
 		return idem.Acquisition{Outcome: idem.Replay, Response: rec.Response}, nil
 	case 3:
 		return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: left}, nil
@@ -380,7 +380,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 		return &idem.StoreError{Op: "complete", Key: l.Key, Err: err}
 	}
 	args := []string{string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10), string(blob)}
-	start := time.Now()
+	mark := s.cache.mark(s.KeyName(l.Key))
 	if s.waitReplicas > 0 {
 		err = s.completeWait(ctx, l.Key, append(args, "1")...)
 	} else {
@@ -388,7 +388,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 		err = leaseResult(r, runErr)
 	}
 	if err == nil {
-		s.cache.completed(s.KeyName(l.Key), start, msDuration(ms))
+		s.cache.completed(s.KeyName(l.Key), mark, msDuration(ms))
 	}
 	return err
 }
@@ -424,7 +424,9 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	defer cancel()
 	s.cache.forget(s.KeyName(key))
 	n, err := s.r.del(ctx, s.KeyName(key))
-	s.cache.forget(s.KeyName(key)) // and any hint a concurrent call set
+	// and any hint a call in flight set, and void those still to come
+	// (cache.go: the invalidation may arrive after the reply).
+	s.cache.forget(s.KeyName(key))
 	if err != nil {
 		return false, &idem.StoreError{Op: "delete", Key: key, Err: err}
 	}
