@@ -2,9 +2,9 @@ package dynamostore
 
 import (
 	"context"
-	"sync"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/perkey"
 )
 
 // BatchParallelism is how many of a batch's keys a BatchStore method has
@@ -25,7 +25,7 @@ var _ idem.BatchStore = (*Store)(nil)
 // consumer spends its time on.
 func (s *Store) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []idem.AcquireResult {
 	out := make([]idem.AcquireResult, len(reqs))
-	perKey(len(reqs), func(i int) idem.Key { return reqs[i].Key }, func(i int) {
+	perkey.Run(len(reqs), func(i int) idem.Key { return reqs[i].Key }, BatchParallelism, func(i int) {
 		out[i].Acquisition, out[i].Err = s.Acquire(ctx, reqs[i])
 	})
 	return out
@@ -35,7 +35,7 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []i
 // for each completion, different keys side by side.
 func (s *Store) CompleteMany(ctx context.Context, cs []idem.Completion) []error {
 	out := make([]error, len(cs))
-	perKey(len(cs), func(i int) idem.Key { return cs[i].Lease.Key }, func(i int) {
+	perkey.Run(len(cs), func(i int) idem.Key { return cs[i].Lease.Key }, BatchParallelism, func(i int) {
 		out[i] = s.Complete(ctx, cs[i].Lease, cs[i].Response, cs[i].Retention)
 	})
 	return out
@@ -45,39 +45,8 @@ func (s *Store) CompleteMany(ctx context.Context, cs []idem.Completion) []error 
 // each lease, different keys side by side.
 func (s *Store) ReleaseMany(ctx context.Context, leases []idem.Lease) []error {
 	out := make([]error, len(leases))
-	perKey(len(leases), func(i int) idem.Key { return leases[i].Key }, func(i int) {
+	perkey.Run(len(leases), func(i int) idem.Key { return leases[i].Key }, BatchParallelism, func(i int) {
 		out[i] = s.Release(ctx, leases[i])
 	})
 	return out
-}
-
-// perKey calls call(i) for i in [0, n): the indexes of one key one after
-// the other in order, different keys side by side, at most
-// BatchParallelism at a time. It returns when every call has.
-func perKey(n int, key func(int) idem.Key, call func(int)) {
-	if n == 1 {
-		call(0)
-		return
-	}
-	groups := make(map[idem.Key][]int, n)
-	order := make([]idem.Key, 0, n)
-	for i := range n {
-		k := key(i)
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], i)
-	}
-	sem := make(chan struct{}, BatchParallelism)
-	var wg sync.WaitGroup
-	for _, k := range order {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			for _, i := range groups[k] {
-				call(i)
-			}
-		})
-	}
-	wg.Wait()
 }

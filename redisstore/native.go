@@ -15,6 +15,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/perkey"
 )
 
 // The native path: every transition of the scripts (scripts/*.lua) done
@@ -950,35 +951,16 @@ const maxEachInFlight = 64
 // them), the appearances of one key one after the other in batch order.
 func (s *Store) execEach(ctx context.Context, run runner, bs *batchScript, idx []int, key func(int) idem.Key,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
-	byKey := map[idem.Key][]int{}
-	var order []idem.Key
-	for _, i := range idx {
-		k := key(i)
-		if _, ok := byKey[k]; !ok {
-			order = append(order, k)
+	var mu sync.Mutex // answer and fail are not safe for concurrent use
+	perkey.Run(len(idx), func(j int) idem.Key { return key(idx[j]) }, maxEachInFlight, func(j int) {
+		i := idx[j]
+		r, err := run.run(ctx, bs.single, s.KeyName(key(i)), args(i, nil)...)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			fail(i, s.explainACL(err))
+		} else {
+			answer(i, r)
 		}
-		byKey[k] = append(byKey[k], i)
-	}
-	var (
-		mu  sync.Mutex // answer and fail are not safe for concurrent use
-		wg  sync.WaitGroup
-		sem = make(chan struct{}, maxEachInFlight)
-	)
-	for _, k := range order {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			for _, i := range byKey[k] {
-				r, err := run.run(ctx, bs.single, s.KeyName(k), args(i, nil)...)
-				mu.Lock()
-				if err != nil {
-					fail(i, s.explainACL(err))
-				} else {
-					answer(i, r)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	})
 }
