@@ -49,7 +49,7 @@ func newProxyMetrics() *proxyMetrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, in_flight (409: the key is running elsewhere), mismatch, rejected, store_error, passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered). The log line of each request has the same outcome.",
+			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, in_flight (409: the key was still running past --wait), mismatch, rejected, store_error, passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered). The log line of each request has the same outcome.",
 		}, []string{"outcome"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",

@@ -55,7 +55,7 @@ func (s routeSettings) validate(name func(string) string) error {
 	case s.retention < time.Second:
 		return fmt.Errorf("%s %v: want at least 1s", name("retention"), s.retention)
 	case s.wait < 0:
-		return fmt.Errorf("%s %v: must not be negative", name("wait"), s.wait)
+		return fmt.Errorf("%s %v: must not be negative (0: 409 at once)", name("wait"), s.wait)
 	case s.maxExecution < 0:
 		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("max-execution"), s.maxExecution)
 	case s.clientWriteTimeout < 0:
