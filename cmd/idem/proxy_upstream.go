@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -67,7 +69,9 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
-		if r.ContentLength > 0 {
+		if _, leased := idem.LeaseFromContext(r.Context()); !leased && r.ContentLength > 0 {
+			// Streamed from the client. (A leased request's body was
+			// read whole by the middleware and goes from memory.)
 			r.Body = &declaredBody{ReadCloser: r.Body, left: r.ContentLength}
 		}
 		rp.ServeHTTP(w, r)
@@ -99,9 +103,13 @@ func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 // safe to resend: it has no body (or can rewind it with GetBody), and
 // its method is safe or it carries an Idempotency-Key header. The
 // upstream may have acted on the first copy. So a leased request goes
-// without GetBody; its body, if any, is wrapped so that its type does not
-// look replayable, and goes with its Content-Length (the middleware read
-// it whole and set ContentLength); a request without a body goes without
+// without GetBody, which alone makes a request with a body one the
+// Transport never resends once any of it was written (net/http's
+// Request.isReplayable); its body goes with its Content-Length (the
+// middleware read it whole and set ContentLength) and, up to
+// inlineBodySize, in the same write as the header (a body the Transport
+// does not know to be in memory gets a write of its own: ReverseProxy's
+// wrapper hides it). A request without a body goes without
 // one (Content-Length: 0 for POST, PUT and PATCH), and its Idempotency-Key
 // and X-Idempotency-Key headers are sent under their lower-case names,
 // which the upstream reads the same (header names are case-insensitive)
@@ -135,11 +143,21 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		out.Body = nil
 		out.Header = hideReplayHints(out.Header)
-	case out.Body != nil:
-		out.Body = onceBody{out.Body}
+	case out.Body != nil && out.ContentLength <= inlineBodySize:
+		body := make([]byte, out.ContentLength)
+		_, err := io.ReadFull(out.Body, body)
+		out.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading the request body (%d bytes declared): %w", out.ContentLength, err)
+		}
+		out.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	return t.base.RoundTrip(&out)
 }
+
+// inlineBodySize is the largest body of a leased request that sendOnce
+// sends in the header's write.
+const inlineBodySize = 64 << 10
 
 // replayHints are the headers that make net/http's Transport resend a
 // request without a body (Request.isReplayable).
@@ -166,10 +184,6 @@ func hideReplayHints(h http.Header) http.Header {
 	}
 	return out
 }
-
-// onceBody hides the type of a request body from net/http, which would
-// otherwise know that some body types can be read again.
-type onceBody struct{ io.ReadCloser }
 
 // declaredBody ends a request body of known length at that length: once
 // it has been read, it answers io.EOF itself and reads the client's body
