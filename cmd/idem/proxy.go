@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/logwriter"
 )
 
 func init() {
@@ -119,7 +120,12 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 			return usageError{"--config " + err.Error()}
 		}
 	}
-	logger, err := newLogger(stderr, o.logFormat, o.logLevel)
+	// A line per request: written by one goroutine, the lines logged while
+	// a write is under way go together in the next (internal/logwriter),
+	// not a write(2) each.
+	logOut := logwriter.New(stderr)
+	defer logOut.Close() // before the caller prints the error returned
+	logger, err := newLogger(logOut, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
 	}
