@@ -3,7 +3,9 @@ package idemhttp_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,23 +44,34 @@ func (s *countingStore) Complete(ctx context.Context, l idem.Lease, resp *idem.R
 
 // Requests that wait (Config.Wait) for a key this process is running get
 // the response it stored handed to them when it completes: a byte-identical
-// replay, without one more store round trip each. Only a holder stalled
-// for longer than a waiter's first pause (5 ms) between its Complete and
-// waking the waiters makes them ask the store; the scenario is tried up to
+// replay, without a store round trip each (they wait for the holder in the
+// process without asking the store). A waiter that reaches the middleware
+// only after the completion asks the store; the scenario is tried up to
 // three times for one run in which some were handed the response.
 func TestWaitersHandedTheStoredResponse(t *testing.T) {
 	const waiters = 12
 	for try := 1; ; try++ {
 		store := &countingStore{Store: memstore.New(memstore.Options{})}
-		s := newServer(t, store, idemhttp.Config{Wait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
-			// Run until every duplicate was told the key is in flight.
-			for store.inFlight.Load() < waiters {
-				time.Sleep(time.Millisecond)
+		var active atomic.Int64 // requests read by the server
+		s := &server{}
+		s.Server = httptest.NewUnstartedServer(idemhttp.Middleware(store, idemhttp.Config{Wait: 10 * time.Second})(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				s.runs.Add(1)
+				// Run until every duplicate reached the server.
+				for active.Load() < waiters+1 {
+					time.Sleep(time.Millisecond)
+				}
+				w.Header().Add("X-Multi", "a")
+				w.Header().Add("X-Multi", "b")
+				charge(w, r)
+			})))
+		s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateActive {
+				active.Add(1)
 			}
-			w.Header().Add("X-Multi", "a")
-			w.Header().Add("X-Multi", "b")
-			charge(w, r)
-		})
+		}
+		s.Start()
+		t.Cleanup(s.Close)
 		key := fmt.Sprint("handoff-", try)
 		first := s.goDo(t, "POST", "/charges", key, "{}")
 		for s.runs.Load() == 0 {

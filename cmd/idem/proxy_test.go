@@ -519,8 +519,11 @@ func TestProxyDuplicatesReplayConflictMismatch(t *testing.T) {
 	if got := p.metric(`idem_lease_renewals_total{result="ok"}`); got < 2 {
 		t.Errorf(`idem_lease_renewals_total{result="ok"}: got %v, want at least 2`, got)
 	}
-	if got := p.metric(`idem_store_duration_seconds_count{op="acquire"}`); got < n {
-		t.Errorf(`idem_store_duration_seconds_count{op="acquire"}: got %v, want at least %d`, got, n)
+	// The first of the 50 and the requests after them ask the store; the
+	// copies that arrive while the first runs wait for it in the proxy
+	// without asking (engine.Acquire), so the 50 make far fewer than 50.
+	if got := p.metric(`idem_store_duration_seconds_count{op="acquire"}`); got < 2 || got >= n {
+		t.Errorf(`idem_store_duration_seconds_count{op="acquire"}: got %v, want at least 2 and fewer than the %d copies`, got, n)
 	}
 	if got := p.metric(`idem_store_duration_seconds_count{op="complete"}`); got != 2 {
 		t.Errorf(`idem_store_duration_seconds_count{op="complete"}: got %v, want 2`, got)

@@ -194,15 +194,51 @@ func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.T
 // Config.Wait waits for an in-flight holder: it wakes as soon as a holder
 // in this process finishes the key, and is handed the response it stored;
 // for a holder in another process it asks the store again after growing
-// pauses. ctx is the request's: once it is done, the client is gone.
+// pauses. With a wait, the copies of a request (same key, same
+// fingerprint) in this process ask the store one at a time: a copy that
+// arrives while another holds the key, or is asking the store for it,
+// waits for that one without asking (a retry storm's copies cost no store
+// call each), and asks the store itself only when that one is done without
+// a response for it (released, or the store said anything but acquired or
+// replay) or when the wait ends. ctx is the request's: once it is done,
+// the client is gone.
 // parent is the work's parent context (ctx's values; with ctx's
 // cancellation or without it); the acquire itself is bounded by the
 // store's timeouts. method, when not empty, is logged with a store failure.
 func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fingerprint, method string) Decision {
 	deadline := waitDeadline(ctx, time.Now(), e.cfg.Wait)
 	pause := waiters.FirstPause
+	// holding: this request holds key in e.waiters while it asks the store
+	// for the copies of it that arrive meanwhile (JoinOrHold).
+	holding := false
+	if left := time.Until(deadline); left > 0 {
+		switch j, live, done := e.waiters.JoinOrHold(ctx, key, fp, left); j {
+		case waiters.Holding:
+			holding = true
+		case waiters.Waited:
+			telemetry.Event(ctx, telemetry.EventWait)
+			pause = 2 * pause
+			if !live {
+				return Decision{Outcome: OutcomeGone}
+			}
+			if stored := done.For(fp); stored != nil {
+				return Decision{Outcome: OutcomeReplayed, Response: stored}
+			}
+			// Released, or the wait is over: the store decides.
+		}
+	}
 	for {
 		att, acq, err := e.g.Begin(parent, key, fp)
+		if holding && (err != nil || acq.Outcome != idem.Acquired) {
+			// The copies waiting for this request are handed a replay;
+			// on any other answer they ask the store themselves.
+			var res *waiters.Result
+			if err == nil && acq.Outcome == idem.Replay {
+				res = &waiters.Result{Fingerprint: fp, Response: acq.Response}
+			}
+			e.waiters.Wake(key, res)
+			holding = false
+		}
 		if err != nil && ctx.Err() != nil {
 			return Decision{Outcome: OutcomeGone} // or an outer deadline passed
 		}
@@ -216,7 +252,9 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		}
 		switch acq.Outcome {
 		case idem.Acquired:
-			e.waiters.Hold(key) // until Release or the Work's End wakes its waiters
+			if !holding {
+				e.waiters.Hold(key, fp) // until Release or the Work's End wakes its waiters
+			}
 			if ctx.Err() != nil {
 				// The client left before the key was acquired: nothing
 				// has run, so nothing runs.

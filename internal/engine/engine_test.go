@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -13,21 +14,16 @@ import (
 	"github.com/idemkit/idem/memstore"
 )
 
-// signalStore says on inFlight when an Acquire found the key in flight.
-type signalStore struct {
-	idem.Store
-	inFlight chan struct{}
-}
-
-func (s signalStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
-	acq, err := s.Store.Acquire(ctx, req)
-	if err == nil && acq.Outcome == idem.InFlight {
-		select {
-		case s.inFlight <- struct{}{}:
-		default:
+// waitingFor returns once n requests wait for a key in e.
+func waitingFor(t *testing.T, e *Engine, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.waiters.Waiting() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests wait, want %d", e.waiters.Waiting(), n)
 		}
+		time.Sleep(time.Millisecond)
 	}
-	return acq, err
 }
 
 func newEngine(t *testing.T, cfg Config) *Engine {
@@ -83,13 +79,9 @@ func TestAcquireDecisions(t *testing.T) {
 // With Wait, a duplicate is handed the holder's response; a released key
 // is acquired again; a client gone while it waits is gone.
 func TestAcquireWait(t *testing.T) {
-	store := signalStore{memstore.New(memstore.Options{}), make(chan struct{}, 1)}
-	e := newEngineOn(t, store, Config{Wait: 5 * time.Second})
+	e := newEngine(t, Config{Wait: 5 * time.Second})
 	ctx := t.Context()
-	waiting := func() { // the waiter found the key in flight, and waits
-		<-store.inFlight
-		time.Sleep(20 * time.Millisecond)
-	}
+	waiting := func() { waitingFor(t, e, 1) } // the waiter waits for the holder
 	k, fp := key(t, "w"), idem.Fingerprint{1}
 	d := e.Acquire(ctx, ctx, k, fp, "")
 	w := e.Start(d, nil)
@@ -263,15 +255,13 @@ func TestEndAfterPanic(t *testing.T) {
 // A key released without a Work (the client left at the acquire, an
 // adapter's check failed) wakes the requests that wait for it.
 func TestReleaseWakesWaiters(t *testing.T) {
-	store := signalStore{memstore.New(memstore.Options{}), make(chan struct{})}
-	e := newEngineOn(t, store, Config{Wait: time.Minute})
+	e := newEngine(t, Config{Wait: time.Minute})
 	ctx := t.Context()
 	k, fp := key(t, "wake"), idem.Fingerprint{1}
 	d := e.Acquire(ctx, ctx, k, fp, "")
 	got := make(chan Decision, 1)
 	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
-	<-store.inFlight
-	time.Sleep(20 * time.Millisecond) // the waiter waits
+	waitingFor(t, e, 1)
 	e.Release(ctx, d.Attempt)
 	select {
 	case d = <-got:
@@ -298,10 +288,11 @@ func (s *countStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem
 	return acq, err
 }
 
-// A request that waits for a key held in this process does not poll the
-// store while the holder runs: it asks once, and is handed the response
-// when the holder is done. (Polling from waiters.FirstPause would ask
-// about seven times in 300ms.)
+// A copy of a request that a request of this process holds does not ask
+// the store while the holder runs, not even once: it is handed the
+// response when the holder is done. (Polling from waiters.FirstPause
+// would ask about seven times in 300ms; asking first, once.) A request
+// of another fingerprint asks the store, which says mismatch.
 func TestWaitForLocalHolderDoesNotPoll(t *testing.T) {
 	store := &countStore{Store: memstore.New(memstore.Options{})}
 	e := newEngineOn(t, store, Config{Wait: time.Minute})
@@ -312,6 +303,9 @@ func TestWaitForLocalHolderDoesNotPoll(t *testing.T) {
 	got := make(chan Decision, 1)
 	go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
 	time.Sleep(300 * time.Millisecond) // the holder's work
+	if d := e.Acquire(ctx, ctx, k, idem.Fingerprint{2}, ""); d.Outcome != OutcomeMismatch {
+		t.Fatalf("another fingerprint while held: got %v, want mismatch", d.Outcome)
+	}
 	if err := w.Complete(&idem.Response{Status: 201, Body: []byte("handed")}); err != nil {
 		t.Fatal(err)
 	}
@@ -319,8 +313,8 @@ func TestWaitForLocalHolderDoesNotPoll(t *testing.T) {
 	if d := <-got; d.Outcome != OutcomeReplayed || string(d.Response.Body) != "handed" {
 		t.Fatalf("waiter: got %+v, want the replay", d)
 	}
-	if n := store.inFlight.Load(); n != 1 {
-		t.Errorf("the waiter found the key in flight %d times, want 1: it polled the store while this process held the key", n)
+	if n := store.inFlight.Load(); n != 0 {
+		t.Errorf("the waiter found the key in flight %d times, want 0: it asked the store while this process held the key", n)
 	}
 
 	// Once the holder is done, nothing of it stays behind: a waiter for
@@ -337,4 +331,90 @@ func TestWaitForLocalHolderDoesNotPoll(t *testing.T) {
 	if n := store.inFlight.Load(); n < 3 {
 		t.Errorf("held elsewhere: the store was asked %d times within the wait, want it polled", n)
 	}
+}
+
+// gateStore counts Acquires; the first waits for gate to close.
+type gateStore struct {
+	idem.Store
+	gate  chan struct{}
+	calls atomic.Int64
+}
+
+func (s *gateStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if s.calls.Add(1) == 1 {
+		<-s.gate
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// Copies of a request that arrive together (a retry storm) ask the store
+// once in all: the first asks, the others wait for it and are handed its
+// response, whether it ran the work or the store had the key completed.
+// A copy of another fingerprint asks the store, which says mismatch.
+func TestCopiesArrivingTogetherAskTheStoreOnce(t *testing.T) {
+	ctx := t.Context()
+	const copies = 8
+	for _, completed := range []bool{false, true} {
+		store := &gateStore{Store: memstore.New(memstore.Options{}), gate: make(chan struct{})}
+		e := newEngineOn(t, store, Config{Wait: time.Minute})
+		k, fp := key(t, fmt.Sprint("storm-", completed)), idem.Fingerprint{1}
+		if completed {
+			g, err := idem.New(store.Store, idem.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			att, _, err := g.Begin(ctx, k, fp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := att.Complete(ctx, &idem.Response{Status: 201, Body: []byte("stored")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := make(chan Decision, copies)
+		for range copies {
+			go func() { got <- e.Acquire(ctx, ctx, k, fp, "") }()
+		}
+		waitingFor(t, e, copies-1) // the first is at the store's gate
+		close(store.gate)
+		want := "stored"
+		if !completed {
+			d := <-got
+			if d.Outcome != OutcomeExecuted {
+				t.Fatalf("first copy: got %v, want executed", d.Outcome)
+			}
+			w := e.Start(d, nil)
+			if err := w.Complete(&idem.Response{Status: 201, Body: []byte("ran")}); err != nil {
+				t.Fatal(err)
+			}
+			w.End()
+			want = "ran"
+		}
+		for i := range copies - btoi(!completed) {
+			if d := <-got; d.Outcome != OutcomeReplayed || string(d.Response.Body) != want {
+				t.Fatalf("completed=%v: copy %d: got %v %q, want replayed %q", completed, i, d.Outcome, bodyOf(d), want)
+			}
+		}
+		if d := e.Acquire(ctx, ctx, k, idem.Fingerprint{2}, ""); d.Outcome != OutcomeMismatch {
+			t.Fatalf("completed=%v: another fingerprint: got %v, want mismatch", completed, d.Outcome)
+		}
+		// The copies' store calls: the first's, and the mismatched one's.
+		if n := store.calls.Load(); n != 2 {
+			t.Errorf("completed=%v: the store was asked %d times, want 2 (the first copy, the other fingerprint)", completed, n)
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func bodyOf(d Decision) string {
+	if d.Response == nil {
+		return ""
+	}
+	return string(d.Response.Body)
 }

@@ -28,7 +28,14 @@ type Set struct {
 	active atomic.Int64 // waiting requests
 	mu     sync.Mutex
 	keys   map[idem.Key]*waitList
-	holds  map[idem.Key]int // requests of this process holding the key
+	holds  map[idem.Key]hold // requests of this process holding the key
+}
+
+// hold counts the requests of this process holding a key, and the
+// fingerprint of the latest.
+type hold struct {
+	n  int
+	fp idem.Fingerprint
 }
 
 type waitList struct {
@@ -56,16 +63,60 @@ func (r *Result) For(fp idem.Fingerprint) *idem.Response {
 	return r.Response
 }
 
-// Hold records that a request of this process acquired key. Its holder
-// must call Wake once it is done with the key (completed, released, or
-// given up), exactly once per Hold.
-func (w *Set) Hold(key idem.Key) {
+// Hold records that a request of this process, with fingerprint fp,
+// acquired key. Its holder must call Wake once it is done with the key
+// (completed, released, or given up), exactly once per Hold.
+func (w *Set) Hold(key idem.Key, fp idem.Fingerprint) {
 	w.mu.Lock()
 	if w.holds == nil {
-		w.holds = map[idem.Key]int{}
+		w.holds = map[idem.Key]hold{}
 	}
-	w.holds[key]++
+	w.holds[key] = hold{n: w.holds[key].n + 1, fp: fp}
 	w.mu.Unlock()
+}
+
+// Joined is what JoinOrHold did.
+type Joined int
+
+const (
+	// Holding: nobody in this process held or was acquiring key; the
+	// caller now holds it (as after Hold) while it asks the store, and
+	// must Wake it once: with the replay the store gave, with nil when
+	// the store answered anything but acquired, or once done with the
+	// key it acquired.
+	Holding Joined = iota
+	// Waited: a request of this process with the same fingerprint held
+	// key (or was asking the store for it); JoinOrHold waited for its
+	// Wake, as Wait does.
+	Waited
+	// Neither: the key is held for a request of another fingerprint; the
+	// caller asks the store (which answers the mismatch) without holding.
+	Neither
+)
+
+// JoinOrHold makes the requests of this process for one key and
+// fingerprint ask the store one at a time: when another such request
+// holds key (or is acquiring it), it waits for that one's Wake, up to d
+// or until ctx ends, and returns Waited with what Wait returns; when
+// nobody holds key, the caller holds it and asks the store (Holding).
+func (w *Set) JoinOrHold(ctx context.Context, key idem.Key, fp idem.Fingerprint, d time.Duration) (j Joined, live bool, res *Result) {
+	w.mu.Lock()
+	switch h := w.holds[key]; {
+	case h.n == 0:
+		if w.holds == nil {
+			w.holds = map[idem.Key]hold{}
+		}
+		w.holds[key] = hold{n: 1, fp: fp}
+		w.mu.Unlock()
+		return Holding, true, nil
+	case h.fp != fp:
+		w.mu.Unlock()
+		return Neither, true, nil
+	}
+	l := w.enter(key)
+	w.mu.Unlock()
+	live, res = w.wait(ctx, key, l, d)
+	return Waited, live, res
 }
 
 // Wait blocks until key is woken, d passes, or ctx ends; when a request
@@ -74,13 +125,23 @@ func (w *Set) Hold(key idem.Key) {
 // done. It reports whether ctx is still live, and the holder's Result
 // when the holder woke it with one.
 func (w *Set) Wait(ctx context.Context, key idem.Key, d, held time.Duration) (live bool, res *Result) {
-	w.active.Add(1)
 	w.mu.Lock()
+	if w.holds[key].n > 0 {
+		d = max(d, held)
+	}
+	l := w.enter(key)
+	w.mu.Unlock()
+	return w.wait(ctx, key, l, d)
+}
+
+// Waiting returns how many requests are waiting (in Wait or Join).
+func (w *Set) Waiting() int64 { return w.active.Load() }
+
+// enter adds a waiter to key's list, under mu.
+func (w *Set) enter(key idem.Key) *waitList {
+	w.active.Add(1)
 	if w.keys == nil {
 		w.keys = map[idem.Key]*waitList{}
-	}
-	if w.holds[key] > 0 {
-		d = max(d, held)
 	}
 	l := w.keys[key]
 	if l == nil {
@@ -88,8 +149,11 @@ func (w *Set) Wait(ctx context.Context, key idem.Key, d, held time.Duration) (li
 		w.keys[key] = l
 	}
 	l.n++
-	w.mu.Unlock()
+	return l
+}
 
+// wait waits on l, which enter joined, and leaves it.
+func (w *Set) wait(ctx context.Context, key idem.Key, l *waitList, d time.Duration) (live bool, res *Result) {
 	t := time.NewTimer(d)
 	select {
 	case <-l.done:
@@ -114,8 +178,9 @@ func (w *Set) Wait(ctx context.Context, key idem.Key, d, held time.Duration) (li
 // confirmed).
 func (w *Set) Wake(key idem.Key, res *Result) {
 	w.mu.Lock()
-	if n := w.holds[key]; n > 1 {
-		w.holds[key] = n - 1
+	if h := w.holds[key]; h.n > 1 {
+		h.n--
+		w.holds[key] = h
 	} else {
 		delete(w.holds, key)
 	}

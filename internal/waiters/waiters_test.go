@@ -87,8 +87,8 @@ func TestHeldKeyWaitsForWake(t *testing.T) {
 	var w Set
 	key, _ := idem.Scope{}.Key("held")
 	res := &Result{Fingerprint: idem.Fingerprint{1}, Response: &idem.Response{Status: 201}}
-	w.Hold(key)
-	w.Hold(key) // a second holder (a takeover in this process)
+	w.Hold(key, idem.Fingerprint{})
+	w.Hold(key, idem.Fingerprint{}) // a second holder (a takeover in this process)
 	done := make(chan *Result, 1)
 	go func() { _, r := w.Wait(context.Background(), key, time.Millisecond, time.Minute); done <- r }()
 	for waiting(&w, key) < 1 {
@@ -120,6 +120,63 @@ func TestHeldKeyWaitsForWake(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Wait on a key no longer held waited for a holder: a Hold outlived its Wake")
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.holds) != 0 || len(w.keys) != 0 {
+		t.Errorf("left behind: %d holds, %d wait lists, want none", len(w.holds), len(w.keys))
+	}
+}
+
+// JoinOrHold lets the first request for a key hold it and makes the
+// copies of it (same fingerprint) wait for its Wake and get its result;
+// a request of another fingerprint neither waits nor holds.
+func TestJoinOrHold(t *testing.T) {
+	var w Set
+	key, _ := idem.Scope{}.Key("joined")
+	fp, other := idem.Fingerprint{1}, idem.Fingerprint{2}
+	if j, _, _ := w.JoinOrHold(context.Background(), key, fp, time.Minute); j != Holding {
+		t.Fatalf("first request: %v, want Holding", j)
+	}
+	if j, _, _ := w.JoinOrHold(context.Background(), key, other, time.Minute); j != Neither {
+		t.Fatalf("another fingerprint: %v, want Neither (the store answers the mismatch)", j)
+	}
+	res := &Result{Fingerprint: fp, Response: &idem.Response{Status: 201}}
+	type joined struct {
+		j    Joined
+		live bool
+		res  *Result
+	}
+	const copies = 5
+	done := make(chan joined, copies)
+	for range copies {
+		go func() {
+			j, live, r := w.JoinOrHold(context.Background(), key, fp, time.Minute)
+			done <- joined{j, live, r}
+		}()
+	}
+	for waiting(&w, key) < copies {
+		time.Sleep(time.Millisecond)
+	}
+	w.Wake(key, res)
+	for range copies {
+		if j := <-done; j.j != Waited || !j.live || j.res != res {
+			t.Fatalf("copy: got %+v, want Waited, live and the holder's result", j)
+		}
+	}
+
+	// The wait ends when d passes or ctx ends, the key still held.
+	if j, _, _ := w.JoinOrHold(context.Background(), key, fp, time.Minute); j != Holding {
+		t.Fatalf("after the Wake: %v, want Holding (nothing of the first hold left)", j)
+	}
+	if j, live, r := w.JoinOrHold(context.Background(), key, fp, 10*time.Millisecond); j != Waited || !live || r != nil {
+		t.Fatalf("past d: got %v, %v, %v; want Waited, live, no result", j, live, r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if j, live, _ := w.JoinOrHold(ctx, key, fp, time.Minute); j != Waited || live {
+		t.Fatalf("cancelled context: got %v, live %v; want Waited, not live", j, live)
+	}
+	w.Wake(key, nil)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.holds) != 0 || len(w.keys) != 0 {
