@@ -104,9 +104,10 @@ type Config struct {
 	ShouldStore func(ctx context.Context, code codes.Code) bool
 
 	// Wait bounds how long a call whose key is in flight (a copy of a call
-	// still running) waits for the result before it gets Aborted. It
-	// wakes as soon as this process finishes the key, and is handed the
-	// outcome the holder stored (no store round trip); for a holder in
+	// still running) waits for the result before it gets Aborted. A copy
+	// of a call this process is running (or asking the store about) does
+	// not ask the store: it wakes as soon as this process finishes the
+	// key, and is handed the outcome the holder stored; for a holder in
 	// another process it asks the store again after growing pauses (5ms,
 	// doubling, at most 250ms apart). If the holder releases the key
 	// instead, the waiter acquires it and runs the handler. Work that

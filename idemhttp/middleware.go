@@ -136,10 +136,12 @@ type Config struct {
 	ShouldStore func(r *http.Request, status int) bool
 
 	// Wait bounds how long a request whose key is in flight (a copy of a
-	// request still running) waits for the result before it gets 409. It
-	// wakes as soon as this process finishes the key, and is handed the
-	// response the holder stored (no store round trip); for a holder in
-	// another process it asks the store again after growing pauses (5ms,
+	// request still running) waits for the result before it gets 409. A
+	// copy of a request this process is running (or asking the store
+	// about) does not ask the store: it wakes as soon as this process
+	// finishes the key, and is handed the response the holder stored, or
+	// the replay the store gave it; for a holder in another process it
+	// asks the store again after growing pauses (5ms,
 	// doubling, at most 250ms apart: about 7 acquires within DefaultWait).
 	// If the holder releases the key instead (a 5xx, a panic), the waiter
 	// acquires it and runs the handler. Work that outlasts the wait still
