@@ -485,8 +485,13 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 		default:
 			// A record is there. Its TTL, which only the answers about
 			// a record in flight or a replay need, takes a second round
-			// trip; the answer stands as of the claim that found the
-			// record, with the TTL read just after.
+			// trip: the answer stands as of the claim that found the
+			// record, with the TTL read just after. Should the record
+			// change in between, the lease it held has ended, so the
+			// TTL read is still no less than the time left of that
+			// lease (an in-flight answer's RetryAfter is an upper
+			// bound), and a replay's TTL bounds only the replay
+			// cache's hint.
 			if withTTL(st.v, fp) {
 				if st.pttl, err = r.pttl(ctx, c, key); err != nil {
 					return reply{}, err
