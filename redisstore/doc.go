@@ -68,30 +68,33 @@
 //
 // How the native path keeps each transition atomic (native.go):
 //
-//   - Acquire claims the key: SET key F… NX GET PX ttl, then PTTL and
-//     TIME, pipelined (inside MULTI/EXEC on Cluster). An absent key is
-//     taken in that one round trip; a record there comes back with its
-//     TTL (replay, in flight, mismatch: one round trip too). The claim's
-//     token is the client's lower-bound estimate of the server's clock
-//     plus 50ms; it stands only when TIME, read after the claim, is
-//     not later than it (an absent key has had every earlier token passed
-//     by the clock, as records expire only after their token) and it is
-//     at most 250ms ahead. Otherwise a second step (SET IFEQ the claim)
-//     sets the token to the server's TIME. A lease of 500ms or less always
-//     takes that second step, which also sets its expiry. A released
-//     record is taken by SET IFEQ with max(last+1, server time), as the
-//     script does.
+//   - Acquire claims the key: SET key F… NX GET PX ttl, then TIME,
+//     pipelined (inside MULTI/EXEC on Cluster). An absent key is taken in
+//     that one round trip, and a mismatch is answered in it. A record in
+//     flight or a replay (one the replay cache did not answer) also needs
+//     the record's TTL: a PTTL in a second round trip, read after the
+//     claim found the record (when the record is gone by then, the claim
+//     starts over). The claim's token is the client's lower-bound
+//     estimate of the server's clock plus 50ms; it stands only when TIME,
+//     read after the claim, is not later than it (an absent key has had
+//     every earlier token passed by the clock, as records expire only
+//     after their token) and it is at most 250ms ahead. Otherwise a
+//     second step (SET IFEQ the claim) sets the token to the server's
+//     TIME. A lease of 500ms or less always takes that second step, which
+//     also sets its expiry. A released record is taken by SET IFEQ with
+//     max(last+1, server time), as the script does.
 //   - Complete and Release of a lease the same Store granted are one SET
-//     … IFEQ <the lease's in-flight record> PX … GET (the Store remembers
-//     the fingerprint of the leases it grants, at most 65,536). Otherwise,
-//     and for Renew and the layered transitions (Hold, Fill, RaiseToken),
-//     the store reads the record, TTL and TIME, decides as the script
-//     would, and writes with SET … IFEQ <the value read> and the expiry the
-//     script would set (PXAT, or KEEPTTL): never a write that drops the
-//     TTL. When the record changed in between, nothing is written and the
-//     transition starts over (at most 16 times, then an error wrapping
-//     ErrContention). Record values never repeat on a key (each holds its
-//     token), so an equal value is the record that was read.
+//     … IFEQ <the lease's in-flight record> PX … (the Store remembers the
+//     fingerprint of the leases it grants, at most 65,536). Otherwise, and
+//     for Renew and the layered transitions (Hold, Fill, RaiseToken), the
+//     store reads the record and TIME (and the TTL, for RaiseToken),
+//     pipelined, decides as the script would, and writes with SET … IFEQ
+//     <the value read> and the expiry the script would set (PXAT, or
+//     KEEPTTL): never a write that drops the TTL. When the record changed
+//     in between, nothing is written and the transition starts over (at
+//     most 16 times, then an error wrapping ErrContention). Record values
+//     never repeat on a key (each holds its token), so an equal value is
+//     the record that was read.
 //   - Get reads the value and its TTL in one MULTI/EXEC.
 //   - Batches (AcquireMany, CompleteMany, ReleaseMany) run each key's
 //     transition, the keys in parallel (pipelined by the client), the

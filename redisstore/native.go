@@ -30,11 +30,13 @@ import (
 //     value read>, with the expiry the script would set (PXAT from the
 //     server's TIME read with the value, or KEEPTTL); when the record
 //     changed, the transition starts over from a new read;
-//   - Acquire claims with SET NX GET PX, PTTL, TIME in one pipeline (a
+//   - Acquire claims with SET NX GET PX, TIME in one pipeline (a
 //     transaction on Cluster), and keeps the claim's token only when TIME
-//     proves it is not below the server's clock at the claim;
+//     proves it is not below the server's clock at the claim; only when
+//     the claim finds a record in flight or a replay does a PTTL follow,
+//     in a second round trip;
 //   - Complete and Release of a lease this runner granted are one SET
-//     IFEQ GET, as it remembers the lease's fingerprint.
+//     IFEQ, as it remembers the lease's fingerprint.
 
 // maxAhead bounds how far ahead of the server's clock a claim's token may
 // be; a Complete or Release with a retention or lease of at most this takes
@@ -183,7 +185,7 @@ func (r *nativeRunner) recall(id string) (leaseMemo, bool) {
 }
 
 // state is a record as read: its value (nil when absent), whether the key
-// holds another type, its PTTL, and the server's time in ms.
+// holds another type, its PTTL (when read), and the server's time in ms.
 type state struct {
 	v         []byte
 	wrongType bool
@@ -224,11 +226,11 @@ func (r *nativeRunner) runOn(ctx context.Context, c nconn, script int, key strin
 			return rep, err
 		}
 	}
-	step, err := nativeStep(script, args)
+	step, withTTL, err := nativeStep(script, args)
 	if err != nil {
 		return reply{}, err
 	}
-	return r.rmw(ctx, c, key, step)
+	return r.rmw(ctx, c, key, step, withTTL)
 }
 
 func (r *nativeRunner) runWait(ctx context.Context, w waitSpec, script int, key string, args ...string) (reply, int64, error) {
@@ -254,26 +256,41 @@ func (r *nativeRunner) runWait(ctx context.Context, w waitSpec, script int, key 
 	return rep, acked, err
 }
 
-// read returns the record at key, its PTTL and the server's time, sent
-// together in one pipeline (a transaction on Cluster, see pipe): not
-// atomic on a single node, which the compare-and-set that follows makes
-// up for, as it writes only when the value is still the one read.
-func (r *nativeRunner) read(ctx context.Context, c nconn, key string) (state, error) {
-	res, err := c.pipe(ctx, []string{"GET", key}, []string{"PTTL", key}, []string{"TIME"})
+// read returns the record at key and the server's time, and with withTTL
+// its PTTL, sent together in one pipeline (a transaction on Cluster, see
+// pipe): not atomic on a single node, which the compare-and-set that
+// follows makes up for, as it writes only when the value is still the one
+// read. Only RaiseToken's decision uses the PTTL.
+func (r *nativeRunner) read(ctx context.Context, c nconn, key string, withTTL bool) (state, error) {
+	get, tm := []string{"GET", key}, []string{"TIME"}
+	var (
+		res []nval
+		err error
+	)
+	if withTTL {
+		res, err = c.pipe(ctx, get, []string{"PTTL", key}, tm)
+	} else {
+		res, err = c.pipe(ctx, get, tm)
+	}
 	if err != nil {
 		return state{}, err
 	}
 	var st state
-	if err := r.decodeState(res, &st); err != nil {
+	if err := r.decodeState(res, withTTL, &st); err != nil {
 		return state{}, err
 	}
 	return st, nil
 }
 
-// decodeState reads [GET|SET…GET, PTTL, TIME] replies into st.
-func (r *nativeRunner) decodeState(res []nval, st *state) error {
-	if len(res) != 3 {
-		return fmt.Errorf("unexpected reply of %d elements to a transaction of 3 commands", len(res))
+// decodeState reads the replies to [GET or SET…GET, PTTL, TIME] into st,
+// or to [GET or SET…GET, TIME] when not withTTL.
+func (r *nativeRunner) decodeState(res []nval, withTTL bool, st *state) error {
+	want := 2
+	if withTTL {
+		want = 3
+	}
+	if len(res) != want {
+		return fmt.Errorf("unexpected reply of %d elements to a pipeline of %d commands", len(res), want)
 	}
 	switch g := res[0]; {
 	case g.err != nil:
@@ -284,17 +301,28 @@ func (r *nativeRunner) decodeState(res []nval, st *state) error {
 	case !g.null:
 		st.v = g.b
 	}
-	if res[1].err != nil {
-		return res[1].err
+	if withTTL {
+		if res[1].err != nil {
+			return res[1].err
+		}
+		st.pttl = res[1].n
 	}
-	st.pttl = res[1].n
-	us, err := timeMicros(res[2])
+	us, err := timeMicros(res[want-1])
 	if err != nil {
 		return err
 	}
 	r.observe(us)
 	st.now = us / 1000
 	return nil
+}
+
+// pttl returns the PTTL of key: -2 when it is absent.
+func (r *nativeRunner) pttl(ctx context.Context, c nconn, key string) (int64, error) {
+	v, err := c.one(ctx, "PTTL", key)
+	if err == nil {
+		err = v.err
+	}
+	return v.n, err
 }
 
 func timeMicros(v nval) (int64, error) {
@@ -342,9 +370,9 @@ func (r *nativeRunner) cas(ctx context.Context, c nconn, key string, st state, w
 
 // rmw runs a transition as read, decide, compare-and-set, again when the
 // record changed in between.
-func (r *nativeRunner) rmw(ctx context.Context, c nconn, key string, step func(st state) (reply, *write)) (reply, error) {
+func (r *nativeRunner) rmw(ctx context.Context, c nconn, key string, step func(st state) (reply, *write), withTTL bool) (reply, error) {
 	for range maxCASAttempts {
-		st, err := r.read(ctx, c, key)
+		st, err := r.read(ctx, c, key, withTTL)
 		if err != nil {
 			return reply{}, err
 		}
@@ -409,12 +437,12 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 		claim := make([]byte, 0, inFlightLen)
 		claim = append(append(append(append(claim, 'F'), packTokenBytes(t0)...), fp...), id...)
 		res, err := c.pipe(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
-			[]string{"PTTL", key}, []string{"TIME"})
+			[]string{"TIME"})
 		if err != nil {
 			return reply{}, err
 		}
 		var st state
-		if err := r.decodeState(res, &st); err != nil {
+		if err := r.decodeState(res, false, &st); err != nil {
 			return reply{}, err
 		}
 		if st.wrongType {
@@ -447,10 +475,31 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 			// than now, as it is there). (A claim of the same bytes that
 			// this runner granted, by an earlier Acquire of the same lease
 			// in the same millisecond, is the lease it granted: below.)
+			if st.pttl, err = r.pttl(ctx, c, key); err != nil {
+				return reply{}, err
+			}
+			if st.pttl == -2 {
+				continue // gone since the claim: claim again
+			}
 			fix, left = write{keepTTL: true}, st.pttl
-		case st.pttl == -2:
-			continue // gone between the claim and PTTL: claim again
 		default:
+			// A record is there. Its TTL, which only the answers about
+			// a record in flight or a replay need, takes a second round
+			// trip: the answer stands as of the claim that found the
+			// record, with the TTL read just after. Should the record
+			// change in between, the lease it held has ended, so the
+			// TTL read is still no less than the time left of that
+			// lease (an in-flight answer's RetryAfter is an upper
+			// bound), and a replay's TTL bounds only the replay
+			// cache's hint.
+			if withTTL(st.v, fp) {
+				if st.pttl, err = r.pttl(ctx, c, key); err != nil {
+					return reply{}, err
+				}
+				if st.pttl == -2 {
+					continue // gone since the claim: claim again
+				}
+			}
 			rep, w := acquireStep(st, id, fp, ttl)
 			if w == nil {
 				return rep, nil
@@ -483,10 +532,27 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 	return reply{}, fmt.Errorf("%w (%d attempts)", ErrContention, maxCASAttempts)
 }
 
-// acquireStep is acquire.lua on a record that is there.
+// withTTL reports whether acquireStep's answer about record v depends on
+// its PTTL: in flight (also when the fingerprint differs, as an in-flight
+// record without an expiry is corrupt), or completed with fingerprint fp.
+func withTTL(v []byte, fp string) bool {
+	switch n := len(v); {
+	case n == 0:
+		return false
+	case v[0] == 'F' && n == inFlightLen:
+		return true
+	case v[0] == 'C' && n >= fpEnd:
+		return string(v[tokenEnd:fpEnd]) == fp
+	}
+	return false
+}
+
+// acquireStep is acquire.lua on a record that is there, given its PTTL when
+// withTTL says so.
 func acquireStep(st state, id, fp string, ttl int64) (reply, *write) {
 	v, n := st.v, len(st.v)
 	switch {
+	case n == 0: // an empty string: not a record
 	case v[0] == 'F' && n == inFlightLen:
 		held := tokenOf(v)
 		switch {
@@ -512,7 +578,7 @@ func acquireStep(st state, id, fp string, ttl int64) (reply, *write) {
 	return reply{}, nil
 }
 
-// completeFast completes a lease this runner granted in one SET IFEQ GET.
+// completeFast completes a lease this runner granted in one SET IFEQ.
 // ok false: the caller takes the read, compare-and-set path.
 func (r *nativeRunner) completeFast(ctx context.Context, c nconn, key string, args []string) (rep reply, ok bool, err error) {
 	id, token, ret, resp := args[0], args[1], args[2], args[3]
@@ -521,18 +587,17 @@ func (r *nativeRunner) completeFast(ctx context.Context, c nconn, key string, ar
 	if !found || m.key != key || packToken(m.token) != token || ms <= maxAhead {
 		return reply{}, false, nil
 	}
-	want := "F" + token + string(m.fp[:]) + id
-	v, err := c.one(ctx, "SET", key, "C"+token+string(m.fp[:])+resp, "IFEQ", want, "PX", ret, "GET")
+	v, err := c.one(ctx, "SET", key, "C"+token+string(m.fp[:])+resp, "IFEQ", "F"+token+string(m.fp[:])+id, "PX", ret)
 	if err == nil {
 		err = v.err
 	}
-	if err != nil || v.null || string(v.b) != want {
+	if err != nil || v.null { // nil: the record is not the lease's
 		return reply{}, false, err
 	}
 	return reply{n: [3]int64{1}}, true, nil
 }
 
-// releaseFast releases a lease this runner granted in one SET IFEQ GET.
+// releaseFast releases a lease this runner granted in one SET IFEQ.
 func (r *nativeRunner) releaseFast(ctx context.Context, c nconn, key string, args []string) (rep reply, ok bool, err error) {
 	id, token, keep := args[0], args[1], args[2]
 	m, found := r.recall(id)
@@ -540,20 +605,19 @@ func (r *nativeRunner) releaseFast(ctx context.Context, c nconn, key string, arg
 	if !found || m.key != key || packToken(m.token) != token || ms <= maxAhead {
 		return reply{}, false, nil
 	}
-	want := "F" + token + string(m.fp[:]) + id
-	v, err := c.one(ctx, "SET", key, "R"+token, "IFEQ", want, "PX", keep, "GET")
+	v, err := c.one(ctx, "SET", key, "R"+token, "IFEQ", "F"+token+string(m.fp[:])+id, "PX", keep)
 	if err == nil {
 		err = v.err
 	}
-	if err != nil || v.null || string(v.b) != want {
+	if err != nil || v.null { // nil: the record is not the lease's
 		return reply{}, false, err
 	}
 	return reply{n: [3]int64{1}}, true, nil
 }
 
 // nativeStep returns the decision of a script other than acquire and get,
-// given the record read.
-func nativeStep(script int, args []string) (func(st state) (reply, *write), error) {
+// given the record read, and whether it needs the record's PTTL.
+func nativeStep(script int, args []string) (step func(st state) (reply, *write), withTTL bool, err error) {
 	num := func(i int) (int64, error) {
 		n, err := strconv.ParseInt(args[i], 10, 64)
 		if err != nil {
@@ -566,19 +630,19 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 		id := args[0]
 		ttl, err := num(1)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		return func(st state) (reply, *write) {
 			if !inFlightOf(st.v, id) {
 				return reply{}, nil
 			}
 			return reply{n: [3]int64{1}}, &write{val: st.v, at: max(st.now+ttl, tokenOf(st.v)+1)}
-		}, nil
+		}, false, nil
 	case scriptHold:
 		id := args[0]
 		ttl, err := num(1)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		return func(st state) (reply, *write) {
 			if !inFlightOf(st.v, id) {
@@ -587,12 +651,12 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 			token := tokenOf(st.v)
 			at := max(st.now+ttl, token+1)
 			return reply{n: [3]int64{1, token, at - st.now}, blob: st.v[tokenEnd:fpEnd]}, &write{val: st.v, at: at}
-		}, nil
+		}, false, nil
 	case scriptRaise:
 		id := args[0]
 		floor, err := num(1)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		return func(st state) (reply, *write) {
 			if !inFlightOf(st.v, id) {
@@ -612,12 +676,12 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 				return reply{n: [3]int64{1, token}}, &write{val: val, keepTTL: true}
 			}
 			return reply{n: [3]int64{1, token}}, &write{val: val, at: max(st.now+max(st.pttl, 1), token+1)}
-		}, nil
+		}, true, nil
 	case scriptComplete:
 		id, token, resp := args[0], args[1], args[3]
 		ret, err := num(2)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		again := len(args) > 4 && args[4] == "1"
 		return func(st state) (reply, *write) {
@@ -633,12 +697,12 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 				return reply{n: [3]int64{1}}, nil
 			}
 			return reply{}, nil
-		}, nil
+		}, false, nil
 	case scriptRelease:
 		id, token := args[0], args[1]
 		keep, err := num(2)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		return func(st state) (reply, *write) {
 			v := st.v
@@ -649,15 +713,15 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 				return reply{n: [3]int64{1}}, nil
 			}
 			return reply{}, nil
-		}, nil
+		}, false, nil
 	case scriptFill:
 		tokenArg, fpArg, resp, lease := args[0], args[1], args[3], args[4]
 		left, err := num(2)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if len(tokenArg) != 6 {
-			return nil, fmt.Errorf("token of %d bytes, want 6", len(tokenArg))
+			return nil, false, fmt.Errorf("token of %d bytes, want 6", len(tokenArg))
 		}
 		token := int64(unpackToken([]byte(tokenArg)))
 		return func(st state) (reply, *write) {
@@ -688,9 +752,9 @@ func nativeStep(script int, args []string) (func(st state) (reply, *write), erro
 			}
 			val := "C" + tokenArg + fp + resp
 			return reply{n: [3]int64{1}}, &write{val: []byte(val), at: max(st.now+left, top+1)}
-		}, nil
+		}, false, nil
 	}
-	return nil, fmt.Errorf("redisstore: no native form of script %d", script)
+	return nil, false, fmt.Errorf("redisstore: no native form of script %d", script)
 }
 
 // rueidis transport.

@@ -1,0 +1,212 @@
+package redisstore_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/redisstore"
+)
+
+// TestNativeCommands: the commands each native transition sends, round
+// trip by round trip, and their answers. A claim of a free key is SET NX
+// GET and TIME, without the PTTL, which only a claim that found a record in
+// flight or a replay reads, in a second round trip; a record gone by then
+// is claimed again. Complete and Release of a lease the store granted are
+// one SET IFEQ without GET; Renew reads no PTTL, RaiseToken does.
+func TestNativeCommands(t *testing.T) {
+	srvs := startKinds(t)
+	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+		raw := redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()})
+		t.Cleanup(func() { raw.Close() })
+		for _, c := range []client{
+			goredisClient(t, redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()}), "single"),
+			rueidisClient(t, []string{srvs[kind].Addr()}, "single"), // no replay cache
+		} {
+			t.Run(string(kind)+"/"+c.name, func(t *testing.T) {
+				testNativeCommands(t, c, raw)
+			})
+		}
+	}
+}
+
+func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
+	ctx := t.Context()
+	s := c.store(t, redisstore.Options{Prefix: uniquePrefix("seq"), Path: redisstore.PathNative})
+	if _, _, err := s.Get(ctx, scope(0)); err != nil { // picks the path
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		rounds [][]string
+		after  func(round int) // run after each round trip, if set
+	)
+	redisstore.TraceNative(s, func(cmds [][]string) {
+		mu.Lock()
+		rounds = append(rounds, nil)
+		n := len(rounds)
+		for _, cmd := range cmds {
+			rounds[n-1] = append(rounds[n-1], cmd[0])
+			if cmd[0] == "SET" && len(cmd) > 3 && cmd[3] == "IFEQ" {
+				for _, a := range cmd[5:] {
+					if strings.EqualFold(a, "GET") {
+						rounds[n-1][len(rounds[n-1])-1] = "SET…GET"
+					}
+				}
+			}
+		}
+		f := after
+		mu.Unlock()
+		if f != nil {
+			f(n)
+		}
+	})
+	// sent returns the round trips of f: "SET TIME | PTTL".
+	sent := func(f func()) string {
+		mu.Lock()
+		rounds = nil
+		mu.Unlock()
+		f()
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, r := range rounds {
+			out = append(out, strings.Join(r, " "))
+		}
+		return strings.Join(out, " | ")
+	}
+	acquire := func(key idem.Key, lease idem.LeaseID, fp byte, ttl time.Duration) (a idem.Acquisition, err error) {
+		return s.Acquire(ctx, idem.AcquireRequest{Key: key, LeaseID: lease, Fingerprint: idem.Fingerprint{fp}, TTL: ttl})
+	}
+	// fresh is a claim of a free key: one round trip, unless the claim's
+	// token missed the server's clock (then a second SET fixes it).
+	fresh := func(what, got string) {
+		t.Helper()
+		if got != "SET TIME" && got != "SET TIME | SET" {
+			t.Errorf("%s: sent %q, want \"SET TIME\" (or \"SET TIME | SET\" when the claim's token is fixed)", what, got)
+		}
+	}
+	want := func(what, got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: sent %q, want %q", what, got, want)
+		}
+	}
+
+	// A free key, then its completion and replays.
+	key := scope(1)
+	var a idem.Acquisition
+	var err error
+	fresh("acquire of a free key", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }))
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire of a free key: %v, %v", a.Outcome, err)
+	}
+	first := a.Lease
+	want("complete", sent(func() { err = s.Complete(ctx, first, &idem.Response{Status: 201}, time.Minute) }), "SET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("replay", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | PTTL")
+	if err != nil || a.Outcome != idem.Replay || a.Response.Status != 201 {
+		t.Fatalf("replay: %v, %v", a.Outcome, err)
+	}
+	want("mismatch on a completed record", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME")
+	if err != nil || a.Outcome != idem.Mismatch {
+		t.Fatalf("mismatch on a completed record: %v, %v", a.Outcome, err)
+	}
+
+	// A record in flight: its holder's repeat, a copy, a mismatch, Renew,
+	// RaiseToken, then Release and a claim of the released record.
+	key = scope(2)
+	a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire: %v, %v", a.Outcome, err)
+	}
+	held := a.Lease
+	want("repeat of the holder's acquire", sent(func() { a, err = acquire(key, held.ID, 1, 5*time.Second) }), "SET TIME | PTTL")
+	if err != nil || a.Outcome != idem.Acquired || a.Lease.Token != held.Token || a.Lease.TTL <= 0 || a.Lease.TTL > 5*time.Second {
+		t.Fatalf("repeat of the holder's acquire: %v, %v, token %d, TTL %v; want Acquired with token %d and a TTL within (0, 5s]",
+			a.Outcome, err, a.Lease.Token, a.Lease.TTL, held.Token)
+	}
+	want("acquire of a key in flight", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | PTTL")
+	if err != nil || a.Outcome != idem.InFlight || a.RetryAfter <= 0 || a.RetryAfter > 5*time.Second {
+		t.Fatalf("acquire of a key in flight: %v, %v, retry after %v; want InFlight within (0, 5s]", a.Outcome, err, a.RetryAfter)
+	}
+	want("mismatch on a record in flight", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME | PTTL")
+	if err != nil || a.Outcome != idem.Mismatch {
+		t.Fatalf("mismatch on a record in flight: %v, %v", a.Outcome, err)
+	}
+	want("renew", sent(func() { err = s.Renew(ctx, held, 8*time.Second) }), "GET TIME | SET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("raise", sent(func() { held, err = s.RaiseToken(ctx, held, held.Token+10) }), "GET PTTL TIME | SET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("release of a raised lease (not the token it was granted)", sent(func() { err = s.Release(ctx, held) }), "GET TIME | SET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("acquire of a released record", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | SET")
+	if err != nil || a.Outcome != idem.Acquired || a.Lease.Token <= held.Token {
+		t.Fatalf("acquire of a released record: %v, %v, token %d; want Acquired with a token > %d", a.Outcome, err, a.Lease.Token, held.Token)
+	}
+	want("release", sent(func() { err = s.Release(ctx, a.Lease) }), "SET")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A record the claim found, gone before its PTTL: the key is claimed
+	// again.
+	key = scope(3)
+	a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire: %v, %v", a.Outcome, err)
+	}
+	mu.Lock()
+	after = func(round int) {
+		if round == 1 {
+			if err := raw.Del(ctx, s.KeyName(key)).Err(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	mu.Unlock()
+	got := sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) })
+	mu.Lock()
+	after = nil
+	mu.Unlock()
+	if !strings.HasPrefix(got, "SET TIME | PTTL | ") {
+		t.Errorf("acquire of a record gone before its PTTL: sent %q, want \"SET TIME | PTTL | \" and a claim", got)
+	} else {
+		fresh("the claim after the record was gone", strings.TrimPrefix(got, "SET TIME | PTTL | "))
+	}
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire of a record gone before its PTTL: %v, %v; want Acquired", a.Outcome, err)
+	}
+
+	// An in-flight record without an expiry is corrupt, whatever the
+	// fingerprint (as acquire.lua says): the claim reads its PTTL.
+	if err := raw.Persist(ctx, s.KeyName(key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	want("acquire of an in-flight record without an expiry", sent(func() { _, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME | PTTL")
+	if !errors.Is(err, idem.ErrCorrupt) {
+		t.Errorf("acquire of an in-flight record without an expiry: %v, want ErrCorrupt", err)
+	}
+	// An empty value is not a record either.
+	if err := raw.Set(ctx, s.KeyName(key), "", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	want("acquire of an empty value", sent(func() { _, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME")
+	if !errors.Is(err, idem.ErrCorrupt) {
+		t.Errorf("acquire of an empty value: %v, want ErrCorrupt", err)
+	}
+}
