@@ -63,8 +63,44 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // idem/raw, the ratio of its rate to raw's from the same process, and the
 // store's redis-server CPU time per message (INFO cpu, user + sys, over
 // the timed part).
+//
+// The store's server is the system's redis-server (Redis 7.0: the
+// store's Lua path). $IDEM_BENCH_SERVERS (redistest.BenchKinds) runs the
+// whole benchmark with the store on each server kind it lists instead,
+// one sub-benchmark per kind, each on a private server of that kind
+// started for it; the store's path is PathAuto, and the benchmark fails
+// if the store did not take the path the kind calls for (native on
+// Valkey 9.1 and Redis 8.6). The broker is the private nats-server
+// either way:
+//
+//	IDEM_BENCH_SERVERS=valkey-9.1,redis-8.6 go test -run '^$' -bench Consume -benchtime 1x ./idemmsg/natsjs/
 func BenchmarkConsume(b *testing.B) {
-	rs, err := redistest.StartServer()
+	kinds, err := redistest.BenchKinds()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if kinds == nil {
+		benchConsumeOn(b, "", redisstore.PathLua)
+		return
+	}
+	for _, kind := range kinds {
+		b.Run(string(kind), func(b *testing.B) { benchConsumeOn(b, kind, benchPath[kind]) })
+	}
+}
+
+// benchPath is the path redisstore's PathAuto takes on each server kind.
+var benchPath = map[redistest.Kind]redisstore.Path{
+	redistest.Redis7:       redisstore.PathLua,
+	redistest.Valkey9:      redisstore.PathNative,
+	redistest.Redis8:       redisstore.PathNative,
+	redistest.Valkey9NoLua: redisstore.PathNative,
+}
+
+// benchConsumeOn runs every mode in every shape with the store on a
+// private server of kind ("": the system's redis-server), where it must
+// take path.
+func benchConsumeOn(b *testing.B, kind redistest.Kind, path redisstore.Path) {
+	rs, err := redistest.StartServer(redistest.WithKind(kind))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -106,7 +142,12 @@ func BenchmarkConsume(b *testing.B) {
 							b.Fatal(err)
 						}
 						t.redis = rc
-						return consumeIdem(b, d, batch), func() { store.Close() }
+						return consumeIdem(b, d, batch), func() {
+							if p := store.Path(); p != path {
+								b.Errorf("the store took the %v path on %s, want %v", p, rs.Addr(), path)
+							}
+							store.Close()
+						}
 					})
 					if rawRate > 0 {
 						b.ReportMetric(rate/rawRate, "idem/raw")
