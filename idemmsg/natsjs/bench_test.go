@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/loop"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
@@ -62,7 +63,9 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // pending or unacknowledged is checked outside the timing. idem reports
 // idem/raw, the ratio of its rate to raw's from the same process, and the
 // store's redis-server CPU time per message (INFO cpu, user + sys, over
-// the timed part).
+// the timed part); every mode reports the test process's CPU time per
+// message (consumers and client libraries, getrusage; the nats-server is
+// a process of its own).
 //
 // The store's server is the system's redis-server (Redis 7.0: the
 // store's Lua path). $IDEM_BENCH_SERVERS (redistest.BenchKinds) runs the
@@ -209,7 +212,8 @@ func (t *benchTarget) handle() {
 type prepareFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context, t *benchTarget), release func())
 
 func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode string, prepare prepareFunc) (rate float64) {
-	var elapsed, cpu time.Duration
+	var elapsed, cpu, ccpu time.Duration
+	cpuOK := true
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
@@ -226,6 +230,8 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 				b.Fatal(err)
 			}
 		}
+		ccpu0, ok := msgtest.ProcessCPU()
+		cpuOK = cpuOK && ok
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx, t) }()
@@ -237,6 +243,8 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		}
 		b.StopTimer()
 		elapsed += time.Since(start)
+		ccpu1, _ := msgtest.ProcessCPU()
+		ccpu += ccpu1 - ccpu0
 		if t.redis != nil {
 			cpu1, err := redistest.CPUTime(ctx, t.redis)
 			if err != nil {
@@ -289,6 +297,9 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 	b.ReportMetric(rate, "msgs/s")
 	if cpu > 0 {
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMsgs), "redis-cpu-µs/msg")
+	}
+	if cpuOK {
+		b.ReportMetric(float64(ccpu.Microseconds())/float64(b.N*benchMsgs), "client-cpu-µs/msg")
 	}
 	return rate
 }

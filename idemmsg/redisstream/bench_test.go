@@ -14,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
@@ -66,7 +67,9 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // modes report idem/raw, the ratio of their rate to raw's (the rueidis
 // ones to raw-rueidis's) from the same process; every mode reports the
 // redis-server's CPU time per message (INFO cpu, user + sys, over the
-// timed part). Every wait is bounded: a consumption that does not finish
+// timed part), and the test process's (consumers and client libraries,
+// getrusage), so that a ratio can be read against the work each message
+// costs on a machine whose cores they share. Every wait is bounded: a consumption that does not finish
 // within benchLimit, or an acknowledgement or shutdown not done within
 // benchStop, fails the benchmark with what was handled and acknowledged.
 //
@@ -244,7 +247,8 @@ type consumeFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Contex
 func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchShape, mode string, consume consumeFunc) (rate float64) {
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: shape.loops * (1 + shape.conc)})
 	defer c.Close()
-	var elapsed, cpu time.Duration
+	var elapsed, cpu, ccpu time.Duration
+	cpuOK := true
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
@@ -261,6 +265,8 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 		if err != nil {
 			b.Fatal(err)
 		}
+		ccpu0, ok := msgtest.ProcessCPU()
+		cpuOK = cpuOK && ok
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx) }()
@@ -270,6 +276,8 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 		t.waitHandled(b, mode)
 		b.StopTimer()
 		elapsed += time.Since(start)
+		ccpu1, _ := msgtest.ProcessCPU()
+		ccpu += ccpu1 - ccpu0
 		cpu1, err := redistest.CPUTime(ctx, c)
 		if err != nil {
 			b.Fatal(err)
@@ -306,6 +314,9 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 	rate = float64(b.N*benchMsgs) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMsgs), "redis-cpu-µs/msg")
+	if cpuOK {
+		b.ReportMetric(float64(ccpu.Microseconds())/float64(b.N*benchMsgs), "client-cpu-µs/msg")
+	}
 	return rate
 }
 
