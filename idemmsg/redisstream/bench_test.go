@@ -69,9 +69,10 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // redis-server's CPU time per message (INFO cpu, user + sys, over the
 // timed part), and the test process's (consumers and client libraries,
 // getrusage), so that a ratio can be read against the work each message
-// costs on a machine whose cores they share. Every wait is bounded: a consumption that does not finish
+// costs on a machine whose cores they share. Every wait is bounded: a
+// consumption that handles nothing for benchIdle or does not finish
 // within benchLimit, or an acknowledgement or shutdown not done within
-// benchStop, fails the benchmark with what was handled and acknowledged.
+// benchStop, fails the benchmark, saying why (benchTarget.why).
 //
 // The server, broker and store at once, is the system's redis-server
 // (Redis 7.0: the store's Lua path). $IDEM_BENCH_SERVERS
@@ -249,6 +250,10 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 	defer c.Close()
 	var elapsed, cpu, ccpu time.Duration
 	cpuOK := true
+	// A failure stops the iteration's consumers (Fatalf does not wait
+	// for them: they may be stuck); they report to t, not to b.
+	stop := func() {}
+	defer func() { stop() }()
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
@@ -260,6 +265,7 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 		run, release := consume(b, t)
 
 		ctx, cancel := context.WithCancel(context.Background())
+		stop = cancel
 		stopped := make(chan struct{})
 		cpu0, err := redistest.CPUTime(ctx, c)
 		if err != nil {
@@ -270,9 +276,6 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx) }()
-		// A failure below stops the consumers (Fatalf does not wait for
-		// them: they may be stuck); they report to t, not to b.
-		defer cancel()
 		t.waitHandled(b, mode)
 		b.StopTimer()
 		elapsed += time.Since(start)
