@@ -26,7 +26,10 @@ const (
 	benchMsgs    = 20_000 // messages consumed per b.N iteration
 	benchAckWait = 30 * time.Second
 	benchLimit   = 2 * time.Minute // bound on one iteration's consumption
-	benchStop    = 10 * time.Second
+	// benchQuiet is how long the consumption may make no progress before
+	// the benchmark notes the durable's state (logged after the run).
+	benchQuiet = 5 * time.Second
+	benchStop  = 10 * time.Second
 )
 
 // benchShape is how a benchmark consumes: loops Run loops on the
@@ -173,7 +176,50 @@ type benchTarget struct {
 	mu     sync.Mutex
 	errs   []string // the first errors the consumers reported (pull, ack, OnError)
 	nerrs  int
-	failed bool // an error that invalidates the run (not a pull error retried)
+	failed bool     // an error that invalidates the run (not a pull error retried)
+	quiet  []string // the durable's state when the consumption made no progress for benchQuiet
+}
+
+// waitHandled waits until every message was handled, failing the
+// benchmark (after cancel) when that takes longer than benchLimit. When
+// nothing is handled for benchQuiet, it notes the durable's state, for
+// the log: a pull iterator that went silent shows as messages pending
+// with no pull request waiting at the server.
+func (t *benchTarget) waitHandled(b *testing.B, mode string, cancel func()) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	limit := time.After(benchLimit)
+	last, lastAt, noted := t.handled.Load(), time.Now(), false
+	for {
+		select {
+		case <-t.done:
+			return
+		case <-limit:
+			cancel()
+			b.Fatalf("%s: handled %d of %d messages within %v (%s)", mode, t.handled.Load(), benchMsgs, benchLimit, t.why())
+		case now := <-tick.C:
+			n := t.handled.Load()
+			if n != last {
+				last, lastAt, noted = n, now, false
+				continue
+			}
+			if noted || now.Sub(lastAt) < benchQuiet {
+				continue
+			}
+			noted = true
+			note := fmt.Sprintf("nothing handled for %v at %d of %d", benchQuiet, n, benchMsgs)
+			ctx, icancel := context.WithTimeout(context.Background(), time.Second)
+			if info, err := t.cons.Info(ctx); err != nil {
+				note += fmt.Sprintf(": consumer info: %v", err)
+			} else {
+				note += fmt.Sprintf(": pending %d, waiting pull requests %d, unacknowledged %d", info.NumPending, info.NumWaiting, info.NumAckPending)
+			}
+			icancel()
+			t.mu.Lock()
+			t.quiet = append(t.quiet, note)
+			t.mu.Unlock()
+		}
+	}
 }
 
 // failure records an error of the consumers. A pull error is retried, as
@@ -235,12 +281,7 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx, t) }()
-		select {
-		case <-t.done:
-		case <-time.After(benchLimit):
-			cancel()
-			b.Fatalf("%s: handled %d of %d messages within %v (%s)", mode, t.handled.Load(), benchMsgs, benchLimit, t.why())
-		}
+		t.waitHandled(b, mode, cancel)
 		b.StopTimer()
 		elapsed += time.Since(start)
 		ccpu1, _ := msgtest.ProcessCPU()
@@ -286,6 +327,9 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		}
 		if t.nerrs > 0 {
 			b.Logf("%s: the run recovered from %s", mode, t.why())
+		}
+		for _, note := range t.quiet {
+			b.Logf("%s: %s", mode, note)
 		}
 		dctx, dcancel := context.WithTimeout(context.Background(), benchStop)
 		if err := js.DeleteStream(dctx, t.stream); err != nil {
