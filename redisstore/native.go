@@ -845,6 +845,10 @@ func (c rueidisConn) one(ctx context.Context, cmd ...string) (nval, error) {
 	return rueidisVal(&m), nil
 }
 
+// rueidisVal decodes a reply by its type. It asks the type first: the
+// conversions that fail (AsInt64 of a string parses it, ToArray of a
+// string formats an error with fmt) cost more than the reply's decoding,
+// on every claim and completion.
 func rueidisVal(m *rueidis.RedisMessage) nval {
 	if err := m.Error(); err != nil {
 		if rueidis.IsRedisNil(err) {
@@ -852,18 +856,19 @@ func rueidisVal(m *rueidis.RedisMessage) nval {
 		}
 		return nval{err: err}
 	}
-	if n, err := m.AsInt64(); err == nil && m.IsInt64() {
+	switch {
+	case m.IsInt64():
+		n, _ := m.AsInt64()
 		return nval{n: n}
-	}
-	if m.IsMap() {
+	case m.IsMap():
 		kv, _ := m.ToMap()
 		out := nval{arr: make([]nval, 0, 2*len(kv))}
 		for k, v := range kv {
 			out.arr = append(out.arr, nval{b: []byte(k)}, rueidisVal(&v))
 		}
 		return out
-	}
-	if arr, err := m.ToArray(); err == nil {
+	case m.IsArray():
+		arr, _ := m.ToArray()
 		out := nval{arr: make([]nval, len(arr))}
 		for i := range arr {
 			out.arr[i] = rueidisVal(&arr[i])

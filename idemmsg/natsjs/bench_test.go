@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/loop"
+	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
@@ -25,7 +26,10 @@ const (
 	benchMsgs    = 20_000 // messages consumed per b.N iteration
 	benchAckWait = 30 * time.Second
 	benchLimit   = 2 * time.Minute // bound on one iteration's consumption
-	benchStop    = 10 * time.Second
+	// benchQuiet is how long the consumption may make no progress before
+	// the benchmark notes the durable's state (logged after the run).
+	benchQuiet = 5 * time.Second
+	benchStop  = 10 * time.Second
 )
 
 // benchShape is how a benchmark consumes: loops Run loops on the
@@ -62,9 +66,47 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // pending or unacknowledged is checked outside the timing. idem reports
 // idem/raw, the ratio of its rate to raw's from the same process, and the
 // store's redis-server CPU time per message (INFO cpu, user + sys, over
-// the timed part).
+// the timed part); every mode reports the test process's CPU time per
+// message (consumers and client libraries, getrusage; the nats-server is
+// a process of its own).
+//
+// The store's server is the system's redis-server (Redis 7.0: the
+// store's Lua path). $IDEM_BENCH_SERVERS (redistest.BenchKinds) runs the
+// whole benchmark with the store on each server kind it lists instead,
+// one sub-benchmark per kind, each on a private server of that kind
+// started for it; the store's path is PathAuto, and the benchmark fails
+// if the store did not take the path the kind calls for (native on
+// Valkey 9.1 and Redis 8.6). The broker is the private nats-server
+// either way:
+//
+//	IDEM_BENCH_SERVERS=valkey-9.1,redis-8.6 go test -run '^$' -bench Consume -benchtime 1x ./idemmsg/natsjs/
 func BenchmarkConsume(b *testing.B) {
-	rs, err := redistest.StartServer()
+	kinds, err := redistest.BenchKinds()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if kinds == nil {
+		benchConsumeOn(b, "", redisstore.PathLua)
+		return
+	}
+	for _, kind := range kinds {
+		b.Run(string(kind), func(b *testing.B) { benchConsumeOn(b, kind, benchPath[kind]) })
+	}
+}
+
+// benchPath is the path redisstore's PathAuto takes on each server kind.
+var benchPath = map[redistest.Kind]redisstore.Path{
+	redistest.Redis7:       redisstore.PathLua,
+	redistest.Valkey9:      redisstore.PathNative,
+	redistest.Redis8:       redisstore.PathNative,
+	redistest.Valkey9NoLua: redisstore.PathNative,
+}
+
+// benchConsumeOn runs every mode in every shape with the store on a
+// private server of kind ("": the system's redis-server), where it must
+// take path.
+func benchConsumeOn(b *testing.B, kind redistest.Kind, path redisstore.Path) {
+	rs, err := redistest.StartServer(redistest.WithKind(kind))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -106,7 +148,12 @@ func BenchmarkConsume(b *testing.B) {
 							b.Fatal(err)
 						}
 						t.redis = rc
-						return consumeIdem(b, d, batch), func() { store.Close() }
+						return consumeIdem(b, d, batch), func() {
+							if p := store.Path(); p != path {
+								b.Errorf("the store took the %v path on %s, want %v", p, rs.Addr(), path)
+							}
+							store.Close()
+						}
 					})
 					if rawRate > 0 {
 						b.ReportMetric(rate/rawRate, "idem/raw")
@@ -129,7 +176,50 @@ type benchTarget struct {
 	mu     sync.Mutex
 	errs   []string // the first errors the consumers reported (pull, ack, OnError)
 	nerrs  int
-	failed bool // an error that invalidates the run (not a pull error retried)
+	failed bool     // an error that invalidates the run (not a pull error retried)
+	quiet  []string // the durable's state when the consumption made no progress for benchQuiet
+}
+
+// waitHandled waits until every message was handled, failing the
+// benchmark (after cancel) when that takes longer than benchLimit. When
+// nothing is handled for benchQuiet, it notes the durable's state, for
+// the log: a pull iterator that went silent shows as messages pending
+// with no pull request waiting at the server.
+func (t *benchTarget) waitHandled(b *testing.B, mode string, cancel func()) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	limit := time.After(benchLimit)
+	last, lastAt, noted := t.handled.Load(), time.Now(), false
+	for {
+		select {
+		case <-t.done:
+			return
+		case <-limit:
+			cancel()
+			b.Fatalf("%s: handled %d of %d messages within %v (%s)", mode, t.handled.Load(), benchMsgs, benchLimit, t.why())
+		case now := <-tick.C:
+			n := t.handled.Load()
+			if n != last {
+				last, lastAt, noted = n, now, false
+				continue
+			}
+			if noted || now.Sub(lastAt) < benchQuiet {
+				continue
+			}
+			noted = true
+			note := fmt.Sprintf("nothing handled for %v at %d of %d", benchQuiet, n, benchMsgs)
+			ctx, icancel := context.WithTimeout(context.Background(), time.Second)
+			if info, err := t.cons.Info(ctx); err != nil {
+				note += fmt.Sprintf(": consumer info: %v", err)
+			} else {
+				note += fmt.Sprintf(": pending %d, waiting pull requests %d, unacknowledged %d", info.NumPending, info.NumWaiting, info.NumAckPending)
+			}
+			icancel()
+			t.mu.Lock()
+			t.quiet = append(t.quiet, note)
+			t.mu.Unlock()
+		}
+	}
 }
 
 // failure records an error of the consumers. A pull error is retried, as
@@ -168,7 +258,8 @@ func (t *benchTarget) handle() {
 type prepareFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context, t *benchTarget), release func())
 
 func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode string, prepare prepareFunc) (rate float64) {
-	var elapsed, cpu time.Duration
+	var elapsed, cpu, ccpu time.Duration
+	cpuOK := true
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
@@ -185,17 +276,16 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 				b.Fatal(err)
 			}
 		}
+		ccpu0, ok := msgtest.ProcessCPU()
+		cpuOK = cpuOK && ok
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx, t) }()
-		select {
-		case <-t.done:
-		case <-time.After(benchLimit):
-			cancel()
-			b.Fatalf("%s: handled %d of %d messages within %v (%s)", mode, t.handled.Load(), benchMsgs, benchLimit, t.why())
-		}
+		t.waitHandled(b, mode, cancel)
 		b.StopTimer()
 		elapsed += time.Since(start)
+		ccpu1, _ := msgtest.ProcessCPU()
+		ccpu += ccpu1 - ccpu0
 		if t.redis != nil {
 			cpu1, err := redistest.CPUTime(ctx, t.redis)
 			if err != nil {
@@ -238,6 +328,9 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		if t.nerrs > 0 {
 			b.Logf("%s: the run recovered from %s", mode, t.why())
 		}
+		for _, note := range t.quiet {
+			b.Logf("%s: %s", mode, note)
+		}
 		dctx, dcancel := context.WithTimeout(context.Background(), benchStop)
 		if err := js.DeleteStream(dctx, t.stream); err != nil {
 			b.Logf("delete stream %s: %v", t.stream, err)
@@ -248,6 +341,9 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 	b.ReportMetric(rate, "msgs/s")
 	if cpu > 0 {
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMsgs), "redis-cpu-µs/msg")
+	}
+	if cpuOK {
+		b.ReportMetric(float64(ccpu.Microseconds())/float64(b.N*benchMsgs), "client-cpu-µs/msg")
 	}
 	return rate
 }

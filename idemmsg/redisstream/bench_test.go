@@ -25,7 +25,12 @@ const (
 	benchMsgs  = 20_000 // messages consumed per b.N iteration
 	benchBlock = 100 * time.Millisecond
 	benchLimit = 2 * time.Minute // bound on one iteration's consumption
-	benchStop  = 10 * time.Second
+	// benchIdle bounds how long the consumption may make no progress (no
+	// entry handled) before the benchmark fails, saying why: longer than
+	// the idem modes take to claim entries whose read was lost (MinIdle,
+	// the 30s lease, plus a claim interval), which the raw modes never do.
+	benchIdle = time.Minute
+	benchStop = 10 * time.Second
 )
 
 // benchShape is how a benchmark consumes: loops Run loops (consumers of
@@ -62,8 +67,57 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // modes report idem/raw, the ratio of their rate to raw's (the rueidis
 // ones to raw-rueidis's) from the same process; every mode reports the
 // redis-server's CPU time per message (INFO cpu, user + sys, over the
-// timed part).
+// timed part), and the test process's (consumers and client libraries,
+// getrusage), so that a ratio can be read against the work each message
+// costs on a machine whose cores they share. Every wait is bounded: a
+// consumption that handles nothing for benchIdle or does not finish
+// within benchLimit, or an acknowledgement or shutdown not done within
+// benchStop, fails the benchmark, saying why (benchTarget.why).
+//
+// The server, broker and store at once, is the system's redis-server
+// (Redis 7.0: the store's Lua path). $IDEM_BENCH_SERVERS
+// (redistest.BenchKinds) runs the whole benchmark on each server kind it
+// lists instead, one sub-benchmark per kind, each on a private server of
+// that kind started for it; the store's path is PathAuto, and the
+// benchmark fails if the store did not take the path the kind calls for
+// (native on Valkey 9.1 and Redis 8.6):
+//
+//	IDEM_BENCH_SERVERS=valkey-9.1,redis-8.6 go test -run '^$' -bench Consume -benchtime 1x ./idemmsg/redisstream/
 func BenchmarkConsume(b *testing.B) {
+	kinds, err := redistest.BenchKinds()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if kinds == nil {
+		benchConsumeShapes(b, srv.Addr(), redisstore.PathLua)
+		return
+	}
+	for _, kind := range kinds {
+		b.Run(string(kind), func(b *testing.B) {
+			s := srv
+			if kind != redistest.Redis7 {
+				var err error
+				if s, err = redistest.StartServer(redistest.WithKind(kind)); err != nil {
+					b.Fatal(err)
+				}
+				defer s.Stop()
+			}
+			benchConsumeShapes(b, s.Addr(), benchPath[kind])
+		})
+	}
+}
+
+// benchPath is the path redisstore's PathAuto takes on each server kind.
+var benchPath = map[redistest.Kind]redisstore.Path{
+	redistest.Redis7:       redisstore.PathLua,
+	redistest.Valkey9:      redisstore.PathNative,
+	redistest.Redis8:       redisstore.PathNative,
+	redistest.Valkey9NoLua: redisstore.PathNative,
+}
+
+// benchConsumeShapes runs every mode in every shape on the server at
+// addr, where the store must take path.
+func benchConsumeShapes(b *testing.B, addr string, path redisstore.Path) {
 	for _, shape := range benchShapes {
 		b.Run(shape.String(), func(b *testing.B) {
 			var rawRate float64
@@ -79,7 +133,7 @@ func BenchmarkConsume(b *testing.B) {
 				{"idem-rueidis-batch", consumeIdemRueidis(true)},
 			} {
 				b.Run(m.name, func(b *testing.B) {
-					rate := benchConsume(b, shape, m.name, m.consume)
+					rate := benchConsume(b, addr, path, shape, m.name, m.consume)
 					if strings.HasPrefix(m.name, "raw") {
 						rawRate = rate
 					} else if rawRate > 0 {
@@ -94,10 +148,17 @@ func BenchmarkConsume(b *testing.B) {
 // benchTarget is one iteration's stream and group, already filled.
 type benchTarget struct {
 	shape         benchShape
+	addr          string          // the server's address
+	path          redisstore.Path // the path the store must take there
 	client        *redis.Client
 	stream, group string
 	handled       atomic.Int64
 	done          chan struct{} // closed when handled reaches benchMsgs
+
+	mu     sync.Mutex
+	errs   []string // the first errors the consumers reported
+	nerrs  int
+	failed bool // an error that invalidates the run (Run's own)
 }
 
 func (t *benchTarget) handle() {
@@ -106,67 +167,159 @@ func (t *benchTarget) handle() {
 	}
 }
 
+// failure records an error of the consumers, for the failure message
+// (an Errorf from a consumer's goroutine could come after the benchmark
+// ended, and would say nothing of why it failed). Unless fatal, whether
+// the run is still valid is for the checks after the timing to tell:
+// every entry handled once and acknowledged.
+func (t *benchTarget) failure(fatal bool, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nerrs++
+	t.failed = t.failed || fatal
+	if len(t.errs) < 5 {
+		t.errs = append(t.errs, fmt.Sprintf(format, args...))
+	}
+}
+
+// why describes the consumers' errors and the group's state, for a
+// failure message: handled entries, the group's pending entries (total
+// and per consumer: entries read but never acknowledged, a read whose
+// reply was lost among them), its lag (entries not yet read), and the
+// first errors the consumers reported.
+func (t *benchTarget) why() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "handled %d of %d", t.handled.Load(), benchMsgs)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if p, err := t.client.XPending(ctx, t.stream, t.group).Result(); err != nil {
+		fmt.Fprintf(&b, "; XPENDING: %v", err)
+	} else {
+		fmt.Fprintf(&b, "; pending %d %v", p.Count, p.Consumers)
+	}
+	if groups, err := t.client.XInfoGroups(ctx, t.stream).Result(); err != nil {
+		fmt.Fprintf(&b, "; XINFO GROUPS: %v", err)
+	} else {
+		for _, g := range groups {
+			if g.Name == t.group {
+				fmt.Fprintf(&b, "; lag %d, last delivered %s", g.Lag, g.LastDeliveredID)
+			}
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nerrs == 0 {
+		b.WriteString("; no error reported by the consumers")
+	} else {
+		fmt.Fprintf(&b, "; %d errors reported by the consumers, the first: %s", t.nerrs, strings.Join(t.errs, "; "))
+	}
+	return b.String()
+}
+
+// waitHandled waits until every entry was handled, and fails the
+// benchmark, saying why, when that takes longer than benchLimit or the
+// consumers handle nothing for benchIdle.
+func (t *benchTarget) waitHandled(b *testing.B, mode string) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	limit := time.After(benchLimit)
+	last, lastAt := t.handled.Load(), time.Now()
+	for {
+		select {
+		case <-t.done:
+			return
+		case <-limit:
+			b.Fatalf("%s: not every entry handled within %v: %s", mode, benchLimit, t.why())
+		case now := <-tick.C:
+			if n := t.handled.Load(); n != last {
+				last, lastAt = n, now
+			} else if now.Sub(lastAt) >= benchIdle {
+				b.Fatalf("%s: no entry handled for %v: %s", mode, benchIdle, t.why())
+			}
+		}
+	}
+}
+
 // consumeFunc prepares the consumers of t (untimed) and returns run,
 // which consumes until ctx ends and returns once they all returned, and
 // release, called after run returned.
 type consumeFunc func(b *testing.B, t *benchTarget) (run func(ctx context.Context), release func())
 
-func benchConsume(b *testing.B, shape benchShape, mode string, consume consumeFunc) (rate float64) {
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: shape.loops * (1 + shape.conc)})
+func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchShape, mode string, consume consumeFunc) (rate float64) {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: shape.loops * (1 + shape.conc)})
 	defer c.Close()
-	var elapsed, cpu time.Duration
+	var elapsed, cpu, ccpu time.Duration
+	cpuOK := true
+	// A failure stops the iteration's consumers (Fatalf does not wait
+	// for them: they may be stuck); they report to t, not to b.
+	stop := func() {}
+	defer func() { stop() }()
 	b.ResetTimer()
 	b.StopTimer()
 	for i := range b.N {
 		t := &benchTarget{
-			shape: shape, client: c, group: "g", done: make(chan struct{}),
+			shape: shape, addr: addr, path: path, client: c, group: "g", done: make(chan struct{}),
 			stream: fmt.Sprintf("bench:%s:%d:%d", mode, time.Now().UnixNano(), i),
 		}
 		benchPublish(b, t)
 		run, release := consume(b, t)
 
 		ctx, cancel := context.WithCancel(context.Background())
+		stop = cancel
 		stopped := make(chan struct{})
 		cpu0, err := redistest.CPUTime(ctx, c)
 		if err != nil {
 			b.Fatal(err)
 		}
+		ccpu0, ok := msgtest.ProcessCPU()
+		cpuOK = cpuOK && ok
 		start := time.Now()
 		b.StartTimer()
 		go func() { defer close(stopped); run(ctx) }()
-		select {
-		case <-t.done:
-		case <-time.After(benchLimit):
-			cancel()
-			b.Fatalf("%s: handled %d of %d entries within %v", mode, t.handled.Load(), benchMsgs, benchLimit)
-		}
+		t.waitHandled(b, mode)
 		b.StopTimer()
 		elapsed += time.Since(start)
+		ccpu1, _ := msgtest.ProcessCPU()
+		ccpu += ccpu1 - ccpu0
 		cpu1, err := redistest.CPUTime(ctx, c)
 		if err != nil {
 			b.Fatal(err)
 		}
 		cpu += cpu1 - cpu0
 
-		msgtest.WaitFor(b, "every entry acknowledged", benchStop, func() bool {
+		for deadline := time.Now().Add(benchStop); ; time.Sleep(10 * time.Millisecond) {
 			p, err := c.XPending(context.Background(), t.stream, t.group).Result()
-			return err == nil && p.Count == 0
-		})
+			if err == nil && p.Count == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%s: not every entry acknowledged within %v after the last was handled: %s", mode, benchStop, t.why())
+			}
+		}
 		cancel()
 		select {
 		case <-stopped:
 		case <-time.After(benchStop):
-			b.Fatalf("%s: consumers did not stop within %v", mode, benchStop)
+			b.Fatalf("%s: consumers did not stop within %v: %s", mode, benchStop, t.why())
 		}
 		release()
 		if n := t.handled.Load(); n != benchMsgs {
-			b.Fatalf("%s: handled %d entries, want %d", mode, n, benchMsgs)
+			b.Fatalf("%s: handled %d entries, want %d: %s", mode, n, benchMsgs, t.why())
+		}
+		if t.failed {
+			b.Fatalf("%s: %s", mode, t.why())
+		}
+		if t.nerrs > 0 {
+			b.Logf("%s: the run recovered: %s", mode, t.why())
 		}
 		c.Del(context.Background(), t.stream)
 	}
 	rate = float64(b.N*benchMsgs) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMsgs), "redis-cpu-µs/msg")
+	if cpuOK {
+		b.ReportMetric(float64(ccpu.Microseconds())/float64(b.N*benchMsgs), "client-cpu-µs/msg")
+	}
 	return rate
 }
 
@@ -211,8 +364,8 @@ func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
 				}
 				if err != nil {
 					if ctx.Err() == nil {
-						b.Errorf("%s: XREADGROUP: %v", name, err)
-						time.Sleep(benchBlock)
+						t.failure(false, "%s: XREADGROUP: %v", name, err)
+						time.Sleep(benchBlock) // a pause before the next read, as Run's backoff
 					}
 					continue
 				}
@@ -223,7 +376,7 @@ func consumeRawRun(b *testing.B, ctx context.Context, t *benchTarget) {
 							t.handle()
 							actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 							if err := t.client.XAck(actx, t.stream, t.group, msg.ID).Err(); err != nil {
-								b.Errorf("%s: XACK: %v", name, err)
+								t.failure(false, "%s: XACK: %v", name, err)
 							}
 							cancel()
 						})
@@ -245,7 +398,7 @@ func consumeIdem(batch bool) consumeFunc {
 }
 
 func consumeIdemGoredis(b *testing.B, t *benchTarget, batch bool) (run func(context.Context), release func()) {
-	store, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: "idem:" + t.stream + ":"})
+	store, err := redisstore.Open("redis://"+t.addr, redisstore.Options{Prefix: "idem:" + t.stream + ":"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -254,14 +407,24 @@ func consumeIdemGoredis(b *testing.B, t *benchTarget, batch bool) (run func(cont
 		store.Close()
 		b.Fatal(err)
 	}
-	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, nil, batch) }, func() { store.Close() }
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, nil, batch) }, func() {
+		checkPath(b, t, store)
+		store.Close()
+	}
+}
+
+// checkPath fails the benchmark if store did not take t.path.
+func checkPath(b *testing.B, t *benchTarget, store *redisstore.Store) {
+	if p := store.Path(); p != t.path {
+		b.Errorf("the store took the %v path on %s, want %v", p, t.addr, t.path)
+	}
 }
 
 // newBenchRueidis returns a rueidis client configured as redisstore.Open
 // configures its own (20µs flush delay).
-func newBenchRueidis(b *testing.B) rueidis.Client {
+func newBenchRueidis(b *testing.B, addr string) rueidis.Client {
 	ru, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress: []string{srv.Addr()}, DisableCache: true, MaxFlushDelay: 20 * time.Microsecond,
+		InitAddress: []string{addr}, DisableCache: true, MaxFlushDelay: 20 * time.Microsecond,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -271,7 +434,7 @@ func newBenchRueidis(b *testing.B) rueidis.Client {
 
 // consumeRawRueidis is consumeRaw on rueidis.
 func consumeRawRueidis(b *testing.B, t *benchTarget) (run func(context.Context), release func()) {
-	ru := newBenchRueidis(b)
+	ru := newBenchRueidis(b, t.addr)
 	return func(ctx context.Context) {
 		var wg sync.WaitGroup
 		for n := range t.shape.loops {
@@ -286,8 +449,8 @@ func consumeRawRueidis(b *testing.B, t *benchTarget) (run func(context.Context),
 					}
 					if err != nil {
 						if ctx.Err() == nil {
-							b.Errorf("%s: XREADGROUP: %v", name, err)
-							time.Sleep(benchBlock)
+							t.failure(false, "%s: XREADGROUP: %v", name, err)
+							time.Sleep(benchBlock) // a pause before the next read, as Run's backoff
 						}
 						continue
 					}
@@ -298,7 +461,7 @@ func consumeRawRueidis(b *testing.B, t *benchTarget) (run func(context.Context),
 								t.handle()
 								actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 								if err := ru.Do(actx, ru.B().Xack().Key(t.stream).Group(t.group).Id(e.ID).Build()).Error(); err != nil {
-									b.Errorf("%s: XACK: %v", name, err)
+									t.failure(false, "%s: XACK: %v", name, err)
 								}
 								cancel()
 							})
@@ -321,7 +484,7 @@ func consumeIdemRueidis(batch bool) consumeFunc {
 }
 
 func consumeIdemOnRueidis(b *testing.B, t *benchTarget, batch bool) (run func(context.Context), release func()) {
-	ru := newBenchRueidis(b)
+	ru := newBenchRueidis(b, t.addr)
 	store, err := redisstore.NewRueidis(ru, redisstore.Options{Prefix: "idem:" + t.stream + ":", Timeout: -1})
 	if err != nil {
 		ru.Close()
@@ -332,7 +495,10 @@ func consumeIdemOnRueidis(b *testing.B, t *benchTarget, batch bool) (run func(co
 		ru.Close()
 		b.Fatal(err)
 	}
-	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, ru, batch) }, ru.Close
+	return func(ctx context.Context) { consumeIdemRun(b, ctx, t, d, ru, batch) }, func() {
+		checkPath(b, t, store)
+		ru.Close()
+	}
 }
 
 // consumeIdemRun runs the consumers on ru when set, else on t.client.
@@ -345,7 +511,7 @@ func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemms
 			Handler: func(context.Context, redis.XMessage) error { t.handle(); return nil },
 			OnError: func(err error) {
 				if ctx.Err() == nil {
-					b.Errorf("consumer %d: %v", n, err)
+					t.failure(false, "consumer %d: %v", n, err)
 				}
 			},
 		}
@@ -356,7 +522,7 @@ func consumeIdemRun(b *testing.B, ctx context.Context, t *benchTarget, d *idemms
 		}
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {
-				b.Errorf("consumer %d: Run: %v", n, err)
+				t.failure(true, "consumer %d: Run: %v", n, err)
 			}
 		})
 	}

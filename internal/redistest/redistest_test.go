@@ -350,3 +350,24 @@ func TestInfoField(t *testing.T) {
 		t.Errorf("InfoField(missing) = %q, true; want false", got)
 	}
 }
+
+func TestParseKinds(t *testing.T) {
+	for _, tc := range []struct {
+		list string
+		want []Kind
+	}{
+		{"", nil},
+		{" , ", nil},
+		{"valkey-9.1", []Kind{Valkey9}},
+		{" redis-8.6 , valkey-9.1,redis-8.6", []Kind{Redis8, Valkey9}},
+		{"all", Kinds},
+	} {
+		got, err := ParseKinds(tc.list)
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("ParseKinds(%q) = %v, %v; want %v", tc.list, got, err, tc.want)
+		}
+	}
+	if _, err := ParseKinds("valkey-9.1,valkey"); err == nil || !strings.Contains(err.Error(), `"valkey"`) {
+		t.Errorf("ParseKinds with an unknown kind: got %v, want an error naming it", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"go/build"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -78,4 +79,45 @@ func WithKind(k Kind) Option {
 // binary resolves the configuration's server binary.
 func (c *config) binary() (string, error) {
 	return c.kind.Binary()
+}
+
+// EnvBenchServers names the environment variable that picks the server
+// kinds a benchmark runs on, for the benchmarks that read it with
+// BenchKinds: a comma-separated list of kinds ("valkey-9.1,redis-8.6"),
+// or "all" for every kind in Kinds.
+const EnvBenchServers = "IDEM_BENCH_SERVERS"
+
+// BenchKinds returns the kinds $IDEM_BENCH_SERVERS lists, in its order
+// and without repeats; nil when it is unset or empty, for the benchmark's
+// default (the system's redis-server, with the benchmark names it always
+// had). An unknown kind is an error naming the known ones.
+func BenchKinds() ([]Kind, error) {
+	return ParseKinds(os.Getenv(EnvBenchServers))
+}
+
+// ParseKinds parses a comma-separated list of kinds, or "all" (see
+// BenchKinds). Spaces around the names are ignored.
+func ParseKinds(list string) ([]Kind, error) {
+	if strings.TrimSpace(list) == "all" {
+		return append([]Kind(nil), Kinds...), nil
+	}
+	var kinds []Kind
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		k := Kind(name)
+		if !slices.Contains(Kinds, k) {
+			names := make([]string, len(Kinds))
+			for i, k := range Kinds {
+				names[i] = string(k)
+			}
+			return nil, fmt.Errorf("redistest: unknown server kind %q in %q: want a comma-separated list of %s, or all", name, list, strings.Join(names, ", "))
+		}
+		if !slices.Contains(kinds, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	return kinds, nil
 }
