@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"net"
 	"crypto/rand"
 	"fmt"
 	"io"
@@ -12,8 +14,9 @@ import (
 	"time"
 )
 
-// Unkeyed requests with a body pass through the proxy with their body
-// streamed to the upstream. Go's HTTP/1 server closes a request body once
+// Unkeyed requests with a body over inlineBodySize pass through the
+// proxy with their body streamed to the upstream (smaller ones are read
+// whole first). Go's HTTP/1 server closes a request body once
 // the response header goes out, and Go's transport reads a body once more
 // after its declared Content-Length (to check that it holds no more): when
 // that read came after the close, the transport tore down the upstream
@@ -45,8 +48,9 @@ func TestProxyUnkeyedBodyLargeResponses(t *testing.T) {
 	client := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	t.Cleanup(client.CloseIdleConnections)
 	var failed []string
+	reqBody := `{"report":"q3","pad":"` + strings.Repeat("x", inlineBodySize) + `"}`
 	for range requests {
-		req, _ := http.NewRequest("POST", p.base()+"/export", strings.NewReader(`{"report":"q3"}`))
+		req, _ := http.NewRequest("POST", p.base()+"/export", strings.NewReader(reqBody))
 		req.Header.Set("Content-Type", "application/json")
 		what := ""
 		resp, err := client.Do(req)
@@ -73,5 +77,38 @@ func TestProxyUnkeyedBodyLargeResponses(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// An unkeyed request whose body ends before its Content-Length (a client
+// that stops sending, or leaves) gets a 400 naming the two lengths, and
+// nothing reaches the upstream; a whole one is forwarded with its body.
+func TestProxyUnkeyedShortBody(t *testing.T) {
+	t.Parallel()
+	up := newTestUpstream(t)
+	p := startProxy(t, nil, "--upstream", up.URL, "--store", "memory")
+	addr := strings.TrimPrefix(p.url(""), "http://")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"amount\":1}", addr)
+	conn.(*net.TCPConn).CloseWrite() // 12 of the 100 bytes, then nothing more
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "after 12 of the 100 bytes") {
+		t.Errorf("short body: got %d %s, want 400 naming 12 of the 100 bytes", resp.StatusCode, body)
+	}
+	if n := up.runsOf(""); n != 0 {
+		t.Errorf("the upstream got %d requests, want none", n)
+	}
+	wantStatus(t, "whole body", mustSend(t, "POST", p.url("/orders"), "", `{"amount":1}`), http.StatusCreated, "")
+	if n := up.runsOf(""); n != 1 {
+		t.Errorf("the upstream got %d requests, want the whole one", n)
 	}
 }

@@ -70,12 +70,36 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 		start := time.Now()
 		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		if _, leased := idem.LeaseFromContext(r.Context()); !leased && r.ContentLength > 0 {
-			// Streamed from the client. (A leased request's body was
-			// read whole by the middleware and goes from memory.)
-			r.Body = &declaredBody{ReadCloser: r.Body, left: r.ContentLength}
+			// From the client. (A leased request's body was read whole by
+			// the middleware and goes from memory.) Up to inlineBodySize
+			// it is read whole first, as nginx buffers request bodies, so
+			// that it goes in the header's write; a larger one streams.
+			if r.ContentLength > inlineBodySize {
+				r.Body = &declaredBody{ReadCloser: r.Body, left: r.ContentLength}
+			} else if !readWhole(w, r, logger) {
+				return
+			}
 		}
 		rp.ServeHTTP(w, r)
 	})
+}
+
+// readWhole reads r's body of declared length (at most inlineBodySize)
+// into memory, or answers 400 when it ends before that length (the client
+// stopped sending, or left): nothing is forwarded then.
+func readWhole(w http.ResponseWriter, r *http.Request, logger *slog.Logger) bool {
+	body := make([]byte, r.ContentLength)
+	n, err := io.ReadFull(r.Body, body)
+	r.Body.Close()
+	if err != nil {
+		logger.LogAttrs(r.Context(), slog.LevelDebug, "request body shorter than its Content-Length; not forwarded",
+			slog.String("method", r.Method), slog.Int64("content_length", r.ContentLength), slog.Int("read", n), slog.Any("error", err))
+		idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("The request body ended after %d of the %d bytes its Content-Length declares.", n, r.ContentLength)})
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return true
 }
 
 // copyBuffers are the buffers ReverseProxy copies response bodies
@@ -117,33 +141,34 @@ func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 // chunked body would have done the same for the Transport, but servers
 // that do not read chunked request bodies (Python's http.server) take its
 // last chunk for the next request and answer it: a response desync.
-// Requests without a lease are sent as they are.
+// Requests without a lease are sent as they are, except that the
+// connection of a chunked one is closed after it (below). Any body up to
+// inlineBodySize, in memory by then, goes in the header's write.
 type sendOnce struct{ base http.RoundTripper }
 
 func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
-	if _, leased := idem.LeaseFromContext(r.Context()); !leased {
-		if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
-			// A body streamed as the client sent it, chunked: an upstream
-			// that does not read chunked bodies takes its chunks for the
-			// next request and answers them. The connection is closed
-			// after the response, so that such an answer never reaches
-			// another request (a keyed one, whose key would store it).
-			out := *r
-			out.Close = true
-			return t.base.RoundTrip(&out)
-		}
-		return t.base.RoundTrip(r)
-	}
 	out := *r
-	out.GetBody = nil
-	switch {
-	case out.ContentLength == 0:
-		if out.Body != nil {
-			out.Body.Close()
+	if _, leased := idem.LeaseFromContext(r.Context()); leased {
+		out.GetBody = nil
+		if out.ContentLength == 0 {
+			if out.Body != nil {
+				out.Body.Close()
+			}
+			out.Body = nil
+			out.Header = hideReplayHints(out.Header)
 		}
-		out.Body = nil
-		out.Header = hideReplayHints(out.Header)
-	case out.Body != nil && out.ContentLength <= inlineBodySize:
+	} else if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+		// A body streamed as the client sent it, chunked: an upstream
+		// that does not read chunked bodies takes its chunks for the
+		// next request and answers them. The connection is closed after
+		// the response, so that such an answer never reaches another
+		// request (a keyed one, whose key would store it).
+		out.Close = true
+	}
+	if out.Body != nil && out.ContentLength > 0 && out.ContentLength <= inlineBodySize {
+		// In memory already (newUpstream, the middleware), but behind
+		// ReverseProxy's wrapper, which the Transport does not know to
+		// be in memory: it would write the header and the body apart.
 		body := make([]byte, out.ContentLength)
 		_, err := io.ReadFull(out.Body, body)
 		out.Body.Close()
@@ -155,8 +180,8 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 	return t.base.RoundTrip(&out)
 }
 
-// inlineBodySize is the largest body of a leased request that sendOnce
-// sends in the header's write.
+// inlineBodySize is the largest request body the proxy reads whole before
+// it forwards the request, and sends in the header's write.
 const inlineBodySize = 64 << 10
 
 // replayHints are the headers that make net/http's Transport resend a
