@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 func init() {
@@ -246,7 +247,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			"(its repeats run again), and other instances have their own; use redis://, postgres:// or mysql:// in production")
 	}
 
-	h.tenant = tenantFunc(h.TenantHeader, h.TenantCookie)
+	h.tenant = sidecar.TenantFunc(h.TenantHeader, h.TenantCookie)
 	cfg := idemhttp.Config{
 		Methods:         methods,
 		RequireKey:      h.RequireKey,
@@ -362,7 +363,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, leased := idem.LeaseFromContext(r.Context())
 		if leased && r.ContentLength == 0 {
-			r.Header = hideReplayHints(r.Header)
+			r.Header = sidecar.HideReplayHints(r.Header)
 		}
 		if err := next.ServeHTTP(w, r); err != nil {
 			panic(nextFailed{err}) // under a key, it releases the key on its way out
@@ -382,59 +383,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func logField(r *http.Request, f zap.Field) {
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
 		extra.Set(f)
-	}
-}
-
-// replayHints are the headers that make net/http's Transport resend a
-// request without a body on its own when a reused connection breaks
-// (Request.isReplayable): the upstream may have acted on the first copy.
-var replayHints = []string{"Idempotency-Key", "X-Idempotency-Key"}
-
-// hideReplayHints returns h, or a copy of h with each of replayHints under
-// its lower-case name, which the upstream reads the same (header names are
-// case-insensitive) but the Transport does not take for a sign that it may
-// resend. idem proxy does the same for a keyed request without a body.
-func hideReplayHints(h http.Header) http.Header {
-	var out http.Header
-	for _, name := range replayHints {
-		v, ok := h[name]
-		if !ok {
-			continue
-		}
-		if out == nil {
-			out = h.Clone()
-		}
-		delete(out, name)
-		lower := strings.ToLower(name)
-		out[lower] = append(out[lower], v...)
-	}
-	if out == nil {
-		return h
-	}
-	return out
-}
-
-// tenantFunc is idem proxy's: the named header's value as "hdr:" + value
-// (so that records are shared with proxies and idem inspect --tenant
-// hdr:ID finds them; idem.Scope hashes it), or the cookie's hash, or
-// idemhttp.DefaultTenant.
-func tenantFunc(header, cookie string) func(*http.Request) string {
-	if cookie != "" {
-		return idemhttp.TenantFromCookie(cookie)
-	}
-	if header == "" {
-		return idemhttp.DefaultTenant
-	}
-	return func(r *http.Request) string {
-		switch vs := r.Header.Values(header); {
-		case len(vs) == 1 && vs[0] != "":
-			return "hdr:" + vs[0]
-		case len(vs) > 1:
-			// A client's own value beside the gateway's: never the
-			// tenant of one value alone.
-			return "hdr:" + strings.Join(vs, "\n")
-		}
-		return idemhttp.DefaultTenant(r)
 	}
 }
 

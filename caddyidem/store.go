@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
+	"github.com/idemkit/idem/internal/sidecar"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
@@ -128,37 +128,9 @@ func open(ctx caddy.Context, spec storeSpec, logger *slog.Logger) (idem.Store, f
 // if missing, with its reaper when spec.reapEvery is positive: as idem
 // proxy's --store mysql://….
 func openMySQL(ctx context.Context, u *url.URL, spec storeSpec, logger *slog.Logger) (idem.Store, func(), error) {
-	const form = "write mysql://[user[:pass]@]host[:port]/db"
-	if u.Opaque != "" || u.Host == "" {
-		return nil, nil, errors.New("store: the MySQL URL has no host: " + form + " (is the // after mysql: missing?)")
-	}
-	dbName := strings.TrimPrefix(u.Path, "/")
-	if dbName == "" || strings.Contains(dbName, "/") {
-		return nil, nil, errors.New("store: the MySQL URL names no database: " + form)
-	}
-	cfg := mysql.NewConfig()
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.Net = "tcp"
-	cfg.Addr = u.Host
-	if u.Port() == "" {
-		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	cfg.DBName = dbName
-	cfg.Timeout = pgConnectTimeout
-	if u.RawQuery != "" {
-		// go-sql-driver parses its parameters from a DSN: let it.
-		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
-		if err != nil {
-			return nil, nil, fmt.Errorf("store: the MySQL URL's parameters: %w", err)
-		}
-		parsed.User, parsed.Passwd, parsed.Net, parsed.Addr, parsed.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
-		if parsed.Timeout == 0 {
-			parsed.Timeout = cfg.Timeout
-		}
-		cfg = parsed
+	cfg, err := sidecar.MySQLConfig(u, pgConnectTimeout)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: %w", err)
 	}
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {

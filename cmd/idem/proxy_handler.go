@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // proxy is the proxy's handler: it picks the route of each request, runs
@@ -85,7 +86,7 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 }
 
 func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem.Store, p *proxy) (*route, error) {
-	rt := &route{name: pattern, covered: map[string]bool{}, tenant: tenantFunc(s.tenantHeader, s.tenantCookie), handler: upstream}
+	rt := &route{name: pattern, covered: map[string]bool{}, tenant: sidecar.TenantFunc(s.tenantHeader, s.tenantCookie), handler: upstream}
 	if pattern == "" {
 		rt.routeOf = func(r *http.Request) string { return r.URL.EscapedPath() }
 	} else {
@@ -147,33 +148,6 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 	}
 	rt.handler = mw(upstream)
 	return rt, nil
-}
-
-// tenantFunc scopes keys by the named header, "hdr:" + its value, or by
-// idemhttp.DefaultTenant when there is no header name or the request
-// lacks the header; or, with a cookie name, by idemhttp.TenantFromCookie.
-// The header's raw value (not idemhttp.TenantFromHeader's hash) keeps the
-// records of earlier releases reachable and idem inspect --tenant hdr:ID
-// usable; Scope.Key hashes it, so no raw value reaches the store.
-func tenantFunc(header, cookie string) func(*http.Request) string {
-	if cookie != "" {
-		return idemhttp.TenantFromCookie(cookie) // validated: one source per route
-	}
-	if header == "" {
-		return idemhttp.DefaultTenant
-	}
-	return func(r *http.Request) string {
-		switch vs := r.Header.Values(header); {
-		case len(vs) == 1 && vs[0] != "":
-			return "hdr:" + vs[0]
-		case len(vs) > 1:
-			// A client's own value beside the gateway's (a gateway that
-			// appends rather than replaces): never the tenant of the
-			// one value alone.
-			return "hdr:" + strings.Join(vs, "\n")
-		}
-		return idemhttp.DefaultTenant(r)
-	}
 }
 
 // find returns the route of r: the --config route whose pattern matches

@@ -2,10 +2,10 @@ package main
 
 import (
 	"bufio"
-	"net"
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"

@@ -11,12 +11,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // ProblemBadGateway is the problem type of the proxy's 502 answer when
@@ -155,7 +155,7 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 				out.Body.Close()
 			}
 			out.Body = nil
-			out.Header = hideReplayHints(out.Header)
+			out.Header = sidecar.HideReplayHints(out.Header)
 		}
 	} else if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
 		// A body streamed as the client sent it, chunked: an upstream
@@ -183,32 +183,6 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 // inlineBodySize is the largest request body the proxy reads whole before
 // it forwards the request, and sends in the header's write.
 const inlineBodySize = 64 << 10
-
-// replayHints are the headers that make net/http's Transport resend a
-// request without a body (Request.isReplayable).
-var replayHints = []string{"Idempotency-Key", "X-Idempotency-Key"}
-
-// hideReplayHints returns h, or a copy of h with each of replayHints
-// under its lower-case name.
-func hideReplayHints(h http.Header) http.Header {
-	var out http.Header
-	for _, name := range replayHints {
-		v, ok := h[name]
-		if !ok {
-			continue
-		}
-		if out == nil {
-			out = h.Clone()
-		}
-		delete(out, name)
-		lower := strings.ToLower(name)
-		out[lower] = append(out[lower], v...)
-	}
-	if out == nil {
-		return h
-	}
-	return out
-}
 
 // declaredBody ends a request body of known length at that length: once
 // it has been read, it answers io.EOF itself and reads the client's body

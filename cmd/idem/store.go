@@ -21,6 +21,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/sidecar"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
@@ -142,37 +143,9 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 // (params are go-sql-driver/mysql's DSN parameters), creating its tables
 // unless o.readOnly, with its reaper when o.reapEvery is positive.
 func openMySQL(ctx context.Context, u *url.URL, prefix string, o storeOptions) (idem.Store, func(), error) {
-	const form = "write mysql://[user[:pass]@]host[:port]/db"
-	if u.Opaque != "" || u.Host == "" {
-		return nil, nil, usageError{"--store: no host: " + form + " (is the // after mysql: missing?)"}
-	}
-	dbName := strings.TrimPrefix(u.Path, "/")
-	if dbName == "" || strings.Contains(dbName, "/") {
-		return nil, nil, usageError{"--store: the MySQL URL names no database: " + form}
-	}
-	cfg := mysql.NewConfig()
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.Net = "tcp"
-	cfg.Addr = u.Host
-	if u.Port() == "" {
-		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	cfg.DBName = dbName
-	cfg.Timeout = pgConnectTimeout
-	if u.RawQuery != "" {
-		// go-sql-driver parses its parameters from a DSN: let it.
-		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
-		if err != nil {
-			return nil, nil, usageError{"--store: the MySQL URL's parameters: " + err.Error()}
-		}
-		parsed.User, parsed.Passwd, parsed.Net, parsed.Addr, parsed.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
-		if parsed.Timeout == 0 {
-			parsed.Timeout = cfg.Timeout
-		}
-		cfg = parsed
+	cfg, err := sidecar.MySQLConfig(u, pgConnectTimeout)
+	if err != nil {
+		return nil, nil, usageError{"--store: " + err.Error()}
 	}
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {

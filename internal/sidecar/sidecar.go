@@ -1,0 +1,118 @@
+// Package sidecar holds what idem proxy (cmd/idem) and the Caddy handler
+// (caddyidem) do alike in front of an upstream, so that the two stay the
+// same: the tenant of a request, the headers that would let net/http's
+// Transport resend a request, and the form of a mysql:// store URL.
+package sidecar
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// TenantFunc scopes keys by the named header, "hdr:" + its value, or by
+// idemhttp.DefaultTenant when there is no header name or the request
+// lacks the header; or, with a cookie name, by idemhttp.TenantFromCookie
+// (the callers allow one of the two per route). The header's raw value
+// (not idemhttp.TenantFromHeader's hash) keeps the records of earlier
+// releases reachable and idem inspect --tenant hdr:ID usable; Scope.Key
+// hashes it, so no raw value reaches the store.
+func TenantFunc(header, cookie string) func(*http.Request) string {
+	if cookie != "" {
+		return idemhttp.TenantFromCookie(cookie)
+	}
+	if header == "" {
+		return idemhttp.DefaultTenant
+	}
+	return func(r *http.Request) string {
+		switch vs := r.Header.Values(header); {
+		case len(vs) == 1 && vs[0] != "":
+			return "hdr:" + vs[0]
+		case len(vs) > 1:
+			// A client's own value beside the gateway's (a gateway that
+			// appends rather than replaces): never the tenant of the one
+			// value alone.
+			return "hdr:" + strings.Join(vs, "\n")
+		}
+		return idemhttp.DefaultTenant(r)
+	}
+}
+
+// replayHints are the headers that make net/http's Transport resend a
+// request without a body on its own when a reused connection breaks
+// (Request.isReplayable): the upstream may have acted on the first copy.
+var replayHints = []string{"Idempotency-Key", "X-Idempotency-Key"}
+
+// HideReplayHints returns h, or a copy of h with each of replayHints under
+// its lower-case name, which the upstream reads the same (header names are
+// case-insensitive) but the Transport does not take for a sign that it may
+// resend. For a keyed request without a body, sent under a lease.
+func HideReplayHints(h http.Header) http.Header {
+	var out http.Header
+	for _, name := range replayHints {
+		v, ok := h[name]
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = h.Clone()
+		}
+		delete(out, name)
+		lower := strings.ToLower(name)
+		out[lower] = append(out[lower], v...)
+	}
+	if out == nil {
+		return h
+	}
+	return out
+}
+
+// mysqlForm is the form of a MySQL store URL, for errors.
+const mysqlForm = "write mysql://[user[:pass]@]host[:port]/db"
+
+// MySQLConfig returns the go-sql-driver/mysql configuration of a store
+// URL mysql://[user[:pass]@]host[:port]/db[?params] (or mariadb://), whose
+// params are the driver's DSN parameters; the port defaults to 3306 and
+// the connect timeout to timeout unless the URL sets one. Its errors say
+// what is wrong without the URL (it may hold a password), for the caller
+// to prefix with what it was given ("--store: ", "store: ").
+func MySQLConfig(u *url.URL, timeout time.Duration) (*mysql.Config, error) {
+	if u.Opaque != "" || u.Host == "" {
+		return nil, errors.New("the MySQL URL has no host: " + mysqlForm + " (is the // after mysql: missing?)")
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	if dbName == "" || strings.Contains(dbName, "/") {
+		return nil, errors.New("the MySQL URL names no database: " + mysqlForm)
+	}
+	cfg := mysql.NewConfig()
+	if u.RawQuery != "" {
+		// go-sql-driver parses its parameters from a DSN: let it.
+		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return nil, fmt.Errorf("the MySQL URL's parameters: %w", err)
+		}
+		cfg = parsed
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if u.Port() == "" {
+		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	cfg.DBName = dbName
+	if cfg.Timeout == 0 {
+		cfg.Timeout = timeout
+	}
+	return cfg, nil
+}
