@@ -200,21 +200,30 @@ func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.T
 // waits for that one without asking (a retry storm's copies cost no store
 // call each), and asks the store itself only when that one is done without
 // a response for it (released, or the store said anything but acquired or
-// replay) or when the wait ends. ctx is the request's: once it is done,
-// the client is gone.
+// replay: in flight elsewhere, say, when each copy then polls on its own)
+// or when the wait ends. ctx is the request's: once it is done, the client
+// is gone.
 // parent is the work's parent context (ctx's values; with ctx's
 // cancellation or without it); the acquire itself is bounded by the
 // store's timeouts. method, when not empty, is logged with a store failure.
 func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fingerprint, method string) Decision {
 	deadline := waitDeadline(ctx, time.Now(), e.cfg.Wait)
 	pause := waiters.FirstPause
-	// holding: this request holds key in e.waiters while it asks the store
-	// for the copies of it that arrive meanwhile (JoinOrHold).
-	holding := false
+	// asking: this request asks the store for the copies of it that
+	// arrive meanwhile (waiters.JoinOrAsk); answer tells them what it
+	// learnt, once, whatever happens (a store that panics included).
+	asking := false
+	answer := func(res *waiters.Result, acquired bool) {
+		if asking {
+			asking = false
+			e.waiters.Answer(key, fp, res, acquired)
+		}
+	}
+	defer answer(nil, false)
 	if left := time.Until(deadline); left > 0 {
-		switch j, live, done := e.waiters.JoinOrHold(ctx, key, fp, left); j {
-		case waiters.Holding:
-			holding = true
+		switch j, live, done := e.waiters.JoinOrAsk(ctx, key, fp, left); j {
+		case waiters.Asking:
+			asking = true
 		case waiters.Waited:
 			telemetry.Event(ctx, telemetry.EventWait)
 			pause = 2 * pause
@@ -229,15 +238,12 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 	}
 	for {
 		att, acq, err := e.g.Begin(parent, key, fp)
-		if holding && (err != nil || acq.Outcome != idem.Acquired) {
-			// The copies waiting for this request are handed a replay;
-			// on any other answer they ask the store themselves.
-			var res *waiters.Result
-			if err == nil && acq.Outcome == idem.Replay {
-				res = &waiters.Result{Fingerprint: fp, Response: acq.Response}
-			}
-			e.waiters.Wake(key, res)
-			holding = false
+		switch {
+		case err == nil && acq.Outcome == idem.Replay:
+			// The copies waiting for this request are handed the replay.
+			answer(&waiters.Result{Fingerprint: fp, Response: acq.Response}, false)
+		case err != nil || acq.Outcome != idem.Acquired:
+			answer(nil, false) // they ask the store themselves
 		}
 		if err != nil && ctx.Err() != nil {
 			return Decision{Outcome: OutcomeGone} // or an outer deadline passed
@@ -252,8 +258,11 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		}
 		switch acq.Outcome {
 		case idem.Acquired:
-			if !holding {
-				e.waiters.Hold(key, fp) // until Release or the Work's End wakes its waiters
+			// Held until Release or the Work's End wakes its waiters.
+			if asking {
+				answer(nil, true) // its copies now wait for that
+			} else {
+				e.waiters.Hold(key, fp)
 			}
 			if ctx.Err() != nil {
 				// The client left before the key was acquired: nothing

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -417,4 +418,94 @@ func bodyOf(d Decision) string {
 		return ""
 	}
 	return string(d.Response.Body)
+}
+
+// panicOnceStore panics on its first Acquire (a store's bug), then
+// answers as its Store does.
+type panicOnceStore struct {
+	idem.Store
+	panicked atomic.Bool
+}
+
+func (s *panicOnceStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if s.panicked.CompareAndSwap(false, true) {
+		panic("store bug")
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// A store that panics in the Acquire of a request that asked for its
+// copies leaves nothing behind: the next request for the key acquires it
+// at once, not after the wait (nobody would answer the copies).
+func TestPanicInAcquireLeavesNoAsk(t *testing.T) {
+	store := &panicOnceStore{Store: memstore.New(memstore.Options{})}
+	e := newEngineOn(t, store, Config{Wait: time.Minute})
+	ctx := t.Context()
+	k, fp := key(t, "panic"), idem.Fingerprint{1}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the store's panic did not reach the caller")
+			}
+		}()
+		e.Acquire(ctx, ctx, k, fp, "")
+	}()
+	done := make(chan Decision, 1)
+	go func() { done <- e.Acquire(ctx, ctx, k, fp, "") }()
+	select {
+	case d := <-done:
+		if d.Outcome != OutcomeExecuted {
+			t.Fatalf("after the panic: got %v, want executed", d.Outcome)
+		}
+		e.Release(ctx, d.Attempt)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request after the store's panic waited for an answer nobody will give")
+	}
+}
+
+// callStore counts Acquires.
+type callStore struct {
+	idem.Store
+	calls atomic.Int64
+}
+
+func (s *callStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	s.calls.Add(1)
+	return s.Store.Acquire(ctx, req)
+}
+
+// With the key held by another process, the copies that arrive one after
+// another each poll the store at their own pace: a new arrival asking the
+// store does not wake the copies already polling (which would make every
+// arrival cost a store call per waiting copy).
+func TestRemoteHolderArrivalsDoNotWakePollers(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	store := &callStore{Store: mem}
+	e := newEngineOn(t, store, Config{Wait: 2 * time.Second})
+	ctx := t.Context()
+	k, fp := key(t, "remote"), idem.Fingerprint{1}
+	other, err := idem.New(mem, idem.Config{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, acq, err := other.Begin(ctx, k, fp); err != nil || acq.Outcome != idem.Acquired {
+		t.Fatalf("the other process: %v, %v; want acquired", acq.Outcome, err)
+	}
+	const arrivals = 100
+	var wg sync.WaitGroup
+	for range arrivals { // one copy every 10ms for a second
+		wg.Go(func() {
+			if d := e.Acquire(ctx, ctx, k, fp, ""); d.Outcome != OutcomeInFlight {
+				t.Errorf("copy: got %v, want in_flight after the wait", d.Outcome)
+			}
+		})
+		time.Sleep(10 * time.Millisecond)
+	}
+	wg.Wait()
+	// Alone, a copy asks about 12 times in its 2s (5ms to 250ms apart).
+	n := store.calls.Load()
+	t.Logf("%d copies asked the store %d times (%.1f each)", arrivals, n, float64(n)/arrivals)
+	if n > 20*arrivals {
+		t.Errorf("%d store calls for %d copies: the arrivals woke the copies polling", n, arrivals)
+	}
 }

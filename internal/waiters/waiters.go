@@ -29,6 +29,7 @@ type Set struct {
 	mu     sync.Mutex
 	keys   map[idem.Key]*waitList
 	holds  map[idem.Key]hold // requests of this process holding the key
+	asks   map[idem.Key]*ask // requests of this process asking the store about a key not held here
 }
 
 // hold counts the requests of this process holding a key, and the
@@ -75,48 +76,117 @@ func (w *Set) Hold(key idem.Key, fp idem.Fingerprint) {
 	w.mu.Unlock()
 }
 
-// Joined is what JoinOrHold did.
+// Joined is what JoinOrAsk did.
 type Joined int
 
 const (
-	// Holding: nobody in this process held or was acquiring key; the
-	// caller now holds it (as after Hold) while it asks the store, and
-	// must Wake it once: with the replay the store gave, with nil when
-	// the store answered anything but acquired, or once done with the
-	// key it acquired.
-	Holding Joined = iota
+	// Asking: nobody in this process holds key or is asking the store
+	// about it for a request of the same fingerprint; the caller asks the
+	// store, and must call Answer once with what it learnt (deferred, so
+	// that a panic answers too).
+	Asking Joined = iota
 	// Waited: a request of this process with the same fingerprint held
-	// key (or was asking the store for it); JoinOrHold waited for its
-	// Wake, as Wait does.
+	// key, or was asking the store about it; JoinOrAsk waited for it, as
+	// Wait does.
 	Waited
-	// Neither: the key is held for a request of another fingerprint; the
-	// caller asks the store (which answers the mismatch) without holding.
+	// Neither: the key is held, or asked about, for a request of another
+	// fingerprint; the caller asks the store (which answers the mismatch)
+	// on its own.
 	Neither
 )
 
-// JoinOrHold makes the requests of this process for one key and
-// fingerprint ask the store one at a time: when another such request
-// holds key (or is acquiring it), it waits for that one's Wake, up to d
-// or until ctx ends, and returns Waited with what Wait returns; when
-// nobody holds key, the caller holds it and asks the store (Holding).
-func (w *Set) JoinOrHold(ctx context.Context, key idem.Key, fp idem.Fingerprint, d time.Duration) (j Joined, live bool, res *Result) {
+// ask is a request of this process asking the store about a key that no
+// request here holds, and the copies of it that wait for its answer.
+type ask struct {
+	fp    idem.Fingerprint
+	done  chan struct{}
+	res   *Result // set before done is closed
+	again bool    // the asker acquired the key: its copies wait for its Wake
+}
+
+// JoinOrAsk makes the copies of a request (same key and fingerprint) in
+// this process ask the store one at a time. When a request of this
+// process holds key (Hold), it waits for the holder's Wake as Wait does;
+// when one is asking the store about key, it waits for that one's Answer
+// (and, if that one acquired the key, for its Wake): up to d in all, or
+// until ctx ends, and returns Waited with what Wait returns. When nobody
+// does, the caller is the one asking (Asking).
+//
+// The copies that wait for an asker are woken by its Answer only; the
+// requests that poll the store for a holder in another process (Wait) are
+// not, and keep their own pace.
+func (w *Set) JoinOrAsk(ctx context.Context, key idem.Key, fp idem.Fingerprint, d time.Duration) (j Joined, live bool, res *Result) {
+	end := time.Now().Add(d)
+	for {
+		w.mu.Lock()
+		if h := w.holds[key]; h.n > 0 {
+			if h.fp != fp {
+				w.mu.Unlock()
+				return Neither, true, nil
+			}
+			l := w.enter(key)
+			w.mu.Unlock()
+			live, res = w.wait(ctx, key, l, time.Until(end))
+			return Waited, live, res
+		}
+		a := w.asks[key]
+		switch {
+		case a == nil:
+			if w.asks == nil {
+				w.asks = map[idem.Key]*ask{}
+			}
+			w.asks[key] = &ask{fp: fp, done: make(chan struct{})}
+			w.mu.Unlock()
+			return Asking, true, nil
+		case a.fp != fp:
+			w.mu.Unlock()
+			return Neither, true, nil
+		}
+		w.active.Add(1)
+		w.mu.Unlock()
+		t := time.NewTimer(time.Until(end))
+		answered := false
+		select {
+		case <-a.done:
+			answered = true
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		w.active.Add(-1)
+		switch {
+		case ctx.Err() != nil:
+			return Waited, false, nil
+		case !answered:
+			return Waited, true, nil
+		case !a.again:
+			return Waited, true, a.res
+		}
+		// The asker acquired the key: wait for its Wake (or ask, if it is
+		// done with the key already).
+	}
+}
+
+// Answer ends the caller's ask (JoinOrAsk returned Asking) and wakes the
+// copies waiting for it: with res, the replay the store gave, which they
+// answer with; with acquired, the caller now holds key (as after Hold)
+// and its copies wait for its Wake; otherwise (nil, not acquired) they ask
+// the store themselves.
+func (w *Set) Answer(key idem.Key, fp idem.Fingerprint, res *Result, acquired bool) {
 	w.mu.Lock()
-	switch h := w.holds[key]; {
-	case h.n == 0:
+	a := w.asks[key]
+	delete(w.asks, key)
+	if acquired {
 		if w.holds == nil {
 			w.holds = map[idem.Key]hold{}
 		}
-		w.holds[key] = hold{n: 1, fp: fp}
-		w.mu.Unlock()
-		return Holding, true, nil
-	case h.fp != fp:
-		w.mu.Unlock()
-		return Neither, true, nil
+		w.holds[key] = hold{n: w.holds[key].n + 1, fp: fp}
 	}
-	l := w.enter(key)
 	w.mu.Unlock()
-	live, res = w.wait(ctx, key, l, d)
-	return Waited, live, res
+	if a != nil {
+		a.res, a.again = res, acquired
+		close(a.done)
+	}
 }
 
 // Wait blocks until key is woken, d passes, or ctx ends; when a request
@@ -134,7 +204,7 @@ func (w *Set) Wait(ctx context.Context, key idem.Key, d, held time.Duration) (li
 	return w.wait(ctx, key, l, d)
 }
 
-// Waiting returns how many requests are waiting (in Wait or Join).
+// Waiting returns how many requests are waiting (in Wait or JoinOrAsk).
 func (w *Set) Waiting() int64 { return w.active.Load() }
 
 // enter adds a waiter to key's list, under mu.

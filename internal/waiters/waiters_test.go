@@ -127,19 +127,15 @@ func TestHeldKeyWaitsForWake(t *testing.T) {
 	}
 }
 
-// JoinOrHold lets the first request for a key hold it and makes the
-// copies of it (same fingerprint) wait for its Wake and get its result;
-// a request of another fingerprint neither waits nor holds.
-func TestJoinOrHold(t *testing.T) {
+// JoinOrAsk lets the first request for a key ask the store and makes the
+// copies of it (same fingerprint) wait for its Answer: a replay is handed
+// to them; an acquired key makes them wait for the holder's Wake and get
+// its result; nil sends them to the store. A request of another
+// fingerprint neither waits nor asks for others.
+func TestJoinOrAsk(t *testing.T) {
 	var w Set
 	key, _ := idem.Scope{}.Key("joined")
 	fp, other := idem.Fingerprint{1}, idem.Fingerprint{2}
-	if j, _, _ := w.JoinOrHold(context.Background(), key, fp, time.Minute); j != Holding {
-		t.Fatalf("first request: %v, want Holding", j)
-	}
-	if j, _, _ := w.JoinOrHold(context.Background(), key, other, time.Minute); j != Neither {
-		t.Fatalf("another fingerprint: %v, want Neither (the store answers the mismatch)", j)
-	}
 	res := &Result{Fingerprint: fp, Response: &idem.Response{Status: 201}}
 	type joined struct {
 		j    Joined
@@ -147,39 +143,68 @@ func TestJoinOrHold(t *testing.T) {
 		res  *Result
 	}
 	const copies = 5
-	done := make(chan joined, copies)
-	for range copies {
-		go func() {
-			j, live, r := w.JoinOrHold(context.Background(), key, fp, time.Minute)
-			done <- joined{j, live, r}
-		}()
+	copiesOf := func() chan joined {
+		done := make(chan joined, copies)
+		for range copies {
+			go func() {
+				j, live, r := w.JoinOrAsk(context.Background(), key, fp, time.Minute)
+				done <- joined{j, live, r}
+			}()
+		}
+		for w.Waiting() < copies {
+			time.Sleep(time.Millisecond)
+		}
+		return done
 	}
-	for waiting(&w, key) < copies {
-		time.Sleep(time.Millisecond)
-	}
-	w.Wake(key, res)
-	for range copies {
-		if j := <-done; j.j != Waited || !j.live || j.res != res {
-			t.Fatalf("copy: got %+v, want Waited, live and the holder's result", j)
+	for _, c := range []struct {
+		name     string
+		res      *Result
+		acquired bool
+	}{{"replay", res, false}, {"nothing", nil, false}, {"acquired", res, true}} {
+		if j, _, _ := w.JoinOrAsk(context.Background(), key, fp, time.Minute); j != Asking {
+			t.Fatalf("%s: first request: %v, want Asking", c.name, j)
+		}
+		if j, _, _ := w.JoinOrAsk(context.Background(), key, other, time.Minute); j != Neither {
+			t.Fatalf("%s: another fingerprint: %v, want Neither", c.name, j)
+		}
+		done := copiesOf()
+		w.Answer(key, fp, c.res, c.acquired)
+		if c.acquired {
+			// Now they wait for the holder, which hands them its result.
+			for w.Waiting() < copies || waiting(&w, key) < copies {
+				time.Sleep(time.Millisecond)
+			}
+			w.Wake(key, res)
+		}
+		for range copies {
+			if j := <-done; j.j != Waited || !j.live || j.res != c.res {
+				t.Fatalf("%s: copy: got %+v, want Waited, live and %v", c.name, j, c.res)
+			}
 		}
 	}
 
-	// The wait ends when d passes or ctx ends, the key still held.
-	if j, _, _ := w.JoinOrHold(context.Background(), key, fp, time.Minute); j != Holding {
-		t.Fatalf("after the Wake: %v, want Holding (nothing of the first hold left)", j)
+	// The wait ends when d passes or ctx ends, the ask unanswered.
+	if j, _, _ := w.JoinOrAsk(context.Background(), key, fp, time.Minute); j != Asking {
+		t.Fatalf("after the answers: %v, want Asking (nothing of the earlier asks left)", j)
 	}
-	if j, live, r := w.JoinOrHold(context.Background(), key, fp, 10*time.Millisecond); j != Waited || !live || r != nil {
+	if j, live, r := w.JoinOrAsk(context.Background(), key, fp, 10*time.Millisecond); j != Waited || !live || r != nil {
 		t.Fatalf("past d: got %v, %v, %v; want Waited, live, no result", j, live, r)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if j, live, _ := w.JoinOrHold(ctx, key, fp, time.Minute); j != Waited || live {
+	if j, live, _ := w.JoinOrAsk(ctx, key, fp, time.Minute); j != Waited || live {
 		t.Fatalf("cancelled context: got %v, live %v; want Waited, not live", j, live)
 	}
-	w.Wake(key, nil)
+	// An ask does not count as a hold: a poller's pause stays short.
+	start := time.Now()
+	w.Wait(context.Background(), key, 5*time.Millisecond, time.Minute)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("Wait took %v while the key was only asked about: it waited as for a holder", took)
+	}
+	w.Answer(key, fp, nil, false)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.holds) != 0 || len(w.keys) != 0 {
-		t.Errorf("left behind: %d holds, %d wait lists, want none", len(w.holds), len(w.keys))
+	if len(w.holds) != 0 || len(w.keys) != 0 || len(w.asks) != 0 {
+		t.Errorf("left behind: %d holds, %d wait lists, %d asks, want none", len(w.holds), len(w.keys), len(w.asks))
 	}
 }
