@@ -70,11 +70,12 @@
 //
 //   - Acquire claims the key: SET key F… NX GET PX ttl, then TIME,
 //     pipelined (inside MULTI/EXEC on Cluster). An absent key is taken in
-//     that one round trip, and a mismatch is answered in it. A record in
-//     flight or a replay (one the replay cache did not answer) also needs
-//     the record's TTL: a PTTL in a second round trip, read after the
-//     claim found the record (when the record is gone by then, the claim
-//     starts over). The claim's token is the client's lower-bound
+//     that one round trip, and a mismatch with a completed record is
+//     answered in it. A record in flight (a mismatch with one included)
+//     or a replay (one the replay cache did not answer) also needs the
+//     record's TTL: GET and PTTL in a transaction, a second round trip
+//     (when the record is no longer the one the claim found, the claim
+//     starts over, so that the TTL is that record's). The claim's token is the client's lower-bound
 //     estimate of the server's clock plus 50ms; it stands only when TIME,
 //     read after the claim, is not later than it (an absent key has had
 //     every earlier token passed by the clock, as records expire only

@@ -33,8 +33,8 @@ import (
 //   - Acquire claims with SET NX GET PX, TIME in one pipeline (a
 //     transaction on Cluster), and keeps the claim's token only when TIME
 //     proves it is not below the server's clock at the claim; only when
-//     the claim finds a record in flight or a replay does a PTTL follow,
-//     in a second round trip;
+//     the claim finds a record in flight or a replay do GET and PTTL
+//     follow, in a transaction, a second round trip;
 //   - Complete and Release of a lease this runner granted are one SET
 //     IFEQ, as it remembers the lease's fingerprint.
 
@@ -316,13 +316,26 @@ func (r *nativeRunner) decodeState(res []nval, withTTL bool, st *state) error {
 	return nil
 }
 
-// pttl returns the PTTL of key: -2 when it is absent.
-func (r *nativeRunner) pttl(ctx context.Context, c nconn, key string) (int64, error) {
-	v, err := c.one(ctx, "PTTL", key)
-	if err == nil {
-		err = v.err
+// ttlOf returns the PTTL of the record at key if it still holds v, read
+// with the value in one transaction; same is false when the key holds
+// anything else now (or nothing): the caller claims again, as the TTL of
+// another record would not be v's (a completed record's retention as an
+// in-flight answer's RetryAfter, another lease's TTL as this one's).
+func (r *nativeRunner) ttlOf(ctx context.Context, c nconn, key string, v []byte) (pttl int64, same bool, err error) {
+	res, err := c.tx(ctx, []string{"GET", key}, []string{"PTTL", key})
+	if err != nil {
+		return 0, false, err
 	}
-	return v.n, err
+	if len(res) != 2 {
+		return 0, false, fmt.Errorf("unexpected reply of %d elements to a transaction of 2 commands", len(res))
+	}
+	if g := res[0]; g.err != nil || g.null || !bytes.Equal(g.b, v) {
+		return 0, false, nil
+	}
+	if res[1].err != nil {
+		return 0, false, res[1].err
+	}
+	return res[1].n, res[1].n != -2, nil
 }
 
 func timeMicros(v nval) (int64, error) {
@@ -475,29 +488,27 @@ func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg
 			// than now, as it is there). (A claim of the same bytes that
 			// this runner granted, by an earlier Acquire of the same lease
 			// in the same millisecond, is the lease it granted: below.)
-			if st.pttl, err = r.pttl(ctx, c, key); err != nil {
+			var same bool
+			if st.pttl, same, err = r.ttlOf(ctx, c, key, st.v); err != nil {
 				return reply{}, err
 			}
-			if st.pttl == -2 {
-				continue // gone since the claim: claim again
+			if !same {
+				continue // changed since the claim: claim again
 			}
 			fix, left = write{keepTTL: true}, st.pttl
 		default:
 			// A record is there. Its TTL, which only the answers about
 			// a record in flight or a replay need, takes a second round
-			// trip: the answer stands as of the claim that found the
-			// record, with the TTL read just after. Should the record
-			// change in between, the lease it held has ended, so the
-			// TTL read is still no less than the time left of that
-			// lease (an in-flight answer's RetryAfter is an upper
-			// bound), and a replay's TTL bounds only the replay
-			// cache's hint.
+			// trip, read with the value in one transaction: when the
+			// record is no longer the one the claim found, the claim
+			// starts over.
 			if withTTL(st.v, fp) {
-				if st.pttl, err = r.pttl(ctx, c, key); err != nil {
+				var same bool
+				if st.pttl, same, err = r.ttlOf(ctx, c, key, st.v); err != nil {
 					return reply{}, err
 				}
-				if st.pttl == -2 {
-					continue // gone since the claim: claim again
+				if !same {
+					continue // changed since the claim: claim again
 				}
 			}
 			rep, w := acquireStep(st, id, fp, ttl)

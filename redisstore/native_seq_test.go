@@ -67,7 +67,7 @@ func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 			f(n)
 		}
 	})
-	// sent returns the round trips of f: "SET TIME | PTTL".
+	// sent returns the round trips of f: "SET TIME | GET PTTL".
 	sent := func(f func()) string {
 		mu.Lock()
 		rounds = nil
@@ -112,7 +112,7 @@ func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want("replay", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | PTTL")
+	want("replay", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | GET PTTL")
 	if err != nil || a.Outcome != idem.Replay || a.Response.Status != 201 {
 		t.Fatalf("replay: %v, %v", a.Outcome, err)
 	}
@@ -129,16 +129,16 @@ func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 		t.Fatalf("acquire: %v, %v", a.Outcome, err)
 	}
 	held := a.Lease
-	want("repeat of the holder's acquire", sent(func() { a, err = acquire(key, held.ID, 1, 5*time.Second) }), "SET TIME | PTTL")
+	want("repeat of the holder's acquire", sent(func() { a, err = acquire(key, held.ID, 1, 5*time.Second) }), "SET TIME | GET PTTL")
 	if err != nil || a.Outcome != idem.Acquired || a.Lease.Token != held.Token || a.Lease.TTL <= 0 || a.Lease.TTL > 5*time.Second {
 		t.Fatalf("repeat of the holder's acquire: %v, %v, token %d, TTL %v; want Acquired with token %d and a TTL within (0, 5s]",
 			a.Outcome, err, a.Lease.Token, a.Lease.TTL, held.Token)
 	}
-	want("acquire of a key in flight", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | PTTL")
+	want("acquire of a key in flight", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) }), "SET TIME | GET PTTL")
 	if err != nil || a.Outcome != idem.InFlight || a.RetryAfter <= 0 || a.RetryAfter > 5*time.Second {
 		t.Fatalf("acquire of a key in flight: %v, %v, retry after %v; want InFlight within (0, 5s]", a.Outcome, err, a.RetryAfter)
 	}
-	want("mismatch on a record in flight", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME | PTTL")
+	want("mismatch on a record in flight", sent(func() { a, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME | GET PTTL")
 	if err != nil || a.Outcome != idem.Mismatch {
 		t.Fatalf("mismatch on a record in flight: %v, %v", a.Outcome, err)
 	}
@@ -183,13 +183,85 @@ func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 	mu.Lock()
 	after = nil
 	mu.Unlock()
-	if !strings.HasPrefix(got, "SET TIME | PTTL | ") {
-		t.Errorf("acquire of a record gone before its PTTL: sent %q, want \"SET TIME | PTTL | \" and a claim", got)
+	if !strings.HasPrefix(got, "SET TIME | GET PTTL | ") {
+		t.Errorf("acquire of a record gone before its PTTL: sent %q, want \"SET TIME | GET PTTL | \" and a claim", got)
 	} else {
-		fresh("the claim after the record was gone", strings.TrimPrefix(got, "SET TIME | PTTL | "))
+		fresh("the claim after the record was gone", strings.TrimPrefix(got, "SET TIME | GET PTTL | "))
 	}
 	if err != nil || a.Outcome != idem.Acquired {
 		t.Fatalf("acquire of a record gone before its PTTL: %v, %v; want Acquired", a.Outcome, err)
+	}
+
+	// A record in flight when the claim found it, completed by its holder
+	// before the PTTL round trip: the claim starts over and answers
+	// replay, never in flight with the completed record's retention (24h)
+	// as RetryAfter (natsjs naks with it, SQS sets it as the visibility).
+	{
+		key := scope(4)
+		a, err := acquire(key, idem.NewLeaseID(), 1, 5*time.Second)
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("acquire: %v, %v", a.Outcome, err)
+		}
+		holder := a.Lease
+		mu.Lock()
+		after = func(round int) {
+			if round == 1 {
+				if err := s.Complete(ctx, holder, &idem.Response{Status: 201}, 24*time.Hour); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		mu.Unlock()
+		sent(func() { a, err = acquire(key, idem.NewLeaseID(), 1, 5*time.Second) })
+		mu.Lock()
+		after = nil
+		mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Outcome != idem.Replay {
+			t.Errorf("a record completed between the claim and its PTTL: %v, want the replay", a.Outcome)
+		}
+		if a.Outcome == idem.InFlight && a.RetryAfter > 5*time.Second {
+			t.Errorf("in flight with RetryAfter %v, longer than any lease the key had (5s): the completed record's retention", a.RetryAfter)
+		}
+	}
+
+	// The holder's repeated acquire (same lease id) finds its record;
+	// before the PTTL, that lease ends and another takes the key for 60s:
+	// the repeat must not be told it holds the key (with the other
+	// lease's TTL).
+	{
+		key := scope(5)
+		a, err := acquire(key, idem.NewLeaseID(), 1, 5*time.Second)
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("acquire: %v, %v", a.Outcome, err)
+		}
+		holder := a.Lease
+		var other idem.Acquisition
+		mu.Lock()
+		after = func(round int) {
+			if round == 1 {
+				if err := raw.Del(ctx, s.KeyName(key)).Err(); err != nil { // the lease expired
+					t.Error(err)
+				}
+				other, err = acquire(key, idem.NewLeaseID(), 1, 60*time.Second)
+				if err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		mu.Unlock()
+		sent(func() { a, err = acquire(key, holder.ID, 1, 5*time.Second) })
+		mu.Lock()
+		after = nil
+		mu.Unlock()
+		if err != nil || a.Outcome != idem.InFlight {
+			t.Errorf("the repeat after the other took the key: %v, %v; want in flight", a.Outcome, err)
+		}
+		if a.Outcome == idem.Acquired && other.Outcome == idem.Acquired {
+			t.Errorf("both hold the key: the repeat (token %d, TTL %v) and the other lease (token %d, TTL %v)", a.Lease.Token, a.Lease.TTL, other.Lease.Token, other.Lease.TTL)
+		}
 	}
 
 	// An in-flight record without an expiry is corrupt, whatever the
@@ -197,7 +269,7 @@ func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 	if err := raw.Persist(ctx, s.KeyName(key)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	want("acquire of an in-flight record without an expiry", sent(func() { _, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME | PTTL")
+	want("acquire of an in-flight record without an expiry", sent(func() { _, err = acquire(key, idem.NewLeaseID(), 2, 5*time.Second) }), "SET TIME | GET PTTL")
 	if !errors.Is(err, idem.ErrCorrupt) {
 		t.Errorf("acquire of an in-flight record without an expiry: %v, want ErrCorrupt", err)
 	}
