@@ -4,7 +4,12 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idem"
@@ -87,6 +92,47 @@ func TestSendOnceWithGetBody(t *testing.T) {
 		}
 		if err == nil {
 			t.Errorf("%s: got %d, want an error (the upstream reset the connection after reading the request)", c.name, resp.StatusCode)
+		}
+	}
+}
+
+// countingConn counts the writes made to a connection.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) { c.n.Add(1); return c.Conn.Write(p) }
+
+// A request body up to inlineBodySize goes to the upstream in the
+// header's write, through ReverseProxy (whose body wrapper hides from the
+// Transport that the body is in memory) and the proxy's transport (whose
+// write buffer holds both).
+func TestInlineBodyOneWrite(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	t.Cleanup(up.Close)
+	target, _ := url.Parse(up.URL)
+	var writes atomic.Int64
+	tr := newTransport()
+	t.Cleanup(tr.CloseIdleConnections)
+	dialer := &net.Dialer{}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		return countingConn{c, &writes}, err
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, Transport: sendOnce{tr}}
+	for _, size := range []int{1 << 10, inlineBodySize} {
+		r := httptest.NewRequest("POST", "/x", io.NopCloser(bytes.NewReader(make([]byte, size))))
+		r.ContentLength = int64(size)
+		writes.Store(0)
+		rec := httptest.NewRecorder()
+		rp.ServeHTTP(rec, r)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("body of %d bytes: status %d", size, rec.Code)
+		}
+		if n := writes.Load(); n != 1 {
+			t.Errorf("body of %d bytes: %d writes to the upstream connection, want 1 (header and body together)", size, n)
 		}
 	}
 }

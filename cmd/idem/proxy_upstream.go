@@ -34,15 +34,12 @@ const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
 // route's --max-execution, 504 (ProblemUpstreamTimeout) when the upstream
 // fails, and times each request for idem_upstream_duration_seconds.
 func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = 256
-	transport.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()
 		},
-		Transport:  sendOnce{transport},
+		Transport:  sendOnce{newTransport()},
 		BufferPool: copyBuffers,
 		ErrorLog:   slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -67,8 +64,6 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		if _, leased := idem.LeaseFromContext(r.Context()); !leased && r.ContentLength > 0 {
 			// From the client. (A leased request's body was read whole by
 			// the middleware and goes from memory.) Up to inlineBodySize
@@ -80,8 +75,21 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 				return
 			}
 		}
+		start := time.Now()
+		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		rp.ServeHTTP(w, r)
 	})
+}
+
+// newTransport is the proxy's transport to the upstream (under sendOnce).
+func newTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 256
+	// Room for a header and an inlined body (sendOnce) in one write; the
+	// default, 4 KiB, splits a larger request into several.
+	t.WriteBufferSize = 2 * inlineBodySize
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	return t
 }
 
 // readWhole reads r's body of declared length (at most inlineBodySize)
@@ -181,8 +189,9 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // inlineBodySize is the largest request body the proxy reads whole before
-// it forwards the request, and sends in the header's write.
-const inlineBodySize = 64 << 10
+// it forwards the request, and sends in the header's write (nginx buffers
+// 8 or 16 KiB of a request body in memory by default).
+const inlineBodySize = 8 << 10
 
 // declaredBody ends a request body of known length at that length: once
 // it has been read, it answers io.EOF itself and reads the client's body
