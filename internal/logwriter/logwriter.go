@@ -7,8 +7,8 @@
 // while a write runs and leave in one write(2) after it, so a busy proxy
 // makes a fraction of a system call per request for its log instead of
 // one. Lines keep their order, each line's bytes stay together, and Close
-// writes what is left. A crash loses at most the lines not yet written,
-// which are the ones a write was already under way for.
+// writes what is left. A crash loses the lines handed over but not yet
+// written: those logged in the moment before it.
 package logwriter
 
 import (
@@ -33,7 +33,7 @@ type Writer struct {
 	pending []byte // written to the Writer, not yet to dst
 	spare   []byte // the buffer the last write to dst used, for reuse
 	closed  bool
-	err     error // the first error dst returned; later writes return it
+	err     error // the last error dst returned, not yet returned to a caller
 
 	kick chan struct{} // a token: there is something pending
 	done chan struct{} // closed when the goroutine has stopped
@@ -46,16 +46,14 @@ func New(dst io.Writer) *Writer {
 	return w
 }
 
-// Write queues p, whole, to be written to the destination. It returns
-// the destination's first error, if one was seen; after Close it writes p
-// itself.
+// Write queues p, whole, to be written to the destination; after Close it
+// writes p itself. It returns an error the destination gave since the
+// last one returned (the lines of that write were lost; p is queued all
+// the same).
 func (w *Writer) Write(p []byte) (int, error) {
 	w.mu.Lock()
-	if w.err != nil {
-		err := w.err
-		w.mu.Unlock()
-		return 0, err
-	}
+	err := w.err
+	w.err = nil
 	w.pending = append(w.pending, p...)
 	direct := len(w.pending) >= maxPending || w.closed
 	if !direct {
@@ -66,11 +64,12 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	w.mu.Unlock()
 	if direct {
-		if err := w.flush(); err != nil {
-			return 0, err
+		w.flush()
+		if ferr := w.takeErr(); ferr != nil {
+			err = ferr
 		}
 	}
-	return len(p), nil
+	return len(p), err
 }
 
 func (w *Writer) run() {
@@ -80,7 +79,8 @@ func (w *Writer) run() {
 	}
 }
 
-// flush writes what is pending to the destination in one write.
+// flush writes what is pending to the destination in one write, and
+// returns (and keeps, for the next Write to return) its error.
 func (w *Writer) flush() error {
 	w.out.Lock()
 	defer w.out.Unlock()
@@ -89,38 +89,43 @@ func (w *Writer) flush() error {
 	w.pending = w.spare[:0]
 	w.spare = nil
 	w.mu.Unlock()
-	if len(b) == 0 {
-		w.mu.Lock()
-		w.spare = b
-		err := w.err
-		w.mu.Unlock()
-		return err
+	var err error
+	if len(b) > 0 {
+		_, err = w.dst.Write(b)
 	}
-	_, err := w.dst.Write(b)
 	w.mu.Lock()
 	if cap(b) <= maxPending { // keep a buffer of a usual size for the next write
 		w.spare = b[:0]
 	}
-	if err != nil && w.err == nil {
+	if err != nil {
 		w.err = err
 	}
-	err = w.err
 	w.mu.Unlock()
 	return err
 }
 
+// takeErr returns the error not yet returned to a caller, and forgets it.
+func (w *Writer) takeErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	err := w.err
+	w.err = nil
+	return err
+}
+
 // Close writes what is pending and stops the goroutine; later writes go
-// to the destination directly. It returns the destination's first error.
-// It does not close the destination.
+// to the destination directly. It returns an error the destination gave
+// that no Write returned. It does not close the destination.
 func (w *Writer) Close() error {
 	w.mu.Lock()
-	if w.closed {
+	if !w.closed {
+		w.closed = true
+		close(w.kick)
 		w.mu.Unlock()
-		return w.flush()
+		<-w.done
+	} else {
+		w.mu.Unlock()
 	}
-	w.closed = true
-	close(w.kick)
-	w.mu.Unlock()
-	<-w.done
-	return w.flush()
+	w.flush()
+	return w.takeErr()
 }

@@ -164,4 +164,23 @@ func TestErrorsAndWritesAfterClose(t *testing.T) {
 	if _, err := fmt.Fprintln(w, "more"); !errors.Is(err, broken) {
 		t.Fatalf("Write after the error: %v, want the destination's error", err)
 	}
+
+	// A destination that fails once (a disk full for a moment) loses the
+	// lines of that write only: the next ones are written.
+	d = &dest{err: broken}
+	w = New(d)
+	fmt.Fprintln(w, "lost")
+	w.flush() // the failed write, done now rather than by the goroutine
+	d.mu.Lock()
+	d.err = nil
+	d.mu.Unlock()
+	if _, err := fmt.Fprintln(w, "after"); !errors.Is(err, broken) {
+		t.Fatalf("the Write after a failed one: %v, want that failure reported once", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatalf("Close: %v, want nil (the failure was reported)", err)
+	}
+	if got := strings.Join(d.all(), ""); !strings.HasSuffix(got, "after\n") {
+		t.Fatalf("written: %q, want the line after the failure", got)
+	}
 }
