@@ -96,95 +96,89 @@ const (
 )
 
 // ask is a request of this process asking the store about a key that no
-// request here holds, and the copies of it that wait for its answer.
+// request here holds, and the copies of it that wait for its answer; once
+// the asker acquired the key (held), its holder's Wake answers them.
 type ask struct {
-	fp    idem.Fingerprint
-	done  chan struct{}
-	res   *Result // set before done is closed
-	again bool    // the asker acquired the key: its copies wait for its Wake
+	fp   idem.Fingerprint
+	done chan struct{}
+	res  *Result // set before done is closed
+	held bool    // the asker acquired the key: Wake answers
 }
 
 // JoinOrAsk makes the copies of a request (same key and fingerprint) in
 // this process ask the store one at a time. When a request of this
 // process holds key (Hold), it waits for the holder's Wake as Wait does;
 // when one is asking the store about key, it waits for that one's Answer
-// (and, if that one acquired the key, for its Wake): up to d in all, or
-// until ctx ends, and returns Waited with what Wait returns. When nobody
-// does, the caller is the one asking (Asking).
+// (and, if that one acquired the key, for its Wake): up to d, or until
+// ctx ends, and returns Waited with what Wait returns. When nobody does,
+// the caller is the one asking (Asking).
 //
-// The copies that wait for an asker are woken by its Answer only; the
-// requests that poll the store for a holder in another process (Wait) are
-// not, and keep their own pace.
+// The copies that wait for an asker are woken by its Answer or Wake only;
+// the requests that poll the store for a holder in another process (Wait)
+// are not, and keep their own pace.
 func (w *Set) JoinOrAsk(ctx context.Context, key idem.Key, fp idem.Fingerprint, d time.Duration) (j Joined, live bool, res *Result) {
-	end := time.Now().Add(d)
-	for {
-		w.mu.Lock()
-		if h := w.holds[key]; h.n > 0 {
-			if h.fp != fp {
-				w.mu.Unlock()
-				return Neither, true, nil
-			}
-			l := w.enter(key)
-			w.mu.Unlock()
-			live, res = w.wait(ctx, key, l, time.Until(end))
-			return Waited, live, res
-		}
-		a := w.asks[key]
-		switch {
-		case a == nil:
-			if w.asks == nil {
-				w.asks = map[idem.Key]*ask{}
-			}
-			w.asks[key] = &ask{fp: fp, done: make(chan struct{})}
-			w.mu.Unlock()
-			return Asking, true, nil
-		case a.fp != fp:
+	w.mu.Lock()
+	if h := w.holds[key]; h.n > 0 {
+		if h.fp != fp {
 			w.mu.Unlock()
 			return Neither, true, nil
 		}
-		w.active.Add(1)
+		l := w.enter(key)
 		w.mu.Unlock()
-		t := time.NewTimer(time.Until(end))
-		answered := false
-		select {
-		case <-a.done:
-			answered = true
-		case <-t.C:
-		case <-ctx.Done():
+		live, res = w.wait(ctx, key, l, d)
+		return Waited, live, res
+	}
+	a := w.asks[key]
+	switch {
+	case a == nil:
+		if w.asks == nil {
+			w.asks = map[idem.Key]*ask{}
 		}
-		t.Stop()
-		w.active.Add(-1)
-		switch {
-		case ctx.Err() != nil:
-			return Waited, false, nil
-		case !answered:
-			return Waited, true, nil
-		case !a.again:
-			return Waited, true, a.res
-		}
-		// The asker acquired the key: wait for its Wake (or ask, if it is
-		// done with the key already).
+		w.asks[key] = &ask{fp: fp, done: make(chan struct{})}
+		w.mu.Unlock()
+		return Asking, true, nil
+	case a.fp != fp:
+		w.mu.Unlock()
+		return Neither, true, nil
+	}
+	w.active.Add(1)
+	w.mu.Unlock()
+	defer w.active.Add(-1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-a.done:
+		return Waited, true, a.res
+	case <-t.C:
+		return Waited, true, nil
+	case <-ctx.Done():
+		return Waited, false, nil
 	}
 }
 
-// Answer ends the caller's ask (JoinOrAsk returned Asking) and wakes the
-// copies waiting for it: with res, the replay the store gave, which they
-// answer with; with acquired, the caller now holds key (as after Hold)
-// and its copies wait for its Wake; otherwise (nil, not acquired) they ask
-// the store themselves.
+// Answer ends the caller's ask (JoinOrAsk returned Asking): with
+// acquired, the caller now holds key (as after Hold), and its Wake
+// answers the copies waiting for it; otherwise they are woken now, with
+// res, the replay the store gave, which they answer with, or nil, and
+// they ask the store themselves.
 func (w *Set) Answer(key idem.Key, fp idem.Fingerprint, res *Result, acquired bool) {
 	w.mu.Lock()
 	a := w.asks[key]
-	delete(w.asks, key)
 	if acquired {
 		if w.holds == nil {
 			w.holds = map[idem.Key]hold{}
 		}
 		w.holds[key] = hold{n: w.holds[key].n + 1, fp: fp}
+		if a != nil {
+			a.held = true
+		}
+		w.mu.Unlock()
+		return
 	}
+	delete(w.asks, key)
 	w.mu.Unlock()
 	if a != nil {
-		a.res, a.again = res, acquired
+		a.res = res
 		close(a.done)
 	}
 }
@@ -259,9 +253,19 @@ func (w *Set) Wake(key idem.Key, res *Result) {
 		l = w.keys[key]
 		delete(w.keys, key)
 	}
+	a := w.asks[key]
+	if a != nil && a.held {
+		delete(w.asks, key) // its asker held the key: this Wake answers its copies
+	} else {
+		a = nil
+	}
 	w.mu.Unlock()
 	if l != nil {
 		l.result = res
 		close(l.done)
+	}
+	if a != nil {
+		a.res = res
+		close(a.done)
 	}
 }

@@ -171,8 +171,10 @@ func TestJoinOrAsk(t *testing.T) {
 		w.Answer(key, fp, c.res, c.acquired)
 		if c.acquired {
 			// Now they wait for the holder, which hands them its result.
-			for w.Waiting() < copies || waiting(&w, key) < copies {
-				time.Sleep(time.Millisecond)
+			select {
+			case j := <-done:
+				t.Fatalf("acquired: a copy returned %+v before the holder's Wake", j)
+			case <-time.After(50 * time.Millisecond):
 			}
 			w.Wake(key, res)
 		}
