@@ -256,7 +256,7 @@ func testNativeBatchMixed(t *testing.T, c client, raw redis.UniversalClient, one
 		req(dup, dupID, fp1, ttl),
 		req(done, idem.NewLeaseID(), fp1, ttl), // replay
 		req(busy, holder, fp1, ttl),            // the holder's repeat
-		req(short, idem.NewLeaseID(), fp1, 400*time.Millisecond),
+		req(short, idem.NewLeaseID(), fp1, 500*time.Millisecond),
 		req(dup, idem.NewLeaseID(), fp1, ttl), // in flight: dup's first lease
 		req(done2, idem.NewLeaseID(), fp2, ttl),
 		req(dupSame, dupSameID, fp1, ttl),
@@ -265,9 +265,9 @@ func testNativeBatchMixed(t *testing.T, c client, raw redis.UniversalClient, one
 		req(fresh2, idem.NewLeaseID(), fp1, ttl),
 		req(dupSame, dupSameID, fp1, ttl), // the same lease again
 		req(corrupt, idem.NewLeaseID(), fp1, ttl),
-		req(shortDup, shortDupID, fp1, 400*time.Millisecond),
+		req(shortDup, shortDupID, fp1, 500*time.Millisecond),
 		req(hash, idem.NewLeaseID(), fp1, ttl),
-		req(shortDup, shortDupID, fp1, 400*time.Millisecond), // the same short lease again
+		req(shortDup, shortDupID, fp1, 500*time.Millisecond), // the same short lease again
 		req(done, idem.NewLeaseID(), fp1, ttl),               // replay again
 	}
 	wantOutcomes := []idem.Outcome{idem.Acquired, idem.InFlight, idem.Acquired, idem.Replay, idem.Acquired, idem.Acquired,
