@@ -359,8 +359,12 @@ func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) 
 	if len(idx) == 0 {
 		return
 	}
-	if !batched { // the native path: the single transition per key (native.go)
-		s.execEach(ctx, run, bs, idx, key, args, answer, fail)
+	if !batched { // the native path (native_batch.go)
+		if nr, ok := run.(*nativeRunner); ok {
+			s.execNative(ctx, nr, bs, idx, key, args, answer, fail)
+		} else {
+			s.execEach(ctx, run, bs, tasksOf(idx), key, args, answer, fail)
+		}
 		return
 	}
 	calls := s.plan(len(idx), func(j int) idem.Key { return key(idx[j]) }, b.grouped())
@@ -382,8 +386,9 @@ func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) 
 	}
 }
 
-// AcquireMany implements idem.BatchStore: one script call per batch on a
-// single node or Sentinel, one per hash slot, pipelined, on Cluster.
+// AcquireMany implements idem.BatchStore: on the Lua path, one script call
+// per batch on a single node or Sentinel, one per hash slot, pipelined, on
+// Cluster; on the native path, see native_batch.go.
 func (s *Store) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []idem.AcquireResult {
 	out := make([]idem.AcquireResult, len(reqs))
 	if err := ctx.Err(); err != nil {

@@ -97,10 +97,18 @@
 //     never repeat on a key (each holds its token), so an equal value is
 //     the record that was read.
 //   - Get reads the value and its TTL in one MULTI/EXEC.
-//   - Batches (AcquireMany, CompleteMany, ReleaseMany) run each key's
-//     transition, the keys in parallel (pipelined by the client), the
-//     appearances of one key in order: the same answers as the batch
-//     scripts, not one script call per batch.
+//   - Batches (AcquireMany, CompleteMany, ReleaseMany) on a single node
+//     (or Sentinel's primary) send the first appearance of each key in one
+//     pipeline: the claims (SET … NX GET PX for each key, then one TIME,
+//     which runs after every claim and so proves each claim's token as
+//     the single acquire's does), or the one SET … IFEQ of each lease the
+//     Store granted. A key that needs more (a record was there, a lease of
+//     500ms or less, a token that does not stand, a lease the Store did
+//     not grant) goes on from there as its single transition does, the
+//     keys in parallel (pipelined by the client); the later appearances of
+//     a key follow its first, in batch order. On Cluster each key takes
+//     its single transition, the keys in parallel. The same answers as
+//     the batch scripts; a failed pipeline fails the keys it carried.
 //
 // What differs from the Lua path: a claim's token may run up to 250ms
 // ahead of the server's clock (tokens still strictly increase per key);

@@ -28,7 +28,9 @@ func LeaseMemos(s *Store) int {
 // trip it sends, once the server has answered (before the store reads the
 // answer): f may change the record through another client between two
 // round trips of a transition. Call it after the store's first call (which
-// picks the path) and before any other call is under way.
+// picks the path) and before any other call is under way. f may be called
+// from several goroutines at once (the keys of a batch that take their own
+// path run side by side).
 func TraceNative(s *Store, f func(cmds [][]string)) {
 	p := s.r.(*pathRunner)
 	p.native.c = tracingConn{c: p.native.c, f: f}
@@ -56,3 +58,5 @@ func (t tracingConn) one(ctx context.Context, cmd ...string) (nval, error) {
 	t.f([][]string{cmd})
 	return res, err
 }
+
+func (t tracingConn) oneNode() bool { return t.c.oneNode() }

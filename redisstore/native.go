@@ -13,9 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
-
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/perkey"
 )
 
 // The native path: every transition of the scripts (scripts/*.lua) done
@@ -85,6 +82,12 @@ type nconn interface {
 	pipe(ctx context.Context, cmds ...[]string) ([]nval, error)
 	// one sends one command.
 	one(ctx context.Context, cmd ...string) (nval, error)
+	// oneNode reports whether every key is on one node, reached through
+	// one connection per pipeline: then pipe sends commands on several
+	// keys, and a TIME after them, as one plain pipeline (a single node or
+	// Sentinel's primary, not Cluster; not a go-redis Ring, which would
+	// split it).
+	oneNode() bool
 }
 
 // nativeRunner implements the runner interface with native commands.
@@ -215,15 +218,15 @@ func (r *nativeRunner) runOn(ctx context.Context, c nconn, script int, key strin
 		return r.acquire(ctx, c, key, args[0], args[1], args[2])
 	case scriptGet:
 		return r.get(ctx, c, key)
-	case scriptComplete:
-		if len(args) < 5 || args[4] != "1" {
-			if rep, ok, err := r.completeFast(ctx, c, key, args); ok || err != nil {
+	case scriptComplete, scriptRelease:
+		if cmd := r.fastCmd(script, key, args); cmd != nil {
+			v, err := c.one(ctx, cmd...)
+			if err != nil {
+				return reply{}, err
+			}
+			if rep, ok, err := fastDone(v); ok || err != nil {
 				return rep, err
 			}
-		}
-	case scriptRelease:
-		if rep, ok, err := r.releaseFast(ctx, c, key, args); ok || err != nil {
-			return rep, err
 		}
 	}
 	step, withTTL, err := nativeStep(script, args)
@@ -292,14 +295,8 @@ func (r *nativeRunner) decodeState(res []nval, withTTL bool, st *state) error {
 	if len(res) != want {
 		return fmt.Errorf("unexpected reply of %d elements to a pipeline of %d commands", len(res), want)
 	}
-	switch g := res[0]; {
-	case g.err != nil:
-		if !strings.HasPrefix(g.err.Error(), "WRONGTYPE") {
-			return g.err
-		}
-		st.wrongType = true
-	case !g.null:
-		st.v = g.b
+	if err := decodeValue(res[0], st); err != nil {
+		return err
 	}
 	if withTTL {
 		if res[1].err != nil {
@@ -313,6 +310,21 @@ func (r *nativeRunner) decodeState(res []nval, withTTL bool, st *state) error {
 	}
 	r.observe(us)
 	st.now = us / 1000
+	return nil
+}
+
+// decodeValue reads the reply to GET or SET…GET into st: the value, nil
+// when absent; an error reply other than WRONGTYPE is returned.
+func decodeValue(g nval, st *state) error {
+	switch {
+	case g.err != nil:
+		if !strings.HasPrefix(g.err.Error(), "WRONGTYPE") {
+			return g.err
+		}
+		st.wrongType = true
+	case !g.null:
+		st.v = g.b
+	}
 	return nil
 }
 
@@ -431,116 +443,181 @@ func packTokenBytes(t int64) []byte { return []byte(packToken(uint64(t))) }
 
 // acquire claims the key (see the comment at the top of the file).
 func (r *nativeRunner) acquire(ctx context.Context, c nconn, key, id, fp, ttlArg string) (reply, error) {
+	a, err := newAcq(key, id, fp, ttlArg)
+	if err != nil {
+		return reply{}, err
+	}
+	return r.claimLoop(ctx, c, &a, nil)
+}
+
+// acq is one Acquire on the native path: its arguments, and how far
+// ahead its next claim's token goes.
+type acq struct {
+	key, id, fp string
+	ttl         int64 // the lease's, in ms
+	px          int64 // the claim's expiry, in ms
+	short       bool  // a lease of at most 2*maxAhead
+	lead        int64
+}
+
+func newAcq(key, id, fp, ttlArg string) (acq, error) {
 	ttl, err := strconv.ParseInt(ttlArg, 10, 64)
 	if err != nil || ttl <= 0 {
-		return reply{}, fmt.Errorf("lease TTL %q is not a positive number of ms", ttlArg)
+		return acq{}, fmt.Errorf("lease TTL %q is not a positive number of ms", ttlArg)
 	}
 	// A short lease is claimed for shortClaim first, so that it is still
 	// there for the second step, which gives it its token and expiry.
-	short := ttl <= 2*maxAhead
-	px := ttl
-	if short {
-		px = shortClaim
+	a := acq{key: key, id: id, fp: fp, ttl: ttl, px: ttl, short: ttl <= 2*maxAhead, lead: claimLead}
+	if a.short {
+		a.px = shortClaim
 	}
-	lead := int64(claimLead)
+	return a, nil
+}
+
+// claim is one claim of a key: the clock estimate it was made at, its
+// token and value, and, once sent, what it found (st: the record, nil
+// when the claim took the key, and the server's time read after it).
+type claim struct {
+	low, t0 int64
+	val     []byte
+	st      state
+}
+
+// nextClaim makes a's next claim: it returns the claim and its command,
+// SET key claim NX GET PX px, to be followed by TIME.
+func (r *nativeRunner) nextClaim(a *acq) (claim, []string) {
+	low := r.serverNowMs() // at most the server's time at the claim
+	t0 := low + a.lead
+	a.lead = min(2*a.lead, maxAhead-20) // a claim that came too late leads more next time
+	val := make([]byte, 0, inFlightLen)
+	val = append(append(append(append(val, 'F'), packTokenBytes(t0)...), a.fp...), a.id...)
+	return claim{low: low, t0: t0, val: val}, []string{"SET", a.key, string(val), "NX", "GET", "PX", strconv.FormatInt(a.px, 10)}
+}
+
+// claimLoop claims a's key until the acquire has its answer. first, when
+// not nil, is a claim already sent and read (by a batch, native_batch.go):
+// the loop decides on it as on its own first claim.
+func (r *nativeRunner) claimLoop(ctx context.Context, c nconn, a *acq, first *claim) (reply, error) {
 	for range maxCASAttempts {
-		low := r.serverNowMs() // at most the server's time at the claim
-		t0 := low + lead
-		lead = min(2*lead, maxAhead-20) // a claim that came too late leads more next time
-		claim := make([]byte, 0, inFlightLen)
-		claim = append(append(append(append(claim, 'F'), packTokenBytes(t0)...), fp...), id...)
-		res, err := c.pipe(ctx, []string{"SET", key, string(claim), "NX", "GET", "PX", strconv.FormatInt(px, 10)},
-			[]string{"TIME"})
-		if err != nil {
-			return reply{}, err
-		}
-		var st state
-		if err := r.decodeState(res, false, &st); err != nil {
-			return reply{}, err
-		}
-		if st.wrongType {
-			return reply{}, nil // not a record
-		}
-		// The fix: the token becomes the server's time at the claim,
-		// larger than every token the key had, and the lease ends ttl
-		// after it.
-		token, fix, left := st.now, write{at: st.now + ttl}, ttl
-		switch {
-		case st.v == nil: // claimed just now
-			// TIME ran after the claim: t0 at least st.now is at least
-			// the time of the claim. The claim ran after low (a lower
-			// bound unless the server's clock went back: then t0 beyond
-			// st.now+maxAhead shows it), so the lease, longer than
-			// 2*maxAhead, expires after the clock has passed t0.
-			if low > 0 && t0 >= st.now && t0-low <= maxAhead && t0-st.now <= maxAhead {
-				if !short {
-					r.remember(id, leaseMemo{key: key, token: uint64(t0), fp: [16]byte([]byte(fp))})
-					return reply{n: [3]int64{1, t0, ttl}}, nil
-				}
-				// A short lease keeps its token; the second step only
-				// sets its expiry.
-				token, fix = t0, write{at: max(st.now+ttl, t0+1)}
-			}
-		case bytes.Equal(st.v, claim) && !r.granted(id, key, t0):
-			// Our own claim, sent again by the client library after a
-			// lost reply: when it was made is unknown, so the token
-			// becomes the time now, and the claim keeps its expiry (later
-			// than now, as it is there). (A claim of the same bytes that
-			// this runner granted, by an earlier Acquire of the same lease
-			// in the same millisecond, is the lease it granted: below.)
-			var same bool
-			if st.pttl, same, err = r.ttlOf(ctx, c, key, st.v); err != nil {
-				return reply{}, err
-			}
-			if !same {
-				continue // changed since the claim: claim again
-			}
-			fix, left = write{keepTTL: true}, st.pttl
-		default:
-			// A record is there. Its TTL, which only the answers about
-			// a record in flight or a replay need, takes a second round
-			// trip, read with the value in one transaction: when the
-			// record is no longer the one the claim found, the claim
-			// starts over.
-			if withTTL(st.v, fp) {
-				var same bool
-				if st.pttl, same, err = r.ttlOf(ctx, c, key, st.v); err != nil {
-					return reply{}, err
-				}
-				if !same {
-					continue // changed since the claim: claim again
-				}
-			}
-			rep, w := acquireStep(st, id, fp, ttl)
-			if w == nil {
-				return rep, nil
-			}
-			ok, err := r.cas(ctx, c, key, st, *w)
+		var cl claim
+		if first != nil {
+			cl, first = *first, nil
+		} else {
+			var cmd []string
+			cl, cmd = r.nextClaim(a)
+			res, err := c.pipe(ctx, cmd, []string{"TIME"})
 			if err != nil {
 				return reply{}, err
 			}
-			if ok {
-				if rep.n[1]-st.now <= maxAhead {
-					r.remember(id, leaseMemo{key: key, token: uint64(rep.n[1]), fp: [16]byte([]byte(fp))})
-				}
-				return rep, nil
+			if err := r.decodeState(res, false, &cl.st); err != nil {
+				return reply{}, err
 			}
-			continue // the record changed: claim again
 		}
-		fix.val = append(append([]byte{'F'}, packTokenBytes(token)...), claim[tokenEnd:]...)
-		ok, err := r.cas(ctx, c, key, state{v: claim}, fix)
-		if err != nil {
-			return reply{}, err
+		if rep, ok := r.settled(a, &cl); ok {
+			return rep, nil
 		}
-		if ok {
-			if token-st.now <= maxAhead {
-				r.remember(id, leaseMemo{key: key, token: uint64(token), fp: [16]byte([]byte(fp))})
-			}
-			return reply{n: [3]int64{1, token, left}}, nil
+		if rep, done, err := r.afterClaim(ctx, c, a, &cl); done || err != nil {
+			return rep, err
 		}
-		// The claim expired before the fix: claim again.
 	}
 	return reply{}, fmt.Errorf("%w (%d attempts)", ErrContention, maxCASAttempts)
+}
+
+// tokenHolds reports whether the token of a claim that took the key
+// stands. TIME ran after the claim: t0 at least st.now is at least the
+// time of the claim. The claim ran after low (a lower bound unless the
+// server's clock went back: then t0 beyond st.now+maxAhead shows it), so
+// a lease longer than 2*maxAhead expires after the clock has passed t0.
+func (cl *claim) tokenHolds() bool {
+	return cl.low > 0 && cl.t0 >= cl.st.now && cl.t0-cl.low <= maxAhead && cl.t0-cl.st.now <= maxAhead
+}
+
+// settled returns the acquire's answer when its claim gives it with no
+// further command: a value of another type (not a record), or a free key
+// taken by a lease longer than 2*maxAhead whose token stands. ok false:
+// afterClaim goes on.
+func (r *nativeRunner) settled(a *acq, cl *claim) (rep reply, ok bool) {
+	switch {
+	case cl.st.wrongType:
+		return reply{}, true // not a record
+	case cl.st.v == nil && !a.short && cl.tokenHolds():
+		r.remember(a.id, leaseMemo{key: a.key, token: uint64(cl.t0), fp: [16]byte([]byte(a.fp))})
+		return reply{n: [3]int64{1, cl.t0, a.ttl}}, true
+	}
+	return reply{}, false
+}
+
+// afterClaim goes on from a claim settled did not answer: done false when
+// the acquire must claim again.
+func (r *nativeRunner) afterClaim(ctx context.Context, c nconn, a *acq, cl *claim) (rep reply, done bool, err error) {
+	st, key, id, fp, ttl := cl.st, a.key, a.id, a.fp, a.ttl
+	// The fix: the token becomes the server's time at the claim, larger
+	// than every token the key had, and the lease ends ttl after it.
+	token, fix, left := st.now, write{at: st.now + ttl}, ttl
+	switch {
+	case st.v == nil: // claimed just now
+		if cl.tokenHolds() {
+			// A short lease (settled took the others) keeps its token;
+			// the second step only sets its expiry.
+			token, fix = cl.t0, write{at: max(st.now+ttl, cl.t0+1)}
+		}
+	case bytes.Equal(st.v, cl.val) && !r.granted(id, key, cl.t0):
+		// Our own claim, sent again by the client library after a lost
+		// reply: when it was made is unknown, so the token becomes the
+		// time now, and the claim keeps its expiry (later than now, as it
+		// is there). (A claim of the same bytes that this runner granted,
+		// by an earlier Acquire of the same lease in the same
+		// millisecond, is the lease it granted: below.)
+		var same bool
+		if st.pttl, same, err = r.ttlOf(ctx, c, key, st.v); err != nil {
+			return reply{}, true, err
+		}
+		if !same {
+			return reply{}, false, nil // changed since the claim: claim again
+		}
+		fix, left = write{keepTTL: true}, st.pttl
+	default:
+		// A record is there. Its TTL, which only the answers about a
+		// record in flight or a replay need, takes a second round trip,
+		// read with the value in one transaction: when the record is no
+		// longer the one the claim found, the claim starts over.
+		if withTTL(st.v, fp) {
+			var same bool
+			if st.pttl, same, err = r.ttlOf(ctx, c, key, st.v); err != nil {
+				return reply{}, true, err
+			}
+			if !same {
+				return reply{}, false, nil // changed since the claim: claim again
+			}
+		}
+		rep, w := acquireStep(st, id, fp, ttl)
+		if w == nil {
+			return rep, true, nil
+		}
+		ok, err := r.cas(ctx, c, key, st, *w)
+		if err != nil {
+			return reply{}, true, err
+		}
+		if ok {
+			if rep.n[1]-st.now <= maxAhead {
+				r.remember(id, leaseMemo{key: key, token: uint64(rep.n[1]), fp: [16]byte([]byte(fp))})
+			}
+			return rep, true, nil
+		}
+		return reply{}, false, nil // the record changed: claim again
+	}
+	fix.val = append(append([]byte{'F'}, packTokenBytes(token)...), cl.val[tokenEnd:]...)
+	ok, err := r.cas(ctx, c, key, state{v: cl.val}, fix)
+	if err != nil {
+		return reply{}, true, err
+	}
+	if ok {
+		if token-st.now <= maxAhead {
+			r.remember(id, leaseMemo{key: key, token: uint64(token), fp: [16]byte([]byte(fp))})
+		}
+		return reply{n: [3]int64{1, token, left}}, true, nil
+	}
+	return reply{}, false, nil // the claim expired before the fix: claim again
 }
 
 // withTTL reports whether acquireStep's answer about record v depends on
@@ -589,39 +666,35 @@ func acquireStep(st state, id, fp string, ttl int64) (reply, *write) {
 	return reply{}, nil
 }
 
-// completeFast completes a lease this runner granted in one SET IFEQ.
-// ok false: the caller takes the read, compare-and-set path.
-func (r *nativeRunner) completeFast(ctx context.Context, c nconn, key string, args []string) (rep reply, ok bool, err error) {
-	id, token, ret, resp := args[0], args[1], args[2], args[3]
+// fastCmd returns the one SET IFEQ that completes (scriptComplete) or
+// releases (scriptRelease) a lease this runner granted, and forgets the
+// lease. nil: the caller takes the read, compare-and-set path (a lease
+// this runner did not grant or no longer remembers, a retention or keep
+// of at most maxAhead, which needs an absolute expiry, or a Complete
+// again).
+func (r *nativeRunner) fastCmd(script int, key string, args []string) []string {
+	if script == scriptComplete && len(args) > 4 && args[4] == "1" {
+		return nil
+	}
+	id, token, px := args[0], args[1], args[2]
 	m, found := r.recall(id)
-	ms, _ := strconv.ParseInt(ret, 10, 64)
+	ms, _ := strconv.ParseInt(px, 10, 64)
 	if !found || m.key != key || packToken(m.token) != token || ms <= maxAhead {
-		return reply{}, false, nil
+		return nil
 	}
-	v, err := c.one(ctx, "SET", key, "C"+token+string(m.fp[:])+resp, "IFEQ", "F"+token+string(m.fp[:])+id, "PX", ret)
-	if err == nil {
-		err = v.err
+	held := "F" + token + string(m.fp[:]) + id
+	if script == scriptComplete {
+		return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "IFEQ", held, "PX", px}
 	}
-	if err != nil || v.null { // nil: the record is not the lease's
-		return reply{}, false, err
-	}
-	return reply{n: [3]int64{1}}, true, nil
+	return []string{"SET", key, "R" + token, "IFEQ", held, "PX", px}
 }
 
-// releaseFast releases a lease this runner granted in one SET IFEQ.
-func (r *nativeRunner) releaseFast(ctx context.Context, c nconn, key string, args []string) (rep reply, ok bool, err error) {
-	id, token, keep := args[0], args[1], args[2]
-	m, found := r.recall(id)
-	ms, _ := strconv.ParseInt(keep, 10, 64)
-	if !found || m.key != key || packToken(m.token) != token || ms <= maxAhead {
-		return reply{}, false, nil
-	}
-	v, err := c.one(ctx, "SET", key, "R"+token, "IFEQ", "F"+token+string(m.fp[:])+id, "PX", keep)
-	if err == nil {
-		err = v.err
-	}
-	if err != nil || v.null { // nil: the record is not the lease's
-		return reply{}, false, err
+// fastDone reads the reply to fastCmd's command: ok false when the record
+// was not the lease's (nil), and the caller takes the read,
+// compare-and-set path.
+func fastDone(v nval) (rep reply, ok bool, err error) {
+	if v.err != nil || v.null {
+		return reply{}, false, v.err
 	}
 	return reply{n: [3]int64{1}}, true, nil
 }
@@ -781,6 +854,8 @@ type rueidisConn struct {
 	cluster bool
 }
 
+func (c rueidisConn) oneNode() bool { return !c.cluster }
+
 func (c rueidisConn) build(cmd []string) rueidis.Completed {
 	b := c.c.B().Arbitrary(cmd[0])
 	switch cmd[0] {
@@ -914,7 +989,10 @@ type goredisConn struct {
 		Do(ctx context.Context, args ...any) *redis.Cmd
 	}
 	cluster bool
+	single  bool // a *redis.Client, or a connection
 }
+
+func (c goredisConn) oneNode() bool { return c.single }
 
 func anyArgs(cmd []string) []any {
 	out := make([]any, len(cmd))
@@ -1000,7 +1078,8 @@ func goredisVal(v any, err error) nval {
 
 func newGoredisNative(c redis.UniversalClient) *nativeRunner {
 	_, cluster := c.(*redis.ClusterClient)
-	r := newNativeRunner(goredisConn{c: c, cluster: cluster})
+	_, single := c.(*redis.Client)
+	r := newNativeRunner(goredisConn{c: c, cluster: cluster, single: single})
 	r.closeFn = func() { c.Close() }
 	r.delFn = func(ctx context.Context, key string) (int64, error) { return c.Del(ctx, key).Result() }
 	r.dedic = func(ctx context.Context, key string, f func(nconn) error) error {
@@ -1017,30 +1096,7 @@ func newGoredisNative(c redis.UniversalClient) *nativeRunner {
 		}
 		conn := node.Conn()
 		defer conn.Close()
-		return f(goredisConn{c: conn})
+		return f(goredisConn{c: conn, single: true})
 	}
 	return r
-}
-
-// maxEachInFlight bounds the keys of one batch whose transitions run at
-// once on the native path.
-const maxEachInFlight = 64
-
-// execEach runs a batch on a runner without batch calls (the native path):
-// each key's single transition, the keys in parallel (the client pipelines
-// them), the appearances of one key one after the other in batch order.
-func (s *Store) execEach(ctx context.Context, run runner, bs *batchScript, idx []int, key func(int) idem.Key,
-	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
-	var mu sync.Mutex // answer and fail are not safe for concurrent use
-	perkey.Run(len(idx), func(j int) idem.Key { return key(idx[j]) }, maxEachInFlight, func(j int) {
-		i := idx[j]
-		r, err := run.run(ctx, bs.single, s.KeyName(key(i)), args(i, nil)...)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			fail(i, s.explainACL(err))
-		} else {
-			answer(i, r)
-		}
-	})
 }
