@@ -16,9 +16,10 @@ import (
 
 // TestNativeCommands: the commands each native transition sends, round
 // trip by round trip, and their answers. A claim of a free key is SET NX
-// GET and TIME, without the PTTL, which only a claim that found a record in
-// flight or a replay reads, in a second round trip; a record gone by then
-// is claimed again. Complete and Release of a lease the store granted are
+// GET and TIME, without the PTTL; only a claim that found a record in
+// flight or a replay reads it again with its PTTL (GET and PTTL in a
+// transaction), in a second round trip, and a record changed by then
+// (gone, completed, taken by another lease) is claimed again. Complete and Release of a lease the store granted are
 // one SET IFEQ without GET; Renew reads no PTTL, RaiseToken does.
 func TestNativeCommands(t *testing.T) {
 	srvs := startKinds(t)
