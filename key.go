@@ -41,19 +41,34 @@ type Scope struct {
 	Tenant string // who is calling: an account, an API key hash; may be empty
 	Method string // the operation kind: an HTTP method, "amqp", ...
 	Route  string // the operation target: a route pattern, a queue, a topic
+	// Authority is the host the request was sent to (HTTP's Host, gRPC's
+	// :authority), for servers that answer for several: two virtual hosts
+	// never share a record. Empty for operations that have none (message
+	// consumers); a Scope without one derives the same key as in v1.0.
+	Authority string
 }
 
 // Key validates clientKey and derives the record key: SHA-256 over a
-// version tag and the four fields, each prefixed by its length, so no two
-// distinct (tenant, method, route, key) tuples share an encoding.
+// version tag and the fields, each prefixed by its length, so no two
+// distinct (tenant, method, route, key, authority) tuples share an
+// encoding. A Scope without Authority is encoded as in v1.0 (four fields
+// under the tag idem/key/v1), so its keys did not change; one with an
+// Authority adds it as a fifth field under the tag idem/key/v2.
 func (s Scope) Key(clientKey string) (Key, error) {
 	if err := ValidateKey(clientKey); err != nil {
 		return Key{}, err
 	}
 	var buf [512]byte // most scopes fit: no allocation
-	b := append(buf[:0], "idem/key/v1"...)
+	tag := "idem/key/v1"
+	if s.Authority != "" {
+		tag = "idem/key/v2"
+	}
+	b := append(buf[:0], tag...)
 	for _, f := range [...]string{s.Tenant, s.Method, s.Route, clientKey} {
 		b = appendField(b, f)
+	}
+	if s.Authority != "" {
+		b = appendField(b, s.Authority)
 	}
 	sum := sha256.Sum256(b)
 	return Key(sum[:16]), nil

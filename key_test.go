@@ -42,6 +42,10 @@ func TestScopeKeyDistinct(t *testing.T) {
 		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x"}, "K"},
 		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x"}, "kk"},
 		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/xk"}, "k"},
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x", Authority: "shop-a.example"}, "k"},
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x", Authority: "shop-b.example"}, "k"},
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/x", Authority: "k"}, "k"},
+		{idem.Scope{Tenant: "ab", Method: "POST", Route: "/", Authority: "x"}, "k"},
 	}
 	seen := map[idem.Key]int{}
 	for i, sc := range scopes {
@@ -57,6 +61,23 @@ func TestScopeKeyDistinct(t *testing.T) {
 		if again != k {
 			t.Errorf("scope %d: key not deterministic", i)
 		}
+	}
+}
+
+// TestScopeKeyV1 pins the keys of v1.0.0: a Scope without Authority
+// derives the key it did then, so records stored by v1.0 stay reachable.
+func TestScopeKeyV1(t *testing.T) {
+	k, err := idem.Scope{Tenant: "authz:x", Method: "POST", Route: "/charges"}.Key("order-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Computed by the v1.0.0 code (commit fd7d5db).
+	if got, want := k.String(), "GS2olm99K8CzDDtEG813lw"; got != want {
+		t.Errorf("Scope.Key without Authority: got %s, want v1.0's %s", got, want)
+	}
+	withHost, _ := idem.Scope{Tenant: "authz:x", Method: "POST", Route: "/charges", Authority: "shop.example"}.Key("order-1")
+	if withHost == k {
+		t.Error("Scope.Key: an Authority does not change the key")
 	}
 }
 

@@ -1,0 +1,182 @@
+// Package ident says who sent a keyed request and what it was sent to, the
+// same way in every layer (idemhttp, idemgrpc, idemlambda, idem proxy,
+// Caddy): the credentials that name a caller, in a normal form so that
+// one credential spelled two ways is one caller, and the path an upstream
+// will see.
+//
+// A tenant is built from every credential the request carries, each as a
+// prefix and a digest ("authz:…", "apikey:…"), never the raw bytes: a
+// request with an Authorization header and an API key is a caller of its
+// own, neither of the callers that send one of them alone (a gateway that
+// adds a fixed Authorization header in front of clients that each send
+// their own X-Api-Key must not make them one caller).
+package ident
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"strings"
+)
+
+// APIKeyHeaders are the request headers that carry an API key by common
+// practice, in canonical form; gRPC metadata names are their lower-case
+// forms. Each is a credential: two values are two callers.
+var APIKeyHeaders = []string{"X-Api-Key", "Api-Key", "X-Auth-Token"}
+
+// Tenant returns the tenant named by the credentials that values reads:
+// values(name) returns every value of the header or metadata name, given
+// in canonical form ("Authorization", "X-Api-Key"); a gRPC reader
+// lower-cases it. "" when the request carries none of them.
+//
+// Authorization values are read in their normal form (see
+// Authorization); the tenant of a request with one Authorization value
+// and no API key is "authz:" and the digest of v1.0's DefaultTenant for
+// that normal form, so a caller that wrote its header in normal form
+// ("Bearer tok") kept its tenant across the upgrade.
+func Tenant(values func(name string) []string) string {
+	var parts []string
+	if vs := values("Authorization"); len(vs) > 0 {
+		norm := make([]string, len(vs))
+		for i, v := range vs {
+			norm[i] = Authorization(v)
+		}
+		if !(len(norm) == 1 && norm[0] == "") {
+			parts = append(parts, "authz:"+hash(strings.Join(norm, "\n")))
+		}
+	}
+	for _, name := range APIKeyHeaders {
+		vs := values(name)
+		if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
+			continue
+		}
+		fields := make([]string, 0, len(vs)+1)
+		fields = append(fields, strings.ToLower(name))
+		for _, v := range vs {
+			fields = append(fields, strings.TrimSpace(v))
+		}
+		parts = append(parts, "apikey:"+Digest(fields...))
+	}
+	return strings.Join(parts, " ")
+}
+
+// hash is the first 128 bits of SHA-256 over s in unpadded base64url (the
+// form of v1.0's "authz:" and "cert:" tenants).
+func hash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Cert is the tenant of a verified client certificate (its DER bytes):
+// "cert:" and a digest, as in v1.0.
+func Cert(der []byte) string {
+	sum := sha256.Sum256(der)
+	return "cert:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Digest is the first 128 bits of SHA-256 over the fields, each with its
+// length first, in unpadded base64url.
+func Digest(fields ...string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, f := range fields {
+		h.Write(binary.AppendUvarint(n[:0], uint64(len(f))))
+		h.Write([]byte(f))
+	}
+	sum := h.Sum(nil)
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Authorization returns the normal form of an Authorization value
+// (RFC 9110 section 11.4: credentials = auth-scheme [ 1*SP ( token68 /
+// #auth-param ) ]): the whitespace around it dropped, the scheme, which
+// is case-insensitive, written with its first letter in upper case and
+// the rest in lower case ("Bearer", "Basic", "Digest"), one space after
+// it, and each run of spaces and tabs in the rest made one space. The
+// credential itself keeps its case: "Bearer tokA" and "Bearer TOKA" are
+// two callers.
+func Authorization(v string) string {
+	v = strings.Trim(v, " \t")
+	scheme, rest, _ := strings.Cut(v, " ")
+	if i := strings.IndexByte(scheme, '\t'); i >= 0 {
+		scheme, rest = scheme[:i], scheme[i+1:]+" "+rest
+	}
+	rest = strings.Join(strings.FieldsFunc(rest, func(r rune) bool { return r == ' ' || r == '\t' }), " ")
+	if scheme == "" {
+		return rest
+	}
+	scheme = strings.ToUpper(scheme[:1]) + strings.ToLower(scheme[1:])
+	if rest == "" {
+		return scheme
+	}
+	return scheme + " " + rest
+}
+
+// Path returns the normal form of an escaped URL path (RFC 3986 section
+// 6.2.2): percent-encoded unreserved characters (letters, digits, "-",
+// ".", "_", "~") decoded, the hex digits of the other escapes in upper
+// case. "/acct/%70ay" and "/acct/pay" are one path, as the upstream that
+// decodes them sees one; "/a%2Fb" and "/a/b" stay two, since servers tell
+// them apart. A malformed escape is left as it is.
+func Path(escaped string) string {
+	i := strings.IndexByte(escaped, '%')
+	if i < 0 {
+		return escaped
+	}
+	var b strings.Builder
+	b.Grow(len(escaped))
+	b.WriteString(escaped[:i])
+	for ; i < len(escaped); i++ {
+		c := escaped[i]
+		if c != '%' || i+2 >= len(escaped) {
+			b.WriteByte(c)
+			continue
+		}
+		hi, lo := unhex(escaped[i+1]), unhex(escaped[i+2])
+		if hi < 0 || lo < 0 {
+			b.WriteByte(c)
+			continue
+		}
+		if d := byte(hi<<4 | lo); unreserved(d) {
+			b.WriteByte(d)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(upperHex[hi])
+			b.WriteByte(upperHex[lo])
+		}
+		i += 2
+	}
+	return b.String()
+}
+
+const upperHex = "0123456789ABCDEF"
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c - 'a' + 10)
+	case 'A' <= c && c <= 'F':
+		return int(c - 'A' + 10)
+	}
+	return -1
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+// Host returns the normal form of a request's authority for a scope: in
+// lower case, without a trailing dot, and without the scheme's default
+// port (":80" for http, ":443" for https), so that "Shop.example:443" and
+// "shop.example" sent over TLS are one host.
+func Host(host string, tls bool) string {
+	host = strings.ToLower(host)
+	if tls {
+		host = strings.TrimSuffix(host, ":443")
+	} else {
+		host = strings.TrimSuffix(host, ":80")
+	}
+	return strings.TrimSuffix(host, ".")
+}
