@@ -39,6 +39,7 @@ func init() {
 //		max_execution        <duration>
 //		client_write_timeout <duration>      # 30s; 0: none
 //		cancel_on_disconnect
+//		refuse_anonymous
 //		blob                 <url>
 //		blob_timeout         <duration>      # 30s
 //	}
@@ -165,6 +166,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var v caddy.Duration
 			v, err = duration()
 			h.ClientWriteTimeout = &v
+		case "refuse_anonymous":
+			err = none()
+			h.RefuseAnonymous = true
 		case "cancel_on_disconnect":
 			err = none()
 			h.CancelOnDisconnect = true
@@ -175,7 +179,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unknown subdirective %q (want store, prefix, memory_limit, reap_interval, methods, require_key, "+
 				"tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, "+
-				"max_execution, client_write_timeout, cancel_on_disconnect, blob, blob_timeout)", name)
+				"max_execution, client_write_timeout, cancel_on_disconnect, refuse_anonymous, blob, blob_timeout)", name)
 		}
 		if err != nil {
 			return err

@@ -129,6 +129,13 @@ type Handler struct {
 	// (idemhttp.Config.CancelOnDisconnect).
 	CancelOnDisconnect bool `json:"cancel_on_disconnect,omitempty"`
 
+	// RefuseAnonymous answers 401 problem+json to keyed requests that
+	// carry nothing identifying their caller (no Authorization, API-key
+	// header, client certificate, TenantHeader or TenantCookie), as idem
+	// proxy's --refuse-anonymous. Default: served, logged once per route
+	// and counted (idem_anonymous_requests_total).
+	RefuseAnonymous bool `json:"refuse_anonymous,omitempty"`
+
 	// Blob is the blob store of response bodies larger than MaxResponse:
 	// s3://…, file:///DIR or mem:// (blobstore.Open). Default none.
 	Blob string `json:"blob,omitempty"`
@@ -249,10 +256,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.tenant = sidecar.TenantFunc(h.TenantHeader, h.TenantCookie)
 	cfg := idemhttp.Config{
-		Methods:         methods,
-		RequireKey:      h.RequireKey,
-		Tenant:          h.tenant,
-		Route:           routeOf,
+		Methods:    methods,
+		RequireKey: h.RequireKey,
+		Tenant:     h.tenant,
+		// Route: idemhttp's default, the path the upstream will see
+		// (sidecar.Route), as idem proxy's without --config, so that a
+		// Caddy and a proxy on the same store and prefix share their
+		// records.
+		RefuseAnonymous: h.RefuseAnonymous,
+		OnAnonymous:     func(*http.Request) { m.anonymous.Inc() },
 		MaxBodySize:     h.MaxBody,
 		Lease:           time.Duration(h.Lease),
 		Retention:       time.Duration(h.Retention),
@@ -331,11 +343,6 @@ func (h *Handler) Cleanup() error {
 	return errors.Join(errs...)
 }
 
-// routeOf is the route of a record's scope: the path as this handler sees
-// it, as idem proxy's without --config, so that a Caddy and a proxy on the
-// same store and prefix share their records.
-func routeOf(r *http.Request) string { return r.URL.EscapedPath() }
-
 // nextFailed carries the error of the rest of the route out of the
 // middleware as a panic, which releases the key (idemhttp: a panic
 // releases it), and is turned back into the error for Caddy.
@@ -369,12 +376,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			panic(nextFailed{err}) // under a key, it releases the key on its way out
 		}
 	})).ServeHTTP(w, r)
-	if ck, kerr := idemhttp.ParseKey(r.Header); kerr == nil {
-		// The key as its stored digest (what idem inspect --stored-key
-		// takes), never the client's raw key, as idem proxy logs it.
-		if k, kerr := (idem.Scope{Tenant: h.tenant(r), Method: r.Method, Route: routeOf(r)}).Key(ck); kerr == nil {
-			logField(r, zap.String("idempotency_key", k.String()))
-		}
+	// The key as its stored digest, as idem proxy logs it.
+	if k, ok := sidecar.StoredKey(r, h.tenant, sidecar.Route); ok {
+		logField(r, zap.String("idempotency_key", k.String()))
 	}
 	return nil
 }

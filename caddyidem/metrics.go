@@ -23,6 +23,7 @@ type handlerMetrics struct {
 	requests   *prometheus.CounterVec // idem_requests_total{outcome}
 	renewals   *prometheus.CounterVec // idem_lease_renewals_total{result}
 	notKept    prometheus.Counter     // idem_responses_not_kept_total
+	anonymous  prometheus.Counter     // idem_anonymous_requests_total
 	blobErrors *prometheus.CounterVec // idem_blob_errors_total{op,reason}
 }
 
@@ -49,6 +50,10 @@ func registerMetrics(reg *prometheus.Registry) *handlerMetrics {
 				Name: "idem_responses_not_kept_total",
 				Help: "Responses stored without their body: larger than max_response, and no blob store (or it failed). Their requests ran once; their replays answer 500 (urn:idem:problem:response-not-kept). Set blob or raise max_response.",
 			}),
+			anonymous: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "idem_anonymous_requests_total",
+				Help: "Keyed requests that carried nothing identifying their caller (no Authorization, API-key header, client certificate, tenant_header or tenant_cookie), refused (refuse_anonymous) or served: callers that send the same key share its record.",
+			}),
 			blobErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "idem_blob_errors_total",
 				Help: "Failed blob store operations by op (write, read, check) and reason (missing, corrupt, unavailable).",
@@ -66,7 +71,7 @@ func registerMetrics(reg *prometheus.Registry) *handlerMetrics {
 			metrics.renewals.WithLabelValues(r)
 		}
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.renewals, metrics.notKept, metrics.blobErrors} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.renewals, metrics.notKept, metrics.anonymous, metrics.blobErrors} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			panic(err) // another collector of the same name: a programming error, as for Caddy's own
 		}

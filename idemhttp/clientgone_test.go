@@ -124,7 +124,7 @@ func TestClientLeavesMidBody(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.WriteString(conn, "POST /report HTTP/1.1\r\nHost: x\r\nIdempotency-Key: mid-1\r\nContent-Length: 2\r\n\r\n{}")
+		io.WriteString(conn, "POST /report HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: mid-1\r\nContent-Length: 2\r\n\r\n{}")
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
 			t.Fatal(err)

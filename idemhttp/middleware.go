@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/ident"
 	"github.com/idemkit/idem/internal/telemetry"
 )
 
@@ -56,21 +57,58 @@ type Config struct {
 	RequireKeyFunc func(*http.Request) bool
 
 	// Tenant says whose request this is; keys of different tenants never
-	// share a record. Default DefaultTenant (a hash of the Authorization
-	// header, else of the TLS client certificate, else ""). See also
-	// TenantFromCookie and TenantFromHeader.
+	// share a record. Default DefaultTenant (the Authorization header in
+	// normal form and the API-key headers, else the TLS client
+	// certificate, else ""). See also TenantFromCookie and
+	// TenantFromHeader.
 	//
-	// When it returns "" and the request carries cookies (a browser whose
-	// session cookie no source names), the middleware adds a hash of the
-	// whole Cookie header to the fingerprint, after Config.Fingerprint: a
-	// retry with the same cookies replays, a request with the same key and
-	// other cookies gets 422 and never another client's response. A Tenant
-	// that returns a non-empty value opts out: it names the client, and
-	// other cookies no longer matter. The whole Cookie header is not used
-	// as the tenant itself because a tracking cookie that changed between
-	// two retries would then make a new tenant and run the request twice;
-	// as part of the fingerprint it makes a 422 instead.
+	// When it returns "", the request is anonymous: it is reported
+	// (OnAnonymous, the counter idem.anonymous, a WARN once per route),
+	// refused with RefuseAnonymous, and, when it carries cookies (a
+	// browser whose session cookie no source names), its record remembers
+	// them as digests: a later request with the key replays only if it
+	// carries the same identifying cookies, and otherwise gets 422, never
+	// another client's response (see TrackingCookies). A Tenant that
+	// returns a non-empty value opts out: it names the client, and cookies
+	// no longer matter.
 	Tenant func(*http.Request) string
+
+	// Authority is the host a request was sent to, part of its scope: two
+	// virtual hosts behind one middleware never share a record. Default
+	// DefaultAuthority (the Host header, normalised); a function that
+	// returns "" leaves the host out (the scope of v1.0).
+	Authority func(*http.Request) string
+
+	// RefuseAnonymous refuses keyed requests that no tenant source
+	// identifies (Tenant returned ""): 401 application/problem+json of
+	// type ProblemAnonymous, before anything is read or stored. Default
+	// false: they are served, reported as anonymous.
+	RefuseAnonymous bool
+
+	// OnAnonymous, when set, is called for every keyed request that no
+	// tenant source identifies, refused or not (for metrics). It must not
+	// block.
+	OnAnonymous func(r *http.Request)
+
+	// TrackingCookies are the cookies that never identify an anonymous
+	// caller (see Tenant): a retry whose tracking cookies changed still
+	// replays. A name ending in "*" is a prefix. Default
+	// DefaultTrackingCookies; an empty, non-nil slice makes every cookie
+	// identifying.
+	TrackingCookies []string
+
+	// V1Scopes is how long after NewMiddleware a keyed request that
+	// acquires its key also looks for a record under the key v1.0 derived
+	// for it (v1.0 had no Host in the scope, read credentials as written,
+	// no API-key headers, the path as escaped, and mixed an anonymous
+	// request's cookies into its fingerprint), so that a request stored
+	// before an upgrade is replayed after it, not run again. Zero means
+	// the Retention (a record stored before the upgrade lives no longer
+	// once the upgraded process runs); negative turns the look-up off,
+	// for deployments that never ran v1.0. It costs one store read for
+	// each request that acquires its key while it lasts; replays cost
+	// nothing more.
+	V1Scopes time.Duration
 
 	// Route names the operation. Default: the ServeMux pattern when one
 	// matched (Request.Pattern, or the pattern of the wrapped
@@ -241,8 +279,14 @@ type Config struct {
 	MeterProvider  metric.MeterProvider
 }
 
-// DefaultFingerprint hashes the method, path, query, Content-Type and body.
+// DefaultFingerprint hashes the method, path (escaped, in normal form:
+// "/acct/%70ay" is "/acct/pay"), query, Content-Type and body.
 func DefaultFingerprint(r *http.Request, body []byte) idem.Fingerprint {
+	return idem.SumFingerprint(body, r.Method, ident.Path(r.URL.EscapedPath()), r.URL.RawQuery, r.Header.Get("Content-Type"))
+}
+
+// v1Fingerprint is DefaultFingerprint as v1.0 released it.
+func v1Fingerprint(r *http.Request, body []byte) idem.Fingerprint {
 	return idem.SumFingerprint(body, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
 }
 
@@ -261,7 +305,7 @@ func DefaultShouldStore(_ *http.Request, status int) bool {
 // handed to whoever repeats the request.
 var alwaysDenied = []string{
 	"Set-Cookie", "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",
-	"Upgrade", "Te", "Trailer", "Proxy-Authenticate", "Proxy-Authorization", HeaderReplayed,
+	"Upgrade", "Te", "Trailer", "Proxy-Authenticate", "Proxy-Authorization", HeaderReplayed, headerCallerCookies,
 }
 
 // Middleware returns net/http middleware that makes covered requests
@@ -297,14 +341,15 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	}
 	eng, err := engine.New(store, engine.Config{Name: "idemhttp", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
-		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
+		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger,
+		V1Scopes: cfg.V1Scopes})
 	if err != nil {
 		return nil, err
 	}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	m := &middleware{cfg: cfg, eng: eng, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
+	m := &middleware{cfg: cfg, eng: eng, store: store, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
 	if n, ok := store.(idem.Namespacer); ok {
 		m.blobNS = n.Namespace()
 	}
@@ -320,6 +365,14 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if m.cfg.Tenant == nil {
 		m.cfg.Tenant = DefaultTenant
 	}
+	if m.cfg.Authority == nil {
+		m.cfg.Authority = DefaultAuthority
+	}
+	if m.cfg.TrackingCookies == nil {
+		m.cfg.TrackingCookies = DefaultTrackingCookies
+	}
+	m.cookies = newCookieMatcher(m.cfg.TrackingCookies)
+	m.v1 = v1Derivation{tenant: cfg.Tenant, route: cfg.Route, fingerprint: cfg.Fingerprint}
 	if m.cfg.Fingerprint == nil {
 		m.cfg.Fingerprint = DefaultFingerprint
 	}
@@ -338,14 +391,16 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 type middleware struct {
 	cfg     Config
 	eng     *engine.Engine
+	store   idem.Store
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
 	blobNS  string          // the store's idem.Namespacer namespace, for blob names; "" if it has none
-	// omittedRoutes holds the routes whose omitted body was logged (once
-	// per route), omittedCount their number.
-	omittedRoutes sync.Map
-	omittedCount  atomic.Int64
+	cookies cookieMatcher   // Config.TrackingCookies
+	v1      v1Derivation    // the user's Config functions, for v1.0's keys
+	// omitted and anonymous are the routes whose omitted body, and whose
+	// anonymous keyed requests, were logged (once per route).
+	omitted, anonymous onceSet
 }
 
 func (m *middleware) wrap(next http.Handler) http.Handler {
@@ -376,22 +431,84 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 				Detail: keyErrorDetail(err)})
 			return
 		}
+		tenant := m.cfg.Tenant(r)
+		if tenant == "" && !m.anonymousCaller(w, r) {
+			return
+		}
 		body, ok := m.readBody(w, r)
 		if !ok {
 			m.outcome(r, OutcomeRejected)
 			return
 		}
-		tenant, rt := m.cfg.Tenant(r), route(r)
+		rt := route(r)
 		// ParseKey validated the key, so Key cannot fail.
-		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt}.Key(clientKey)
-		fp, byCookies := m.cfg.Fingerprint(r, body), false
+		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt, Authority: m.cfg.Authority(r)}.Key(clientKey)
+		req := request{key: key, fp: m.cfg.Fingerprint(r, body), route: rt, clientKey: clientKey}
 		if tenant == "" {
 			// Nothing names the client: its cookies, if any, must match
 			// for a replay (see Config.Tenant).
-			fp, byCookies = cookieFingerprint(r, fp)
+			req.cookies = m.cookies.callerCookies(r)
 		}
-		m.serve(w, r, next, request{key: key, fp: fp, route: rt, byCookies: byCookies}, body, start)
+		m.serve(w, r, next, req, body, start)
 	})
+}
+
+// anonymousCaller reports a keyed request that no tenant source
+// identifies, and refuses it (false) with RefuseAnonymous.
+func (m *middleware) anonymousCaller(w http.ResponseWriter, r *http.Request) bool {
+	if m.cfg.OnAnonymous != nil {
+		m.cfg.OnAnonymous(r)
+	}
+	m.eng.Anonymous(r.Context())
+	if m.cfg.RefuseAnonymous {
+		m.outcome(r, OutcomeRejected)
+		m.problem(w, r, problemAnonymous)
+		return false
+	}
+	if route := r.URL.EscapedPath(); m.anonymous.first(route) {
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: keyed request from an unidentified caller: callers that send the same key share its record; "+
+			"set a tenant source or refuse them (RefuseAnonymous, --refuse-anonymous); logged once per route",
+			slog.String("route", route), slog.String("method", r.Method))
+	}
+	return true
+}
+
+// v1Derivation derives the key and fingerprint v1.0 gave a request, from
+// the user's Config functions (nil: the defaults of v1.0), for
+// Config.V1Scopes.
+type v1Derivation struct {
+	tenant, route func(*http.Request) string
+	fingerprint   func(*http.Request, []byte) idem.Fingerprint
+}
+
+func (v v1Derivation) derive(r *http.Request, req request, body []byte) (idem.Key, idem.Fingerprint) {
+	var tenant string
+	switch {
+	case v.tenant == nil:
+		tenant = v1DefaultTenant(r)
+	default:
+		// A tenant source of this package falls back to DefaultTenant,
+		// whose answer changed: v1.0's fell back to v1.0's.
+		if tenant = v.tenant(r); tenant == DefaultTenant(r) {
+			tenant = v1DefaultTenant(r)
+		}
+	}
+	route := req.route
+	if v.route == nil && route == ident.Path(r.URL.EscapedPath()) {
+		// The default route fell back to the path, which v1.0 took as
+		// escaped (a ServeMux pattern is as it was).
+		route = r.URL.EscapedPath()
+	}
+	fingerprint := v.fingerprint
+	if fingerprint == nil {
+		fingerprint = v1Fingerprint
+	}
+	fp := fingerprint(r, body)
+	if tenant == "" {
+		fp, _ = v1CookieFingerprint(r, fp)
+	}
+	key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: route}.Key(req.clientKey)
+	return key, fp
 }
 
 func defaultRoute(next http.Handler) func(*http.Request) string {
@@ -405,7 +522,7 @@ func defaultRoute(next http.Handler) func(*http.Request) string {
 				return p
 			}
 		}
-		return r.URL.EscapedPath()
+		return ident.Path(r.URL.EscapedPath())
 	}
 }
 
@@ -451,8 +568,9 @@ func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 type request struct {
 	key       idem.Key
 	fp        idem.Fingerprint
-	route     string // Config.Route's answer
-	byCookies bool   // fp includes the Cookie header (no tenant)
+	route     string              // Config.Route's answer
+	clientKey string              // the Idempotency-Key, for v1.0's key
+	cookies   map[string][]string // no tenant: the cookies that identify the caller
 }
 
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
@@ -467,6 +585,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		parent = context.WithoutCancel(parent)
 	}
 	d := m.eng.Acquire(r.Context(), parent, req.key, req.fp, "")
+	if d.Outcome == engine.OutcomeExecuted && m.eng.FallingBack() {
+		old, oldFP := m.v1.derive(r, req, body)
+		d = m.eng.Fallback(r.Context(), d, old, oldFP)
+	}
 	switch d.Outcome {
 	case engine.OutcomeExecuted:
 		toBlob := m.cfg.Blobs != nil
@@ -490,14 +612,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		m.execute(w, r, body, next, d, req, toBlob, start)
 	case engine.OutcomeReplayed:
+		if !sameCaller(d.Response.Header.Get(headerCallerCookies), req.cookies) {
+			// Stored for a caller with other cookies.
+			m.outcome(r, OutcomeMismatch)
+			m.problem(w, r, problemMismatchCookies)
+			return
+		}
 		m.replayStored(w, r, req.key, d.Response, start)
 	case engine.OutcomeMismatch:
 		m.outcome(r, OutcomeMismatch)
-		if req.byCookies {
-			m.problem(w, r, problemMismatchCookies)
-		} else {
-			m.problem(w, r, problemMismatch)
-		}
+		m.problem(w, r, problemMismatch)
 	case engine.OutcomeInFlight:
 		m.outcome(r, OutcomeInFlight)
 		m.problem(w, r, problemInFlight)
@@ -572,7 +696,11 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		work.Release()
 		return
 	}
+	rec := cookieRecord(req.cookies, header) // before storable drops Set-Cookie
 	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
+	if rec != "" {
+		resp.Header[headerCallerCookies] = []string{rec}
+	}
 	if c.spill != nil {
 		// The blob is written whole before Complete: a completed record
 		// never points to a blob that is not there.
@@ -598,15 +726,26 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	}
 }
 
-// storable drops the headers that are never stored.
+// storable drops the headers that are never stored. Names are matched
+// whatever their case: a handler may write a map key as it likes
+// (h["set-cookie"]), and net/http sends it as written.
 func (m *middleware) storable(h http.Header) http.Header {
-	for _, c := range h.Values("Connection") { // headers the Connection header names
-		for name := range strings.SplitSeq(c, ",") {
-			delete(h, http.CanonicalHeaderKey(strings.TrimSpace(name)))
+	var named map[string]bool // the headers a Connection header names
+	for name, vs := range h {
+		if !strings.EqualFold(name, "Connection") {
+			continue
+		}
+		for _, c := range vs {
+			for n := range strings.SplitSeq(c, ",") {
+				if named == nil {
+					named = map[string]bool{}
+				}
+				named[http.CanonicalHeaderKey(strings.TrimSpace(n))] = true
+			}
 		}
 	}
 	for name := range h {
-		if m.deny[name] {
+		if c := http.CanonicalHeaderKey(name); m.deny[c] || named[c] {
 			delete(h, name)
 		}
 	}
@@ -648,6 +787,9 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key id
 func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
+		if name == headerCallerCookies {
+			continue
+		}
 		// Clipped: requests handed the same stored response share its
 		// slices, and an Add after this must not write into them.
 		h[name] = slices.Clip(vs)
@@ -681,10 +823,6 @@ func (m *middleware) replayNotKept(w http.ResponseWriter, r *http.Request, resp 
 	m.problem(w, r, p)
 }
 
-// maxOmittedRoutes bounds the routes whose omitted bodies are logged; past
-// it, OnBodyOmitted still counts every one.
-const maxOmittedRoutes = 1000
-
 // bodyOmitted reports a response stored without its body: OnBodyOmitted,
 // and, without a blob store, a warning once per route (a failed blob
 // store logs each of its failures itself).
@@ -692,22 +830,36 @@ func (m *middleware) bodyOmitted(ctx context.Context, r *http.Request, route str
 	if m.cfg.OnBodyOmitted != nil {
 		m.cfg.OnBodyOmitted(r)
 	}
-	if m.cfg.Blobs != nil {
-		return
-	}
-	if _, logged := m.omittedRoutes.Load(route); logged {
-		return
-	}
-	if m.omittedCount.Add(1) > maxOmittedRoutes {
-		return // routes may be paths (the default without a ServeMux): the set stays bounded
-	}
-	if _, logged := m.omittedRoutes.LoadOrStore(route, true); logged {
+	if m.cfg.Blobs != nil || !m.omitted.first(route) {
 		return
 	}
 	m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: a response larger than the limit was stored without its body: "+
 		"its replays answer 500 (response-not-kept); set a blob store (Config.Blobs, idem proxy --blob) or raise the limit "+
 		"(Config.MaxResponseSize, --max-response); logged once per route",
 		slog.String("route", route), slog.Int("max_response_size", m.cfg.MaxResponseSize), slog.String("key", key.String()))
+}
+
+// maxOnceRoutes bounds the routes a onceSet remembers; past it, nothing
+// more is logged (the callbacks still count every request).
+const maxOnceRoutes = 1000
+
+// onceSet says which routes were logged about: once each, for at most
+// maxOnceRoutes routes (routes may be paths, the default without a
+// ServeMux: the set stays bounded).
+type onceSet struct {
+	routes sync.Map
+	n      atomic.Int64
+}
+
+// first reports whether route is new to the set, and adds it.
+func (s *onceSet) first(route string) bool {
+	if _, seen := s.routes.Load(route); seen || s.n.Load() >= maxOnceRoutes {
+		return false
+	}
+	if _, seen := s.routes.LoadOrStore(route, true); seen {
+		return false
+	}
+	return s.n.Add(1) <= maxOnceRoutes
 }
 
 func (m *middleware) problem(w http.ResponseWriter, r *http.Request, p Problem) {

@@ -30,6 +30,9 @@ const (
 	// (Problem.StatusExecuted) and the header Idempotent-Original-Status
 	// give the status it was executed with.
 	ProblemResponseNotKept = "urn:idem:problem:response-not-kept"
+	// 401: the request carries an Idempotency-Key but nothing that
+	// identifies its caller, and Config.RefuseAnonymous is set; nothing ran
+	ProblemAnonymous = "urn:idem:problem:anonymous"
 )
 
 // Problem is an RFC 9457 problem details object.
@@ -68,13 +71,15 @@ var (
 	problemMismatch = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body)."}
 	problemMismatchCookies = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body) or from another client (other cookies)."}
+		Detail: "This Idempotency-Key was used by another client (other cookies): its result is not theirs to see."}
 	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The request was not processed. Retry later with the same key."}
 	problemStoreFull = Problem{Type: ProblemStoreFull, Title: "Idempotency store full", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The idempotency store holds all the records it may, and takes no new key until older ones expire. The request was not processed. Retry later with the same key."}
 	problemBlobStore = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The store for large responses does not answer. The request was not processed. Retry later with the same key."}
+	problemAnonymous = Problem{Type: ProblemAnonymous, Title: "Caller not identified", Status: http.StatusUnauthorized,
+		Detail: "Requests with an Idempotency-Key must identify their caller (an Authorization header, an API key, a client certificate or the configured tenant source), so that no caller is answered with another's result. The request was not processed."}
 	problemNotKept    = Problem{Type: ProblemResponseNotKept, Title: "Response executed but not kept", Status: http.StatusInternalServerError}
 	problemStoredBody = Problem{Type: ProblemStoredBodyUnavailable, Title: "Stored response unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "This request was processed before, but its stored response body cannot be read now. It was not processed again."}

@@ -68,7 +68,7 @@ func TestClientStopsReading(t *testing.T) {
 
 		key := "stall-" + t.Name()
 		nettest.DialStalled(t, srv.Listener.Addr().String(), fmt.Sprintf(
-			"POST /report?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", size, key))
+			"POST /report?size=%d HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", size, key))
 		// The stalled request holds the key once the handler runs.
 		deadline := time.Now().Add(10 * time.Second)
 		for app.count(key) == 0 {
@@ -269,7 +269,7 @@ func TestClientStopsReadingReplay(t *testing.T) {
 		}
 	}
 	nettest.DialStalled(t, srv.Listener.Addr().String(), fmt.Sprintf(
-		"POST /report?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", size, key))
+		"POST /report?size=%d HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", size, key))
 	deadline := time.Now().Add(10 * time.Second)
 	for replays.Load() < 2 {
 		if time.Now().After(deadline) {

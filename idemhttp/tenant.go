@@ -3,45 +3,69 @@ package idemhttp
 import (
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/ident"
 )
 
 // Tenants: Config.Tenant says whose request this is, and two requests
 // share a record only when their tenants are equal. Each source below
 // gives a prefix and a hash of what identifies the client ("authz:",
-// "cert:", "cookie:", "hdr:"), never the client's raw bytes, so sources
-// cannot collide with each other.
+// "apikey:", "cert:", "cookie:", "hdr:"), never the client's raw bytes,
+// so sources cannot collide with each other.
 //
 // When the tenant is "" (no source identifies the client) and the request
-// carries cookies, the middleware adds a hash of its whole Cookie header
-// to the request's fingerprint (see Config.Tenant): a request with other
-// cookies and a used key is a mismatch (422), never a replay.
+// carries cookies, its record remembers them (as digests): a later request
+// with the key replays only if it carries the same identifying cookies
+// (see Config.TrackingCookies), else it gets 422, never another client's
+// response.
 
-// DefaultTenant scopes keys by the caller's credentials: a hash of the
-// Authorization header ("authz:..."), else of the TLS client certificate
+// DefaultTenant scopes keys by the caller's credentials: the
+// Authorization header, in its normal form (the scheme's case and the
+// whitespace around and inside it do not matter, RFC 9110 section 11.4),
+// and the API-key headers X-Api-Key, Api-Key and X-Auth-Token, each as a
+// hash ("authz:...", "apikey:..."; a request with several has all of them,
+// and is a caller of its own); else a hash of the TLS client certificate
 // the client presented ("cert:...", with tls.Config.ClientAuth at
 // RequestClientCert or above: the handshake proves the client holds the
-// certificate's key), else "". A client that refreshes its bearer token
+// certificate's key); else "". A client that refreshes its bearer token
 // between two retries becomes a new tenant and runs the operation again:
 // where tokens rotate, or clients authenticate with a session cookie, use
 // TenantFromCookie, TenantFromHeader or a function of the account id.
+//
+// A normal-form Authorization header ("Bearer tok") and no API key gives
+// the tenant v1.0 gave it.
 func DefaultTenant(r *http.Request) string {
+	if t := ident.Tenant(r.Header.Values); t != "" {
+		return t
+	}
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		return ident.Cert(r.TLS.PeerCertificates[0].Raw)
+	}
+	return ""
+}
+
+// v1DefaultTenant is DefaultTenant as v1.0 released it, for the keys of
+// records stored before the upgrade (Config.V1Scopes).
+func v1DefaultTenant(r *http.Request) string {
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		// Unchanged since the first release: records stay reachable.
 		sum := sha256.Sum256([]byte(auth))
 		return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
 	}
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-		sum := sha256.Sum256(r.TLS.PeerCertificates[0].Raw)
-		return "cert:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+		return ident.Cert(r.TLS.PeerCertificates[0].Raw)
 	}
 	return ""
 }
+
+// DefaultAuthority is the default Config.Authority: the host name the
+// request's Host header names, in lower case, without its port; "" for an
+// IP address, which names no virtual host (instances reached by address,
+// or on several ports, are one service).
+func DefaultAuthority(r *http.Request) string { return ident.Host(r.Host) }
 
 // TenantFromCookie returns a Config.Tenant that scopes keys by the value
 // of the named cookie (a session cookie): "cookie:" and a hash of its name
@@ -82,24 +106,14 @@ func TenantFromHeader(name string) func(*http.Request) string {
 	}
 }
 
-// digest is the first 128 bits of SHA-256 over the fields, each with its
-// length first, in unpadded base64url.
-func digest(fields ...string) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	for _, f := range fields {
-		h.Write(binary.AppendUvarint(n[:0], uint64(len(f))))
-		h.Write([]byte(f))
-	}
-	sum := h.Sum(nil)
-	return base64.RawURLEncoding.EncodeToString(sum[:16])
-}
+// digest is ident.Digest.
+func digest(fields ...string) string { return ident.Digest(fields...) }
 
-// cookieFingerprint mixes the request's Cookie header into fp: for a
-// request no tenant source identified, a request from another browser
-// (other cookies) is a mismatch, never a replay. ok is false when the
-// request has no cookies (fp unchanged).
-func cookieFingerprint(r *http.Request, fp idem.Fingerprint) (_ idem.Fingerprint, ok bool) {
+// v1CookieFingerprint is v1.0's guard for a request no tenant source
+// identified, for the records stored before the upgrade: the whole Cookie
+// header mixed into fp. ok is false when the request has no cookies (fp
+// unchanged).
+func v1CookieFingerprint(r *http.Request, fp idem.Fingerprint) (_ idem.Fingerprint, ok bool) {
 	cookies := r.Header.Values("Cookie")
 	if len(cookies) == 0 {
 		return fp, false

@@ -40,6 +40,8 @@ type proxyMetrics struct {
 	sweepDeleted prometheus.Counter
 	// notKept: idem_responses_not_kept_total
 	notKept prometheus.Counter
+	// anonymous: idem_anonymous_requests_total
+	anonymous prometheus.Counter
 	// sweepLeft: idem_blob_sweep_left{reason}
 	sweepLeft *prometheus.GaugeVec
 }
@@ -90,6 +92,11 @@ func newProxyMetrics() *proxyMetrics {
 		Name: "idem_responses_not_kept_total",
 		Help: "Responses stored without their body: larger than --max-response, and no --blob (or the blob store failed). Their requests ran once; their replays answer 500 (urn:idem:problem:response-not-kept) and count as replayed. Set --blob or raise --max-response.",
 	})
+	m.anonymous = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idem_anonymous_requests_total",
+		Help: "Keyed requests that carried nothing identifying their caller (no Authorization, API-key header, client certificate, --tenant-header or --tenant-cookie), refused (--refuse-anonymous) or served: callers that send the same key share its record.",
+	})
+	m.reg.MustRegister(m.anonymous)
 	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.upstreamAborted, m.notKept, m.blobErrors, m.sweeps, m.sweepDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.sweepLeft = prometheus.NewGaugeVec(prometheus.GaugeOpts{

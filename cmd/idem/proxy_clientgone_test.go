@@ -136,7 +136,7 @@ func TestProxyClientLeavesMidBody(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(conn, "POST /report HTTP/1.1\r\nHost: x\r\nIdempotency-Key: mid-1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		fmt.Fprintf(conn, "POST /report HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: mid-1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 		br := bufio.NewReader(conn)
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {

@@ -44,6 +44,9 @@ type routeSettings struct {
 	// cancelOnDisconnect: the client's disconnect cancels the upstream
 	// request (unsafe; idemhttp Config.CancelOnDisconnect).
 	cancelOnDisconnect bool
+	// refuseAnonymous: keyed requests that no tenant source identifies get
+	// 401 (idemhttp Config.RefuseAnonymous).
+	refuseAnonymous bool
 }
 
 // validate reports the first bad setting; name turns a setting's name into
@@ -136,6 +139,8 @@ type routeOverride struct {
 	ClientWriteTimeout *fileDuration `yaml:"client_write_timeout"`
 	// CancelOnDisconnect is unsafe: see idemhttp Config.CancelOnDisconnect.
 	CancelOnDisconnect *bool `yaml:"cancel_on_disconnect"`
+	// RefuseAnonymous: see --refuse-anonymous.
+	RefuseAnonymous *bool `yaml:"refuse_anonymous"`
 }
 
 // routeFields lists routeOverride's fields, as the file names them, for
@@ -339,6 +344,9 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 	}
 	if o.CancelOnDisconnect != nil {
 		s.cancelOnDisconnect = *o.CancelOnDisconnect
+	}
+	if o.RefuseAnonymous != nil {
+		s.refuseAnonymous = *o.RefuseAnonymous
 	}
 	if o.StoreStatuses != nil {
 		s.storeStatuses = slices.Clone(*o.StoreStatuses)

@@ -85,10 +85,21 @@ func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes 
 	return p, nil
 }
 
+// routeFunc is the idemhttp Config.Route of a route: nil for the default
+// route, whose route is the path, as idemhttp's default (which also knows
+// the escaped path that v1.0 took, for Config.V1Scopes); else routeOf.
+func routeFunc(pattern string, routeOf func(*http.Request) string) func(*http.Request) string {
+	if pattern == "" {
+		return nil
+	}
+	return routeOf
+}
+
 func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem.Store, p *proxy) (*route, error) {
 	rt := &route{name: pattern, covered: map[string]bool{}, tenant: sidecar.TenantFunc(s.tenantHeader, s.tenantCookie), handler: upstream}
 	if pattern == "" {
-		rt.routeOf = func(r *http.Request) string { return r.URL.EscapedPath() }
+		// The path the upstream will see (idemhttp's default route).
+		rt.routeOf = sidecar.Route
 	} else {
 		rt.routeOf = func(*http.Request) string { return pattern }
 	}
@@ -102,7 +113,9 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		Methods:         s.methods,
 		RequireKey:      s.requireKey,
 		Tenant:          rt.tenant,
-		Route:           rt.routeOf,
+		Route:           routeFunc(pattern, rt.routeOf),
+		RefuseAnonymous: s.refuseAnonymous,
+		OnAnonymous:     func(*http.Request) { p.metrics.anonymous.Inc() },
 		MaxBodySize:     s.maxBody,
 		Lease:           s.lease,
 		Retention:       s.retention,
@@ -250,12 +263,8 @@ func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *status
 		attrs = append(attrs, slog.Bool("upstream_aborted", true))
 	}
 	if rt.covered[r.Method] {
-		// The key as its stored digest (what idem inspect --stored-key
-		// takes), never the client's raw key.
-		if ck, err := idemhttp.ParseKey(r.Header); err == nil {
-			if k, err := (idem.Scope{Tenant: rt.tenant(r), Method: r.Method, Route: rt.routeOf(r)}).Key(ck); err == nil {
-				attrs = append(attrs, slog.String("key", k.String()))
-			}
+		if k, ok := sidecar.StoredKey(r, rt.tenant, rt.routeOf); ok {
+			attrs = append(attrs, slog.String("key", k.String()))
 		}
 	}
 	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)

@@ -49,7 +49,7 @@ func TestProxyClientStopsReading(t *testing.T) {
 
 		key := "stall-" + strings.ReplaceAll(t.Name(), "/", "-")
 		body := `{"report":"q3"}` // as fetch sends it: the fingerprint covers it
-		nettest.DialStalled(t, p.addr, fmt.Sprintf("POST /export?size=%d HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"+
+		nettest.DialStalled(t, p.addr, fmt.Sprintf("POST /export?size=%d HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: %s\r\n"+
 			"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", size, key, len(body), body))
 		// The stalled request holds the key once it reached the upstream.
 		deadline := time.Now().Add(10 * time.Second)

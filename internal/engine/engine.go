@@ -84,6 +84,12 @@ type Config struct {
 	// Logger receives store failures and lost leases. Default
 	// slog.Default().
 	Logger *slog.Logger
+
+	// V1Scopes is how long after New the key that v1.0 derived for a
+	// request is looked up too, when it differs from today's (Fallback):
+	// zero means the retention (the longest a record stored before an
+	// upgrade can live once the upgraded process runs), negative never.
+	V1Scopes time.Duration
 }
 
 // DefaultWait is the default of idemhttp's and idemgrpc's Config.Wait
@@ -113,6 +119,7 @@ type Engine struct {
 	g       *idem.Guard
 	tel     *telemetry.T // nil without providers
 	waiters waiters.Set
+	v1Until time.Time // Fallback looks up v1.0's keys until then
 }
 
 // New returns an engine over store, or the configuration's error (prefixed
@@ -137,7 +144,64 @@ func New(store idem.Store, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
-	return &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}, nil
+	e := &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}
+	switch {
+	case cfg.V1Scopes == 0:
+		e.v1Until = time.Now().Add(g.Config().Retention)
+	case cfg.V1Scopes > 0:
+		e.v1Until = time.Now().Add(cfg.V1Scopes)
+	}
+	return e, nil
+}
+
+// Anonymous counts a keyed request that no tenant source identified (the
+// counter idem.anonymous).
+func (e *Engine) Anonymous(ctx context.Context) { e.tel.Anonymous(ctx, e.layer) }
+
+// FallingBack reports whether Fallback still looks up v1.0's keys: for
+// Config.V1Scopes after New. An adapter derives a request's v1.0 key only
+// then.
+func (e *Engine) FallingBack() bool { return time.Now().Before(e.v1Until) }
+
+// Fallback keeps a record stored by v1.0 answering after an upgrade that
+// changed how a request's key or fingerprint is derived (the Host in the
+// scope, credentials in normal form, API-key headers, paths as the
+// upstream sees them). d is Acquire's decision for today's key; old and
+// oldFP are what v1.0 derived for the same request. When d acquired the
+// key and a record under old exists, d's key is released and the old
+// record answers: its replay (its fingerprint equal to oldFP), a mismatch,
+// or in flight (a v1.0 process still holds it, during a rolling upgrade:
+// answered at once, Retry-After the time left on its lease). Otherwise,
+// and once FallingBack is over, d is returned as it is. A failure to read
+// the old record releases the key and is a store error: a request that
+// may have run before is not run again on a guess.
+//
+// The cost is one Get for each request that acquires its key while the
+// fallback lasts; replays of records stored since the upgrade cost
+// nothing more. A v1.0 process that acquires the old key after the Get
+// (both versions serving one key at the same moment) is not seen.
+func (e *Engine) Fallback(ctx context.Context, d Decision, old idem.Key, oldFP idem.Fingerprint) Decision {
+	if d.Outcome != OutcomeExecuted || old == d.Attempt.Lease().Key || !e.FallingBack() {
+		return d
+	}
+	rec, ok, err := e.g.Store().Get(ctx, old)
+	switch {
+	case err != nil:
+		e.Release(context.WithoutCancel(ctx), d.Attempt)
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: store failed before the handler ran (looking up the key v1.0 derived)",
+			slog.String("key", d.Attempt.Lease().Key.String()), slog.String("v1_key", old.String()), slog.Any("error", err))
+		return Decision{Outcome: OutcomeStoreError, Err: err}
+	case !ok || rec.State == idem.StateReleased:
+		return d
+	}
+	e.Release(context.WithoutCancel(ctx), d.Attempt)
+	switch {
+	case rec.Fingerprint != oldFP:
+		return Decision{Outcome: OutcomeMismatch}
+	case rec.State == idem.StateCompleted:
+		return Decision{Outcome: OutcomeReplayed, Response: rec.Response}
+	}
+	return Decision{Outcome: OutcomeInFlight, RetryAfter: max(rec.TTL, time.Millisecond)}
 }
 
 // Report records outcome o of the request whose context is ctx: the

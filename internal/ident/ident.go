@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"net"
 	"strings"
 )
 
@@ -167,16 +168,21 @@ func unreserved(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
 }
 
-// Host returns the normal form of a request's authority for a scope: in
-// lower case, without a trailing dot, and without the scheme's default
-// port (":80" for http, ":443" for https), so that "Shop.example:443" and
-// "shop.example" sent over TLS are one host.
-func Host(host string, tls bool) string {
-	host = strings.ToLower(host)
-	if tls {
-		host = strings.TrimSuffix(host, ":443")
-	} else {
-		host = strings.TrimSuffix(host, ":80")
+// Host returns the virtual host a request's authority names, for its
+// scope: the host name in lower case, without its port or a trailing dot.
+// An IP address names no virtual host ("" like no Host at all): instances
+// of one service reached by their addresses, or on several ports of one
+// machine, are one service, and a client that resends to another of them
+// gets its replay. Servers that tell sites apart by port alone need a
+// Config.Authority of their own.
+func Host(hostport string) string {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
 	}
-	return strings.TrimSuffix(host, ".")
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if net.ParseIP(host) != nil {
+		return ""
+	}
+	return host
 }

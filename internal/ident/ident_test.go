@@ -80,20 +80,21 @@ func TestPath(t *testing.T) {
 }
 
 func TestHost(t *testing.T) {
-	for _, c := range []struct {
-		host string
-		tls  bool
-		want string
-	}{
-		{"Shop-A.example", false, "shop-a.example"},
-		{"shop-a.example:80", false, "shop-a.example"},
-		{"shop-a.example:443", true, "shop-a.example"},
-		{"shop-a.example:443", false, "shop-a.example:443"},
-		{"shop-a.example.", false, "shop-a.example"},
-		{"[::1]:8080", false, "[::1]:8080"},
+	for in, want := range map[string]string{
+		"Shop-A.example":      "shop-a.example",
+		"shop-a.example:80":   "shop-a.example",
+		"shop-a.example:8443": "shop-a.example",
+		"shop-a.example.":     "shop-a.example",
+		"shop-a.example.:443": "shop-a.example",
+		"127.0.0.1:8080":      "",
+		"10.0.0.7":            "",
+		"[::1]:8080":          "",
+		"[2001:db8::1]":       "",
+		"localhost:8080":      "localhost",
+		"":                    "",
 	} {
-		if got := Host(c.host, c.tls); got != c.want {
-			t.Errorf("Host(%q, %v): got %q, want %q", c.host, c.tls, got, c.want)
+		if got := Host(in); got != want {
+			t.Errorf("Host(%q): got %q, want %q", in, got, want)
 		}
 	}
 }

@@ -1,7 +1,8 @@
 // Package sidecar holds what idem proxy (cmd/idem) and the Caddy handler
 // (caddyidem) do alike in front of an upstream, so that the two stay the
-// same: the tenant of a request, the headers that would let net/http's
-// Transport resend a request, and the form of a mysql:// store URL.
+// same: the tenant and route of a request and its stored key for the log,
+// the headers that would let net/http's Transport resend a request, and
+// the form of a mysql:// store URL.
 package sidecar
 
 import (
@@ -15,7 +16,9 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/ident"
 )
 
 // TenantFunc scopes keys by the named header, "hdr:" + its value, or by
@@ -45,6 +48,25 @@ func TenantFunc(header, cookie string) func(*http.Request) string {
 		return idemhttp.DefaultTenant(r)
 	}
 }
+
+// StoredKey is the stored key of a keyed request r (what idem inspect
+// --stored-key takes), as the idemhttp middleware derives it with the
+// tenant and route functions given and its default authority, for the
+// request log: never the client's raw key. ok is false for a request
+// without a valid key.
+func StoredKey(r *http.Request, tenant, route func(*http.Request) string) (_ idem.Key, ok bool) {
+	ck, err := idemhttp.ParseKey(r.Header)
+	if err != nil {
+		return idem.Key{}, false
+	}
+	k, err := idem.Scope{Tenant: tenant(r), Method: r.Method, Route: route(r), Authority: idemhttp.DefaultAuthority(r)}.Key(ck)
+	return k, err == nil
+}
+
+// Route is the route of a request's scope where no pattern names it: the
+// path the upstream will see (idemhttp's default route, with which idem
+// proxy without --config and Caddy share their records).
+func Route(r *http.Request) string { return ident.Path(r.URL.EscapedPath()) }
 
 // replayHints are the headers that make net/http's Transport resend a
 // request without a body on its own when a reused connection breaks
