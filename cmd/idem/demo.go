@@ -360,6 +360,7 @@ func demoSend(ctx context.Context, client *http.Client, target, key, body string
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(idemhttp.HeaderKey, key) // the same key on every copy of a payment
+	req.Header.Set("Authorization", "Bearer demo-shop")
 	resp, err := client.Do(req)
 	if err != nil {
 		return false, false

@@ -99,6 +99,7 @@ func demoLarge(ctx context.Context, store idem.Store, blobs idem.BlobStore, mode
 					return
 				}
 				req.Header.Set(idemhttp.HeaderKey, id)
+				req.Header.Set("Authorization", "Bearer demo-shop")
 				resp, err := client.Do(req)
 				if err != nil {
 					failed.Add(1)
