@@ -132,9 +132,10 @@ func (*MismatchError) Is(target error) bool { return target == idem.ErrMismatch 
 var ErrResultOmitted = errors.New("idemlambda: the stored result was larger than Config.Guard.MaxResponseSize and was not kept")
 
 // Wrap returns h made idempotent: the first invocation with a key runs h
-// under a lease and stores its result, encoded as JSON; a repeat within
-// the guard's retention gets that result, decoded from the stored bytes,
-// without running h. What happens while the key is in flight, when h
+// under a lease and stores its result, encoded as JSON (an HTTP
+// response without its Set-Cookie and hop-by-hop headers); a repeat
+// from the same caller within the guard's retention gets that result,
+// decoded from the stored bytes, without running h. What happens while the key is in flight, when h
 // fails and when the store fails is in the package documentation.
 //
 // h's context carries the lease and its fencing token (FencingToken,

@@ -45,7 +45,9 @@ func TestAPIGatewayTenantSources(t *testing.T) {
 	}{
 		{"v1 principalId", v1(az(map[string]any{"principalId": "alice", "integrationLatency": 3})), "principal:"},
 		{"v1 claims.sub", v1(az(map[string]any{"claims": map[string]any{"sub": "alice", "email": "a@x"}})), "principal:"},
-		{"v1 IAM", v1(func(e *events.APIGatewayProxyRequest) { e.RequestContext.Identity.UserArn = "arn:aws:iam::1:user/alice" }), "principal:"},
+		{"v1 IAM", v1(func(e *events.APIGatewayProxyRequest) {
+			e.RequestContext.Identity.UserArn = "arn:aws:iam::1:user/alice"
+		}), "principal:"},
 		{"v1 Cognito identity", v1(func(e *events.APIGatewayProxyRequest) { e.RequestContext.Identity.CognitoIdentityID = "us-east-1:abc" }), "principal:"},
 		{"v1 Authorization", v1(func(e *events.APIGatewayProxyRequest) { e.Headers = map[string]string{"authorization": "Bearer alice"} }), "authz:"},
 		{"v1 API key in MultiValueHeaders only", v1(func(e *events.APIGatewayProxyRequest) {
@@ -104,8 +106,12 @@ func TestAPIGatewayTenantSources(t *testing.T) {
 		t.Errorf("a Lambda authorizer's context with another latency: %q, want %q", l1, cases[8].got)
 	}
 	// Header names in any case; the Authorization scheme in any case.
-	h1 := v1(func(e *events.APIGatewayProxyRequest) { e.Headers = map[string]string{"AUTHORIZATION": "bearer  alice "} })
-	h2 := v2(func(e *events.APIGatewayV2HTTPRequest) { e.Headers = map[string]string{"authorization": "Bearer alice"} })
+	h1 := v1(func(e *events.APIGatewayProxyRequest) {
+		e.Headers = map[string]string{"AUTHORIZATION": "bearer  alice "}
+	})
+	h2 := v2(func(e *events.APIGatewayV2HTTPRequest) {
+		e.Headers = map[string]string{"authorization": "Bearer alice"}
+	})
 	if h1 != cases[4].got || h2 != h1 {
 		t.Errorf("one credential in three spellings: %q, %q, %q", cases[4].got, h1, h2)
 	}
@@ -219,7 +225,9 @@ func TestStoredResultKeepsNoPrivateHeaders(t *testing.T) {
 	t.Run("v1 pointer", func(t *testing.T) {
 		resp := &events.APIGatewayProxyResponse{StatusCode: 200, Headers: hdr(), MultiValueHeaders: mv()}
 		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey},
-			func(context.Context, events.APIGatewayProxyRequest) (*events.APIGatewayProxyResponse, error) { return resp, nil })
+			func(context.Context, events.APIGatewayProxyRequest) (*events.APIGatewayProxyResponse, error) {
+				return resp, nil
+			})
 		first, _ := h(ctx, ev)
 		replay, err := h(ctx, ev)
 		if err != nil || first != resp || resp.Headers["set-cookie"] != "s=1" || len(resp.MultiValueHeaders["Set-Cookie"]) != 1 {
@@ -313,7 +321,10 @@ func TestAnonymousCallers(t *testing.T) {
 		"v1 pointer": func() func(context.Context, events.APIGatewayProxyRequest) (int, string, error) {
 			hp, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[*events.APIGatewayProxyRequest]{Name: "fn", RefuseAnonymous: true, Logger: log,
 				Key: func(e *events.APIGatewayProxyRequest) (string, error) { return idemlambda.APIGatewayKey(*e) }},
-				func(ctx context.Context, e *events.APIGatewayProxyRequest) (*events.APIGatewayProxyResponse, error) { r, err := ah.v1(ctx, *e); return &r, err })
+				func(ctx context.Context, e *events.APIGatewayProxyRequest) (*events.APIGatewayProxyResponse, error) {
+					r, err := ah.v1(ctx, *e)
+					return &r, err
+				})
 			return func(ctx context.Context, e events.APIGatewayProxyRequest) (int, string, error) {
 				r, err := hp(ctx, &e)
 				if r == nil {
