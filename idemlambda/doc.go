@@ -5,8 +5,7 @@
 // Lambda; any idem.Store works (redisstore on ElastiCache, pgstore).
 //
 //	handler, err := idemlambda.Wrap(store, idemlambda.Config[events.APIGatewayProxyRequest]{
-//		Key:     idemlambda.APIGatewayKey,
-//		Payload: func(e events.APIGatewayProxyRequest) any { return e.Body },
+//		Key: idemlambda.APIGatewayKey,
 //	}, createOrder)
 //	...
 //	lambda.Start(handler)
@@ -25,16 +24,56 @@
 // fails with a *KeyError unless Config.AllowMissingKey lets it run
 // unprotected.
 //
+// # Callers (API Gateway)
+//
+// A key is scoped by the function (Config.Name), by who calls
+// (Config.Tenant) and, for an API Gateway event
+// (events.APIGatewayProxyRequest or events.APIGatewayV2HTTPRequest, or a
+// pointer to one), by the method and the route API Gateway matched: two
+// callers that send one key never share a record. By default the caller
+// is the identity API Gateway established (APIGatewayTenant,
+// APIGatewayV2Tenant): the authorizer's principal (a Lambda authorizer's
+// principalId or context, a Cognito or JWT authorizer's "sub" claim, IAM's
+// user ARN), else the credentials of the request as idemhttp reads them
+// (Authorization in its normal form, so "bearer  tok" and "Bearer tok" are
+// one caller, and the API-key headers X-Api-Key, Api-Key, X-Auth-Token;
+// header names in any case, from Headers or MultiValueHeaders), else the
+// client certificate of mutual TLS; each as a prefix and a digest, never
+// the raw credential. An authorizer's principal keeps a caller whose
+// token was refreshed between two retries one caller.
+//
+// A keyed request that none of these identifies is anonymous: all the
+// anonymous callers of a route share its keys, a WARN is logged the first
+// time on each route, and Config.RefuseAnonymous refuses them (a 401
+// application/problem+json of type ProblemAnonymous, the handler not
+// run). Events of other kinds (SQS, direct invocations, custom events)
+// have no caller unless Config.Tenant names one: the Lambda API's IAM
+// authorisation is their gate.
+//
+// The request is fingerprinted by default for API Gateway events: its
+// method, path (escapes in normal form), query, Content-Type and body,
+// as idemhttp does. A different body under the same key is a
+// *MismatchError, never a replay. Config.Payload replaces this default.
+//
 // # Results and errors
 //
-// The handler's result is stored as its JSON encoding, and a repeat
-// within the retention (Config.Guard.Retention, default 24h) decodes
-// those very bytes: what Lambda returns to the repeat is what it returned
-// to the first invocation. Errors are not stored: when the handler
-// returns an error (or panics), the key is released and the error is
-// returned, so Lambda's retry, or the client's, runs the handler again.
-// A handler that wants a failure kept returns it as part of its result
-// (an API Gateway response with status 400, say).
+// The handler's result is stored as its JSON encoding, and a repeat within
+// the retention (Config.Guard.Retention, default 24h) decodes those very
+// bytes: what Lambda returns to the repeat is what it returned to the
+// first invocation, except for an HTTP response
+// (events.APIGatewayProxyResponse, events.APIGatewayV2HTTPResponse,
+// events.ALBTargetGroupResponse, events.LambdaFunctionURLResponse, or a
+// result of another type that an API Gateway handler returns and that
+// encodes as an object with a statusCode): its Set-Cookie headers, in
+// Headers or MultiValueHeaders and in any case, v2's Cookies, and the
+// hop-by-hop headers idemhttp drops (Connection, Keep-Alive,
+// Transfer-Encoding, Upgrade, Te, Trailer, Proxy-Connection,
+// Proxy-Authenticate, Proxy-Authorization) go to the first caller only,
+// and are never stored nor replayed. Errors are not stored: when the
+// handler returns an error (or panics), the key is released and the error
+// is returned, so Lambda's retry, or the client's, runs the handler again.
+// A handler that wants a failure kept returns it as part of its result (an
+// API Gateway response with status 400, say).
 //
 // # Leases and the invocation's deadline
 //

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -41,13 +42,43 @@ type Config[E any] struct {
 	// another payload fails with a *MismatchError (matching
 	// idem.ErrMismatch) and does not run. Select the request, not what
 	// changes on every delivery (API Gateway's requestContext holds a
-	// request id and a time). Default nil: no check; a reused key is
-	// replayed whatever the event holds.
+	// request id and a time). Default nil: for an API Gateway event
+	// (events.APIGatewayProxyRequest or events.APIGatewayV2HTTPRequest,
+	// or a pointer to one) the request's method, path, query,
+	// Content-Type and body, as idemhttp.DefaultFingerprint hashes them;
+	// for other events no check, a reused key is replayed whatever the
+	// event holds.
 	Payload func(E) any
 
+	// Tenant says who is calling; the keys of two tenants never share a
+	// record (idem.Scope.Tenant). "" is a caller that nothing identifies:
+	// all such callers share one scope, a WARN is logged once per route,
+	// and RefuseAnonymous refuses them. Default: for an API Gateway
+	// event, APIGatewayTenant or APIGatewayV2Tenant (the authorizer's
+	// principal, else the Authorization and API-key headers, else the
+	// client certificate); for other events "" (an invocation through the
+	// Lambda API is authorised by IAM, and its event names no caller), and
+	// those are not counted as anonymous unless Tenant is set.
+	Tenant func(ctx context.Context, e E) string
+
+	// RefuseAnonymous refuses a keyed request whose Tenant is "": the
+	// handler does not run and nothing is stored. When O is an HTTP
+	// response (events.APIGatewayProxyResponse,
+	// events.APIGatewayV2HTTPResponse, events.ALBTargetGroupResponse,
+	// events.LambdaFunctionURLResponse, or a pointer to one), the
+	// invocation answers 401 application/problem+json of type
+	// ProblemAnonymous; otherwise it fails with an *AnonymousError.
+	// Requests without a key (AllowMissingKey) are not affected. Default
+	// false: anonymous keyed requests run, sharing one scope.
+	RefuseAnonymous bool
+
 	// Name scopes the keys: two wrapped handlers with the same Name share
-	// records. Keys are idem.Scope{Method: "lambda", Route: Name}.
-	// Default: the function's name (lambdacontext.FunctionName, from
+	// records. Keys are idem.Scope{Tenant: Tenant, Method: "lambda",
+	// Route: Name}; for an API Gateway event, the method is "lambda " and
+	// the request's method, and the route Name, a space and the route API
+	// Gateway matched (the resource "/orders/{id}" of a REST API, the
+	// route key's path of an HTTP API, else the path). Default: the
+	// function's name (lambdacontext.FunctionName, from
 	// AWS_LAMBDA_FUNCTION_NAME).
 	Name string
 
@@ -101,9 +132,10 @@ func (*MismatchError) Is(target error) bool { return target == idem.ErrMismatch 
 var ErrResultOmitted = errors.New("idemlambda: the stored result was larger than Config.Guard.MaxResponseSize and was not kept")
 
 // Wrap returns h made idempotent: the first invocation with a key runs h
-// under a lease and stores its result, encoded as JSON; a repeat within
-// the guard's retention gets that result, decoded from the stored bytes,
-// without running h. What happens while the key is in flight, when h
+// under a lease and stores its result, encoded as JSON (an HTTP
+// response without its Set-Cookie and hop-by-hop headers); a repeat
+// from the same caller within the guard's retention gets that result,
+// decoded from the stored bytes, without running h. What happens while the key is in flight, when h
 // fails and when the store fails is in the package documentation.
 //
 // h's context carries the lease and its fencing token (FencingToken,
@@ -140,11 +172,43 @@ func Wrap[E, O any](store idem.Store, cfg Config[E], h func(context.Context, E) 
 }
 
 type wrapper[E, O any] struct {
-	cfg   Config[E]
-	h     func(context.Context, E) (O, error)
-	gs    *guards
-	scope idem.Scope
-	log   *slog.Logger
+	cfg    Config[E]
+	h      func(context.Context, E) (O, error)
+	gs     *guards
+	scope  idem.Scope
+	log    *slog.Logger
+	warned sync.Map // method and route of the anonymous WARNs logged
+}
+
+// scopeOf returns the scope of e and its HTTP request, if it is one.
+func (w *wrapper[E, O]) scopeOf(ctx context.Context, e E) (idem.Scope, *httpRequest) {
+	scope := w.scope
+	req, isHTTP := httpRequestOf(any(e))
+	if isHTTP {
+		scope.Method = "lambda " + req.method
+		scope.Route = w.scope.Route + " " + req.route
+	}
+	switch {
+	case w.cfg.Tenant != nil:
+		scope.Tenant = w.cfg.Tenant(ctx, e)
+	case isHTTP:
+		scope.Tenant = req.tenant()
+	}
+	if !isHTTP {
+		return scope, nil
+	}
+	return scope, &req
+}
+
+// anonymous logs the first keyed request of a route whose caller nothing
+// identifies.
+func (w *wrapper[E, O]) anonymous(ctx context.Context, scope idem.Scope) {
+	if _, seen := w.warned.LoadOrStore(scope.Method+" "+scope.Route, true); seen {
+		return
+	}
+	w.log.WarnContext(ctx, "idemlambda: a keyed request whose caller nothing identifies (no authorizer principal, no Authorization, no API key): "+
+		"the anonymous callers of this route share its keys' records; put an authorizer in front, set Config.Tenant, or Config.RefuseAnonymous to refuse them (logged once per route)",
+		"method", scope.Method, "route", scope.Route, "refused", w.cfg.RefuseAnonymous)
 }
 
 // jsonHeader is the header of every stored result: the record encoding
@@ -160,12 +224,24 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 		}
 		return zero, &KeyError{Err: err}
 	}
-	key, err := w.scope.Key(ck)
+	scope, req := w.scopeOf(ctx, e)
+	key, err := scope.Key(ck)
 	if err != nil {
 		return zero, &KeyError{Err: err}
 	}
-	fp, err := fingerprint(w.cfg.Payload, e)
-	if err != nil {
+	if scope.Tenant == "" && (req != nil || w.cfg.Tenant != nil) {
+		w.anonymous(ctx, scope)
+		if w.cfg.RefuseAnonymous {
+			if refusal(&zero) {
+				return zero, nil
+			}
+			return zero, &AnonymousError{}
+		}
+	}
+	var fp idem.Fingerprint
+	if w.cfg.Payload == nil && req != nil {
+		fp = req.fingerprint()
+	} else if fp, err = fingerprint(w.cfg.Payload, e); err != nil {
 		return zero, err
 	}
 	att, acq, bounded, err := begin(ctx, w.gs, key, fp, w.cfg.Wait)
@@ -203,10 +279,15 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 		}
 		return out, herr
 	}
-	body, err := json.Marshal(out)
+	// Set-Cookie and the hop-by-hop headers go to this caller only.
+	kept, typed := storable(out)
+	body, err := json.Marshal(kept)
 	if err != nil {
 		att.Release(finish)
 		return out, fmt.Errorf("idemlambda: result %T does not encode as JSON: %w", out, err)
+	}
+	if !typed && req != nil {
+		body = stripJSON(body)
 	}
 	if err := att.Complete(finish, &idem.Response{Status: http.StatusOK, Header: jsonHeader, Body: body}); err != nil {
 		w.log.WarnContext(ctx, "idemlambda: the handler ran but its result was not stored; a retry may run it again",

@@ -10,6 +10,12 @@
 // runs:KEY and lists its fencing token in started:KEY before it works,
 // and its write is fenced (sor:KEY keeps the largest token written and
 // counts the writes it refused).
+//
+// The "apigw" and "apigwv2" modes serve API Gateway REST and HTTP API
+// events with the defaults (the tenant from the request, its
+// fingerprint); their handler counts its runs in runs:KEY and answers
+// with session cookies and hop-by-hop headers in every spelling.
+// IDEMTEST_REFUSE_ANONYMOUS=1 sets Config.RefuseAnonymous.
 package main
 
 import (
@@ -101,7 +107,63 @@ func main() {
 		_, err := p.Exec(ctx)
 		return tok, err
 	}
+	refuse := os.Getenv("IDEMTEST_REFUSE_ANONYMOUS") == "1"
 	switch os.Getenv("IDEMTEST_MODE") {
+	case "apigw":
+		// An API Gateway REST API function with the defaults: the tenant
+		// from the request, the request fingerprinted. Its answer sets a
+		// session cookie in every spelling a handler may write.
+		cfg := idemlambda.Config[events.APIGatewayProxyRequest]{Key: idemlambda.APIGatewayKey, Guard: gcfg, RefuseAnonymous: refuse}
+		h, err := idemlambda.Wrap(store, cfg, func(ctx context.Context, e events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+			key, _ := idemlambda.APIGatewayKey(e)
+			n, err := rdb.Incr(ctx, "runs:"+key).Result()
+			if err != nil {
+				return events.APIGatewayProxyResponse{}, err
+			}
+			session := fmt.Sprintf("session=run%d", n)
+			return events.APIGatewayProxyResponse{
+				StatusCode: 201,
+				Headers: map[string]string{
+					"Content-Type": "application/json", "X-Run": strconv.FormatInt(n, 10),
+					"set-cookie": session, "Connection": "keep-alive", "transfer-encoding": "chunked",
+				},
+				MultiValueHeaders: map[string][]string{
+					"SET-COOKIE": {session + "-multi"}, "Set-Cookie": {session + "-canonical"},
+					"x-multi": {"1", "2"}, "Keep-Alive": {"timeout=5"},
+				},
+				Body: fmt.Sprintf(`{"run":%d,"body":%q}`, n, e.Body),
+			}, nil
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		lambda.Start(h)
+	case "apigwv2":
+		// The same over an HTTP API (payload 2.0): v2's Cookies too.
+		cfg := idemlambda.Config[events.APIGatewayV2HTTPRequest]{Key: idemlambda.APIGatewayV2Key, Guard: gcfg, RefuseAnonymous: refuse}
+		h, err := idemlambda.Wrap(store, cfg, func(ctx context.Context, e events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
+			key, _ := idemlambda.APIGatewayV2Key(e)
+			n, err := rdb.Incr(ctx, "runs:"+key).Result()
+			if err != nil {
+				return events.APIGatewayV2HTTPResponse{}, err
+			}
+			session := fmt.Sprintf("session=run%d", n)
+			return events.APIGatewayV2HTTPResponse{
+				StatusCode: 201,
+				Headers: map[string]string{
+					"content-type": "application/json", "x-run": strconv.FormatInt(n, 10),
+					"set-cookie": session + "-header", "upgrade": "h2c",
+				},
+				Cookies: []string{session, "theme=dark"},
+				Body:    fmt.Sprintf(`{"run":%d,"body":%q}`, n, e.Body),
+			}, nil
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		lambda.Start(h)
 	case "sqs":
 		h, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Guard: gcfg}, func(ctx context.Context, m events.SQSMessage) error {
 			if _, err := start(ctx, m.MessageId); err != nil {
