@@ -140,6 +140,10 @@ func New(store idem.Store, cfg Config) (*Engine, error) {
 	return &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}, nil
 }
 
+// Anonymous counts a keyed request that no tenant source identified (the
+// counter idem.anonymous).
+func (e *Engine) Anonymous(ctx context.Context) { e.tel.Anonymous(ctx, e.layer) }
+
 // Report records outcome o of the request whose context is ctx: the
 // counter idem.outcomes and the span attribute idem.outcome. The adapter
 // calls its OnOutcome after it.

@@ -46,6 +46,7 @@ type T struct {
 	outcomes  metric.Int64Counter
 	renewals  metric.Int64Counter
 	deadLtrs  metric.Int64Counter
+	anonymous metric.Int64Counter
 	hasMeters bool
 }
 
@@ -76,6 +77,10 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*T, error) {
 		}
 		if t.deadLtrs, err = m.Int64Counter("idem.dead_letters",
 			metric.WithDescription("Messages dead-lettered after too many failures.")); err != nil {
+			return nil, err
+		}
+		if t.anonymous, err = m.Int64Counter("idem.anonymous",
+			metric.WithDescription("Keyed requests that no tenant source identified, by layer (http, grpc), refused or not.")); err != nil {
 			return nil, err
 		}
 		t.hasMeters = true
@@ -144,6 +149,15 @@ func (t *T) Renewal(result string) {
 		return
 	}
 	t.renewals.Add(context.Background(), 1, metric.WithAttributes(AttrResult.String(result)))
+}
+
+// Anonymous counts a keyed request of layer that no tenant source
+// identified.
+func (t *T) Anonymous(ctx context.Context, layer string) {
+	if t == nil || !t.hasMeters {
+		return
+	}
+	t.anonymous.Add(ctx, 1, metric.WithAttributes(AttrLayer.String(layer)))
 }
 
 // DeadLetter counts a dead-lettered message.
