@@ -463,7 +463,9 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	// idem.Scope{Tenant: v1Tenant(ctx), Method: method} when Tenant is the
 	// default (v1.0 hashed authorization as written, gave "" to more than
 	// one value, and ignored the API-key metadata: those callers' tenants
-	// changed); the fingerprint is unchanged. Once internal/engine has the
+	// changed), and also when a Config.Tenant of the user's answered
+	// DefaultTenant(ctx) (v1.0's fell back to v1.0's); the fingerprint is
+	// unchanged (DefaultFingerprint is v1.0's). Once internal/engine has the
 	// fallback lookup, derive that old key here (only while the engine
 	// falls back, and only when it differs from key) and hand it, with fp,
 	// to the engine after Acquire in serve, so that such a record replays
