@@ -11,6 +11,8 @@
 //	key missing, not required        the call passes through untouched
 //	key missing, required            InvalidArgument (reason IDEMPOTENCY_KEY_MISSING)
 //	key malformed, or two values     InvalidArgument (IDEMPOTENCY_KEY_INVALID)
+//	key, caller not identified,      Unauthenticated (IDEMPOTENCY_CALLER_UNIDENTIFIED); the
+//	RefuseAnonymous                  handler does not run, nothing is stored
 //	first call                       the handler runs; its outcome goes to the client and
 //	                                 is stored (per ShouldStore)
 //	same key, completed, same request  the stored message or status, header and trailer
@@ -46,16 +48,33 @@
 // (the request is well formed; the key's state forbids it).
 //
 // The record is scoped by tenant, full method name and key. The tenant is
-// DefaultTenant by default, a hash of the authorization metadata, as
-// idemhttp does with the Authorization header, else of the peer's TLS
-// client certificate; calls with neither share one scope, so such a
-// caller that sends a key another caller used gets that caller's stored
-// response. Set Config.Tenant from the authenticated identity where that
-// is elsewhere or where tokens rotate between retries (the interceptor
-// that authenticates must run before this one). The fingerprint (DefaultFingerprint)
-// is the method and the deterministic proto encoding of the request, so
-// maps in any order are one request; requests must be proto messages
-// unless Config.Fingerprint says otherwise.
+// DefaultTenant by default, as idemhttp's: the credentials the call's
+// metadata carries, each as a hash, never raw: authorization in its normal
+// form (so "Bearer tok", "bearer tok", "Bearer  tok" and " Bearer tok " are
+// one caller; the token itself keeps its case) and the API-key metadata
+// x-api-key, api-key and x-auth-token (two keys are two callers; a call
+// with several credentials is a caller of its own); without any, the
+// peer's TLS client certificate. Set Config.Tenant from the authenticated
+// identity where that is elsewhere or where tokens rotate between retries
+// (the interceptor that authenticates must run before this one).
+//
+// A keyed call that none of these identifies (Tenant returns "") is
+// anonymous: anonymous calls share one scope, so one that sends a key
+// another anonymous caller used gets that caller's stored response. Each
+// is counted (idem.anonymous, Config.OnAnonymous) and the first of each
+// method logged at WARN; Config.RefuseAnonymous refuses them with
+// Unauthenticated before anything is stored. Calls without a key pass
+// through as ever.
+//
+// A single authorization value in normal form has v1.0's tenant, so the
+// records v1.0 stored for it keep answering. The tenant changed for
+// API-key callers (anonymous in v1.0), for other spellings of
+// authorization and for several authorization values.
+//
+// The fingerprint (DefaultFingerprint) is the method and the deterministic
+// proto encoding of the request, so maps in any order are one request;
+// requests must be proto messages unless Config.Fingerprint says
+// otherwise.
 //
 // The handler's context carries the lease: idem.LeaseFromContext gives the
 // key and the fencing token, to pass on to the system of record. If the
@@ -68,7 +87,7 @@
 // 900 plus the gRPC code; Body is the response message's proto encoding
 // (deterministic) for OK, or the google.rpc.Status (code, message and
 // details) for an error; Header holds the header metadata the handler set
-// under their own keys, the trailer metadata under ":trailer:" + key, and
+// under their own keys (in lower case), the trailer metadata under ":trailer:" + key, and
 // the response message's full name under ":type" (names starting with ':'
 // can never be gRPC metadata keys). A replay decodes the message into a
 // new instance of that type, found in Config.Types (default
@@ -86,7 +105,17 @@
 // original (proto.Equal), and goes on the wire byte for byte as the
 // original did unless it holds a map with more than one entry: Go's proto
 // encoding orders map entries at random, for the original as for the
-// replay. Config.ReplayMetadataDenylist names keys never stored.
+// replay. Config.ReplayMetadataDenylist names keys never stored nor
+// replayed, in any case.
+//
+// Metadata keys are case-insensitive, and HTTP/2 sends them in lower case:
+// grpc-go sends the keys of a metadata.MD literal as written
+// (metadata.MD{"Set-Cookie": ...}), and a grpc-go client refuses such a
+// response (Internal, "invalid header field name"). The interceptor gives
+// what the handler sets to grpc-go in lower case, and stores it so: the
+// call and its replays reach the client, and the denylist matches a key
+// however the handler spelled it. A record stored before a key joined the
+// denylist replays without it.
 //
 // The interceptor stores the outcome before returning it to grpc-go, so a
 // client normally receives an outcome only once it is stored. If storing

@@ -3,6 +3,7 @@ package idemgrpc
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -53,12 +54,12 @@ func encode(c *captured, deny map[string]bool, types protoregistry.MessageTypeRe
 	h := make(http.Header, len(c.header)+len(c.trailer)+1)
 	for k, vs := range c.header {
 		if storable(k, deny) {
-			h[k] = vs
+			addValues(h, strings.ToLower(k), vs)
 		}
 	}
 	for k, vs := range c.trailer {
 		if storable(k, deny) {
-			h[trailerPrefix+k] = vs
+			addValues(h, trailerPrefix+strings.ToLower(k), vs)
 		}
 	}
 	r := &idem.Response{Header: h}
@@ -89,16 +90,30 @@ func encode(c *captured, deny map[string]bool, types protoregistry.MessageTypeRe
 	return r, nil
 }
 
-// storable reports whether metadata key k is stored.
+// storable reports whether metadata key k (in any case) is stored, or
+// replayed.
 func storable(k string, deny map[string]bool) bool {
 	return k != "" && k[0] != ':' && !deny[strings.ToLower(k)]
 }
 
+// addValues sets m[k] to vs, or to a new slice of its values and vs'
+// when k already has values (two keys that differ only in case): vs may
+// be a stored record's, which is never written to.
+func addValues[M ~map[string][]string](m M, k string, vs []string) {
+	if prev, ok := m[k]; ok {
+		m[k] = slices.Concat(prev, vs)
+		return
+	}
+	m[k] = vs
+}
+
 // decode maps a stored idem.Response back: the response (or nil and the
-// status) and the metadata to send. types resolves the response's message
+// status) and the metadata to send, in lower case and without the keys
+// deny names now (a record stored before they joined the denylist, or by
+// v1.0 with keys in upper case). types resolves the response's message
 // type. A replay whose body was omitted gets a DataLoss status (OK) or its
 // code with a note (errors).
-func decode(r *idem.Response, types protoregistry.MessageTypeResolver) (*captured, error) {
+func decode(r *idem.Response, deny map[string]bool, types protoregistry.MessageTypeResolver) (*captured, error) {
 	code := r.Status - statusBase
 	if code < 0 || code > int(codes.Unauthenticated) {
 		return nil, fmt.Errorf("idemgrpc: stored status %d is not a gRPC code in encoding version 1 (%d to %d)",
@@ -113,15 +128,19 @@ func decode(r *idem.Response, types protoregistry.MessageTypeResolver) (*capture
 				typeName = vs[0]
 			}
 		case strings.HasPrefix(k, trailerPrefix):
+			k = k[len(trailerPrefix):]
+			if !storable(k, deny) {
+				continue
+			}
 			if c.trailer == nil {
 				c.trailer = metadata.MD{}
 			}
-			c.trailer[k[len(trailerPrefix):]] = vs
-		default:
+			addValues(c.trailer, strings.ToLower(k), vs)
+		case storable(k, deny):
 			if c.header == nil {
 				c.header = metadata.MD{}
 			}
-			c.header[k] = vs
+			addValues(c.header, strings.ToLower(k), vs)
 		}
 	}
 	switch {

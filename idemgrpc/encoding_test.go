@@ -32,7 +32,7 @@ func roundTrip(t *testing.T, c *captured) *captured {
 	if err := stored.UnmarshalBinary(b); err != nil {
 		t.Fatal(err)
 	}
-	got, err := decode(&stored, protoregistry.GlobalTypes)
+	got, err := decode(&stored, nil, protoregistry.GlobalTypes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestDecodeRefusesCorruptRecords(t *testing.T) {
 		"bad status bytes":      {Status: statusBase + int(codes.NotFound), Body: []byte{0xff}},
 		"codes disagree":        {Status: statusBase + int(codes.Internal), Body: okStatus},
 	} {
-		if _, err := decode(r, protoregistry.GlobalTypes); err == nil {
+		if _, err := decode(r, nil, protoregistry.GlobalTypes); err == nil {
 			t.Errorf("%s: got no error, want one", name)
 		}
 	}

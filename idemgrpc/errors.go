@@ -25,6 +25,7 @@ const (
 	ReasonResponseOmitted  = "IDEMPOTENT_RESPONSE_NOT_STORED"        // DataLoss: completed, but its response was too large to keep
 	ReasonUnreplayable     = "IDEMPOTENT_RESPONSE_UNREADABLE"        // Internal: the stored response cannot be decoded
 	ReasonNotFingerprinted = "IDEMPOTENCY_REQUEST_NOT_FINGERPRINTED" // Internal: the request could not be fingerprinted
+	ReasonAnonymous        = "IDEMPOTENCY_CALLER_UNIDENTIFIED"       // Unauthenticated: RefuseAnonymous, and nothing identifies the caller
 )
 
 // ErrorReason returns the Reason of an error status the interceptor

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/ident"
 	"github.com/idemkit/idem/internal/telemetry"
 )
 
@@ -71,14 +74,32 @@ type Config struct {
 	Key func(ctx context.Context, fullMethod string, req any) (string, bool)
 
 	// Tenant says whose call this is; keys of different tenants never
-	// share a record. Default DefaultTenant: a hash of the
-	// authorization metadata, else of the peer's TLS client certificate,
-	// "" for calls with neither (which then share one scope: a caller who
-	// sends a key another such caller used gets that caller's stored
-	// response). Set it from the authenticated identity where credentials
-	// rotate or are elsewhere, e.g. the account id your authentication
-	// interceptor (which must run before this one) put in the context.
+	// share a record. Default DefaultTenant: the authorization metadata in
+	// normal form and the API-key metadata (x-api-key, api-key,
+	// x-auth-token), each as a hash, else a hash of the peer's TLS client
+	// certificate. Set it from the authenticated identity where
+	// credentials rotate or are elsewhere, e.g. the account id your
+	// authentication interceptor (which must run before this one) put in
+	// the context.
+	//
+	// When it returns "", the keyed call is anonymous: such calls share
+	// one scope (a caller who sends a key another such caller used gets
+	// that caller's stored response). Each one is reported (OnAnonymous,
+	// the counter idem.anonymous, a WARN once per method), and refused
+	// with RefuseAnonymous.
 	Tenant func(ctx context.Context) string
+
+	// RefuseAnonymous refuses keyed calls that no tenant source
+	// identifies (Tenant returned ""): Unauthenticated (reason
+	// ReasonAnonymous), before the request is fingerprinted or anything
+	// is stored; the handler does not run. Calls without a key pass as
+	// ever. Default false: they are served, reported as anonymous.
+	RefuseAnonymous bool
+
+	// OnAnonymous, when set, is called for every keyed call of a covered
+	// method that no tenant source identifies, refused or not (for
+	// metrics). It must not block.
+	OnAnonymous func(ctx context.Context, fullMethod string)
 
 	// Fingerprint summarises the request; a repeat with the same key and
 	// another fingerprint gets FailedPrecondition. An error makes the call
@@ -138,9 +159,11 @@ type Config struct {
 	FailOpen bool
 
 	// ReplayMetadataDenylist names header and trailer metadata keys never
-	// stored nor replayed (compared lower-case), besides
-	// idempotent-replayed and idempotent-replay-body-omitted, which are
-	// always dropped.
+	// stored nor replayed, besides idempotent-replayed and
+	// idempotent-replay-body-omitted, which are always dropped. Keys are
+	// compared in any case: a handler's metadata.MD{"Set-Cookie": ...}
+	// is "set-cookie". A record stored before a key joined the list is
+	// replayed without it.
 	ReplayMetadataDenylist []string
 
 	// Types resolves the stored response's message type on replay, by its
@@ -214,14 +237,58 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 }
 
 // DefaultTenant scopes keys by the caller's credentials, as
-// idemhttp.DefaultTenant does: a hash of the single authorization metadata
-// value ("authz:..."); without one, a hash of the TLS client certificate
-// the peer presented ("cert:...", with credentials.NewTLS and ClientAuth
-// at RequestClientCert or above); else "" (also for more than one
-// authorization value). A client that refreshes its token between two
-// retries becomes a new tenant and runs the call again; prefer a stable
-// account id where tokens rotate.
+// idemhttp.DefaultTenant does: the authorization metadata, in its normal
+// form (the scheme's case and the whitespace around and inside it do not
+// matter, RFC 9110 section 11.4; several values are read together), and
+// the API-key metadata x-api-key, api-key and x-auth-token, each as a hash
+// ("authz:...", "apikey:..."; a call with several has all of them, and is
+// a caller of its own); else a hash of the TLS client certificate the
+// peer presented ("cert:...", with credentials.NewTLS and ClientAuth at
+// RequestClientCert or above: the handshake proves the client holds the
+// certificate's key); else "", an anonymous caller (see Config.Tenant).
+// A client that refreshes its token between two retries becomes a new
+// tenant and runs the call again; prefer a stable account id where
+// tokens rotate.
+//
+// A single authorization value in normal form ("Bearer tok") and no API
+// key gives the tenant v1.0 gave it.
 func DefaultTenant(ctx context.Context) string {
+	if t := ident.Tenant(func(name string) []string {
+		return metadata.ValueFromIncomingContext(ctx, metadataName(name))
+	}); t != "" {
+		return t
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+			return ident.Cert(info.State.PeerCertificates[0].Raw)
+		}
+	}
+	return ""
+}
+
+// credentialNames maps the canonical header names ident.Tenant reads to
+// their metadata keys, which are lower case.
+var credentialNames = func() map[string]string {
+	m := map[string]string{"Authorization": "authorization"}
+	for _, h := range ident.APIKeyHeaders {
+		m[h] = strings.ToLower(h)
+	}
+	return m
+}()
+
+// metadataName is the metadata key of the header name ident.Tenant asks
+// for.
+func metadataName(name string) string {
+	if k, ok := credentialNames[name]; ok {
+		return k
+	}
+	return strings.ToLower(name)
+}
+
+// v1Tenant is DefaultTenant as v1.0 released it: the authorization value
+// hashed as written, "" with more than one, API-key metadata ignored. The
+// key of a record stored by v1.0 under DefaultTenant has this tenant.
+func v1Tenant(ctx context.Context) string {
 	vs := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(vs) == 1 {
 		sum := sha256.Sum256([]byte(vs[0]))
@@ -327,6 +394,9 @@ type server struct {
 	eng     *engine.Engine
 	methods map[string]bool // nil: every method
 	deny    map[string]bool // lower-case metadata keys
+	// anonymous holds the methods whose anonymous keyed calls were
+	// logged (once per method).
+	anonymous onceSet
 }
 
 func (s *server) covers(method string) bool {
@@ -374,6 +444,12 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		s.outcome(ctx, method, OutcomeRejected)
 		return nil, errorStatus(codes.InvalidArgument, ReasonKeyInvalid, err.Error(), 0)
 	}
+	tenant := s.cfg.Tenant(ctx)
+	if tenant == "" {
+		if err := s.anonymousCaller(ctx, method); err != nil {
+			return nil, err
+		}
+	}
 	fp, err := s.cfg.Fingerprint(method, req)
 	if err != nil {
 		s.outcome(ctx, method, OutcomeRejected)
@@ -382,8 +458,63 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, errorStatus(codes.Internal, ReasonNotFingerprinted, err.Error(), 0)
 	}
 	// clientKey passed idem.ValidateKey, Scope.Key's own check.
-	key, _ := idem.Scope{Tenant: s.cfg.Tenant(ctx), Method: method}.Key(clientKey)
+	key, _ := idem.Scope{Tenant: tenant, Method: method}.Key(clientKey)
+	// TODO(issue 31, upgrade): a record stored by v1.0 has the key of
+	// idem.Scope{Tenant: v1Tenant(ctx), Method: method} when Tenant is the
+	// default (v1.0 hashed authorization as written, gave "" to more than
+	// one value, and ignored the API-key metadata: those callers' tenants
+	// changed), and also when a Config.Tenant of the user's answered
+	// DefaultTenant(ctx) (v1.0's fell back to v1.0's); the fingerprint is
+	// unchanged (DefaultFingerprint is v1.0's). Once internal/engine has the
+	// fallback lookup, derive that old key here (only while the engine
+	// falls back, and only when it differs from key) and hand it, with fp,
+	// to the engine after Acquire in serve, so that such a record replays
+	// instead of the call running again.
 	return s.serve(ctx, req, method, handler, key, fp)
+}
+
+// anonymousCaller reports a keyed call that no tenant source identifies
+// and, with RefuseAnonymous, returns the Unauthenticated status that
+// refuses it.
+func (s *server) anonymousCaller(ctx context.Context, method string) error {
+	if s.cfg.OnAnonymous != nil {
+		s.cfg.OnAnonymous(ctx, method)
+	}
+	s.eng.Anonymous(ctx)
+	if s.cfg.RefuseAnonymous {
+		s.outcome(ctx, method, OutcomeRejected)
+		return errorStatus(codes.Unauthenticated, ReasonAnonymous,
+			"idemgrpc: "+method+" requires calls with an idempotency key to identify their caller (authorization or API-key metadata, "+
+				"a client certificate, or the configured tenant source), so that no caller gets another's result; the call was not run", 0)
+	}
+	if s.anonymous.first(method) {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: a keyed call carries no credential that identifies its caller "+
+			"(authorization or API-key metadata, a client certificate, or the configured tenant source): callers that use the same key "+
+			"share its record; set Config.Tenant, or refuse such calls (Config.RefuseAnonymous); logged once per method",
+			slog.String("method", method))
+	}
+	return nil
+}
+
+// maxOnceMethods bounds the methods whose anonymous calls are logged.
+const maxOnceMethods = 1000
+
+// onceSet is a bounded set of methods, each reported once.
+type onceSet struct {
+	methods sync.Map
+	n       atomic.Int64
+}
+
+// first reports whether method is new to the set, and adds it; false
+// once the set is full.
+func (s *onceSet) first(method string) bool {
+	if _, seen := s.methods.Load(method); seen || s.n.Load() >= maxOnceMethods {
+		return false
+	}
+	if _, seen := s.methods.LoadOrStore(method, true); seen {
+		return false
+	}
+	return s.n.Add(1) <= maxOnceMethods
 }
 
 // serve acquires the key and answers: run the handler, replay, Aborted,
@@ -484,7 +615,7 @@ var trueValue = []string{"true"}
 // idempotent-replayed: true, its trailer metadata, and its message or
 // status.
 func (s *server) replay(ctx context.Context, method string, key idem.Key, r *idem.Response) (any, error) {
-	c, err := decode(r, s.cfg.Types)
+	c, err := decode(r, s.deny, s.cfg.Types)
 	if err != nil {
 		s.outcome(ctx, method, OutcomeStoreError)
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: stored outcome cannot be replayed; the call was not run",
