@@ -313,3 +313,38 @@ func TestRefuseAnonymous(t *testing.T) {
 		wantRuns(t, s, 2)
 	})
 }
+
+// A call stored by v1.0 under a tenant that changed since (an API-key
+// caller was anonymous; an odd spelling of authorization was its own
+// tenant) replays after the upgrade (Config.V1Scopes), and runs again
+// without the look-up.
+func TestV1ScopesFallback(t *testing.T) {
+	eachStore(t, func(t *testing.T, store idem.Store) {
+		v1 := newServer(t, store, idemgrpc.Config{Tenant: idemgrpc.V1Tenant}, execution())
+		req := map[string]any{"amount": 100}
+		callers := [][]string{{"x-api-key", "alice-secret"}, {"authorization", "bearer  tokA"}}
+		stored := map[int]string{}
+		for i, md := range callers {
+			a := v1.call(t.Context(), methodCharge, fmt.Sprintf("v1-key-%d", i), req, md...)
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			stored[i] = a.reply
+		}
+		upgraded := newServer(t, store, idemgrpc.Config{}, execution())
+		for i, md := range callers {
+			a := upgraded.call(t.Context(), methodCharge, fmt.Sprintf("v1-key-%d", i), req, md...)
+			if a.err != nil || !a.replayed() || a.reply != stored[i] {
+				t.Errorf("caller %v after the upgrade: got %q replayed=%t (%v), want the replay of v1.0's %q", md, a.reply, a.replayed(), a.err, stored[i])
+			}
+		}
+		wantRuns(t, upgraded, 0)
+		// (v1.0 stored Alice's call as anonymous: until it expires, it
+		// answers any caller with its key, as it did under v1.0. Records
+		// stored since are scoped: TestTenantAPIKeyMetadata.)
+		without := newServer(t, store, idemgrpc.Config{V1Scopes: -1}, execution())
+		if a := without.call(t.Context(), methodCharge, "v1-key-1", req, callers[1]...); a.err != nil || a.replayed() {
+			t.Errorf("V1Scopes -1: got a replay of %q, want the call run again (no look-up)", a.reply)
+		}
+	})
+}

@@ -158,6 +158,19 @@ type Config struct {
 	// run.
 	FailOpen bool
 
+	// V1Scopes is how long after the interceptor is made a keyed call that
+	// acquires its key also looks for a record under the key v1.0 derived
+	// for it, when that differs (v1.0 read authorization as written, gave
+	// several values no tenant, and did not read the API-key metadata), so
+	// that a call stored before an upgrade is replayed after it, not run
+	// again. A record v1.0 stored for a caller it could not identify (an
+	// API-key caller included) answers, until it expires, any caller with
+	// its key, as it did under v1.0; records stored since are scoped. Zero
+	// means the Retention; negative turns the look-up off. It costs one
+	// store read for each call that acquires its key while it lasts;
+	// replays cost nothing more.
+	V1Scopes time.Duration
+
 	// ReplayMetadataDenylist names header and trailer metadata keys never
 	// stored nor replayed, besides idempotent-replayed and
 	// idempotent-replay-body-omitted, which are always dropped. Keys are
@@ -345,7 +358,8 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 	}
 	eng, err := engine.New(store, engine.Config{Name: "idemgrpc", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
-		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger})
+		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger,
+		V1Scopes: cfg.V1Scopes})
 	if err != nil {
 		return nil, err
 	}
@@ -365,6 +379,7 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 	for _, k := range cfg.ReplayMetadataDenylist {
 		s.deny[strings.ToLower(k)] = true
 	}
+	s.userTenant = s.cfg.Tenant
 	if s.cfg.Tenant == nil {
 		s.cfg.Tenant = DefaultTenant
 	}
@@ -397,6 +412,9 @@ type server struct {
 	// anonymous holds the methods whose anonymous keyed calls were
 	// logged (once per method).
 	anonymous onceSet
+	// userTenant is the Config.Tenant the user set (nil: DefaultTenant),
+	// for the keys of v1.0 (Config.V1Scopes).
+	userTenant func(context.Context) string
 }
 
 func (s *server) covers(method string) bool {
@@ -459,18 +477,21 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	// clientKey passed idem.ValidateKey, Scope.Key's own check.
 	key, _ := idem.Scope{Tenant: tenant, Method: method}.Key(clientKey)
-	// TODO(issue 31, upgrade): a record stored by v1.0 has the key of
-	// idem.Scope{Tenant: v1Tenant(ctx), Method: method} when Tenant is the
-	// default (v1.0 hashed authorization as written, gave "" to more than
-	// one value, and ignored the API-key metadata: those callers' tenants
-	// changed), and also when a Config.Tenant of the user's answered
-	// DefaultTenant(ctx) (v1.0's fell back to v1.0's); the fingerprint is
-	// unchanged (DefaultFingerprint is v1.0's). Once internal/engine has the
-	// fallback lookup, derive that old key here (only while the engine
-	// falls back, and only when it differs from key) and hand it, with fp,
-	// to the engine after Acquire in serve, so that such a record replays
-	// instead of the call running again.
-	return s.serve(ctx, req, method, handler, key, fp)
+	return s.serve(ctx, req, method, handler, key, fp, clientKey, tenant)
+}
+
+// v1Key is the key v1.0 derived for a call whose tenant today is tenant:
+// v1.0's DefaultTenant where the tenant is the default's (v1.0 hashed
+// authorization as written, gave several values no tenant, and did not
+// read the API-key metadata), also when a Config.Tenant of the user's
+// answered DefaultTenant's (v1.0's fell back to v1.0's). The fingerprint
+// is v1.0's.
+func (s *server) v1Key(ctx context.Context, method, clientKey, tenant string) idem.Key {
+	if s.userTenant == nil || tenant == DefaultTenant(ctx) {
+		tenant = v1Tenant(ctx)
+	}
+	k, _ := idem.Scope{Tenant: tenant, Method: method}.Key(clientKey)
+	return k
 }
 
 // anonymousCaller reports a keyed call that no tenant source identifies
@@ -520,11 +541,15 @@ func (s *onceSet) first(method string) bool {
 // serve acquires the key and answers: run the handler, replay, Aborted,
 // FailedPrecondition or Unavailable; with Config.Wait, an in-flight key is
 // waited for first.
-func (s *server) serve(ctx context.Context, req any, method string, handler grpc.UnaryHandler, key idem.Key, fp idem.Fingerprint) (any, error) {
+func (s *server) serve(ctx context.Context, req any, method string, handler grpc.UnaryHandler, key idem.Key, fp idem.Fingerprint,
+	clientKey, tenant string) (any, error) {
 	// The work's context keeps the call's values, not its cancellation
 	// nor its deadline: once acquired, the key's work runs to its end
 	// whatever the client does.
 	d := s.eng.Acquire(ctx, context.WithoutCancel(ctx), key, fp, method)
+	if d.Outcome == engine.OutcomeExecuted && s.eng.FallingBack() {
+		d = s.eng.Fallback(ctx, d, s.v1Key(ctx, method, clientKey, tenant), fp)
+	}
 	switch d.Outcome {
 	case engine.OutcomeExecuted:
 		return s.execute(ctx, req, handler, d, method)
