@@ -22,7 +22,7 @@ import (
 // unless Options.AllowEviction is set. Redis evicts a completed record
 // like any other key: the retry of an evicted key finds no record and runs
 // the work again, the one thing idem exists to prevent.
-var ErrEvictingPolicy = errors.New("maxmemory-policy evicts keys, so a retry of an evicted completed record runs its work again")
+var ErrEvictingPolicy = errors.New("it evicts keys, so a retry of an evicted completed record runs its work again")
 
 // DefaultPolicyRecheck is Options.PolicyRecheck's default.
 const DefaultPolicyRecheck = time.Minute
@@ -147,7 +147,7 @@ func (w *policyWatch) open(ctx context.Context) error {
 	w.next.Store(time.Now().Add(w.every).UnixNano())
 	switch {
 	case policy != "" && !w.allowed:
-		return fmt.Errorf("redisstore: Redis at %s has maxmemory-policy %s: %w; set it to noeviction (CONFIG SET maxmemory-policy noeviction), "+
+		return fmt.Errorf("redisstore: Redis at %s has maxmemory-policy %s: %w; set noeviction (CONFIG SET maxmemory-policy noeviction), "+
 			"or allow eviction knowingly: Options.AllowEviction, or allow_eviction=1 in the store URL (idem proxy --store, Caddy's store)",
 			addr, policy, ErrEvictingPolicy)
 	case policy != "":
