@@ -154,7 +154,7 @@ func (w *policyWatch) open(ctx context.Context) error {
 		w.log.Warn("redisstore: eviction allowed (Options.AllowEviction, allow_eviction=1): a retry of an evicted completed record runs its work again",
 			slog.String("addr", addr), slog.String("maxmemory_policy", policy))
 	case unknown && err != nil && !isReplyError(err):
-		return fmt.Errorf("redisstore: reading maxmemory-policy: %w", err) // the server did not answer
+		return &unreachableError{err} // the server did not answer
 	case unknown:
 		w.log.Warn("redisstore: could not read maxmemory-policy (CONFIG GET and INFO memory refused); make sure it is noeviction: an evicting policy runs the work of evicted records again",
 			slog.Any("error", err))
@@ -317,7 +317,22 @@ func (s *Store) opening(nodes func(ctx context.Context) ([]policyNode, error), i
 		log = slog.Default()
 	}
 	s.policy = &policyWatch{nodes: nodes, every: every, timeout: timeout, allowed: opts.AllowEviction, log: log}
-	if err := s.policy.open(context.Background()); err != nil {
+	err := s.policy.open(context.Background())
+	var down *unreachableError
+	if errors.As(err, &down) && !s.owned {
+		// New and NewRueidis never needed the server in v1.0 (a process
+		// may start before Redis): check at the first store call instead,
+		// in the background (a WARN), and read the id when asked.
+		log.Warn("redisstore: Redis did not answer when the store was created; maxmemory-policy is checked at the first store calls", slog.Any("error", down.err))
+		s.policy.next.Store(0)
+		s.lazy = &lazyID{fn: func() (string, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			return id(ctx, s.prefix+storeIDSuffix, !opts.NoStoreID)
+		}}
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -328,4 +343,35 @@ func (s *Store) opening(nodes func(ctx context.Context) ([]policyNode, error), i
 	}
 	s.id = v
 	return nil
+}
+
+// unreachableError is policyWatch.open's error when no node answered.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string {
+	return "redisstore: reading maxmemory-policy: " + e.err.Error()
+}
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// storeID returns the store id, reading it now if the store was created
+// while Redis did not answer; "" while it cannot be read.
+func (s *Store) storeID() string {
+	if s.lazy == nil {
+		return s.id
+	}
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	if s.lazy.id == "" {
+		if v, err := s.lazy.fn(); err == nil && v != "" {
+			s.lazy.id = v
+		}
+	}
+	return s.lazy.id
+}
+
+// lazyID is the store id read on first use.
+type lazyID struct {
+	mu sync.Mutex
+	id string
+	fn func() (string, error)
 }

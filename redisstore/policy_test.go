@@ -286,6 +286,13 @@ func TestPolicyFailover(t *testing.T) {
 	if st := s.PolicyStats(); st.Evicting {
 		t.Fatalf("evicting before the failover: %+v", st)
 	}
+	// The id reaches the replica like any write (asynchronously): wait
+	// for it, as the records' WaitReplicas would.
+	pc := redis.NewClient(&redis.Options{Addr: set.MasterAddr()})
+	if n, err := pc.Do(context.Background(), "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1: %d %v", n, err)
+	}
+	pc.Close()
 	if err := set.Failover(true); err != nil {
 		t.Fatal(err)
 	}

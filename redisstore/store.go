@@ -158,6 +158,7 @@ type Store struct {
 
 	policy *policyWatch // maxmemory-policy checks; policy.go
 	id     string       // the store id (Namespace); "" when none
+	lazy   *lazyID      // set when the store was created while Redis did not answer; policy.go
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -401,8 +402,11 @@ func (s *Store) Close() error {
 // v1.0's Namespace was the prefix alone (LegacyNamespace), the same for
 // every database: the blobs it named are left alone by sweeps.
 func (s *Store) Namespace() string {
-	id := s.id
-	if id == "" {
+	id := s.storeID()
+	switch {
+	case id == "" && s.lazy != nil:
+		id = "(unknown)" // Redis did not answer yet: no sweep judges these blobs
+	case id == "":
 		id = "(none)" // Options.NoStoreID on a database no store wrote to
 	}
 	return fmt.Sprintf("redis prefix %q store %s", s.prefix, id)
