@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -118,7 +119,9 @@ func Open(ctx context.Context, rawURL string) (*Bucket, error) {
 			}
 			return nil, fmt.Errorf("blobstore: %s: not an absolute directory: want file:///absolute/dir (three slashes)", shown)
 		}
-		for name, v := range map[string]string{"no_tmp_dir": "1", "metadata": "skip", "create_dir": "1"} {
+		// Response bodies are the clients' data: directories 0700 (unless
+		// dir_file_mode says otherwise), files 0600 (Create).
+		for name, v := range map[string]string{"no_tmp_dir": "1", "metadata": "skip", "create_dir": "1", "dir_file_mode": "0700"} {
 			if !q.Has(name) {
 				q.Set(name, v)
 			}
@@ -205,12 +208,24 @@ func (b *Bucket) Create(ctx context.Context, name string) (idem.BlobWriter, erro
 		ContentType:    "application/octet-stream",
 		BufferSize:     partSize,
 		MaxConcurrency: writerConcurrency,
+		BeforeWrite:    privateFile,
 	})
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("blobstore: create %s: %w", name, err)
 	}
 	return &writer{w: w, cancel: cancel, name: name}, nil
+}
+
+// privateFile makes a file:// blob readable by its owner only (0600),
+// before its first byte: fileblob creates its temporary file 0666 (less
+// the umask, so world-readable as a rule), and renames it into place.
+func privateFile(as func(any) bool) error {
+	var f *os.File
+	if as(&f) && f != nil {
+		return f.Chmod(0o600)
+	}
+	return nil
 }
 
 // writer is a blob being written; cancelling its context discards it.

@@ -58,8 +58,15 @@ type SweepResult struct {
 	Foreign     int   `json:"foreign"`     // names idem does not write: left alone
 	Other       int   `json:"other"`       // blobs (and temporary files) of other namespaces, written by other stores: left alone
 	Unqualified int   `json:"unqualified"` // names without a namespace, left alone (SweepOptions.Unqualified judges them)
+	Legacy      int   `json:"legacy"`      // blobs of the store's legacy namespace (v1.0's, which did not tell databases apart): left alone
 	Errors      int   `json:"errors"`      // blobs whose record could not be read, or that could not be deleted: left for the next sweep
 	Reclaimed   int64 `json:"reclaimed"`   // bytes deleted
+
+	// LegacyNamespace is the store's namespace in v1.0 (LegacyNamespacer),
+	// and LegacyBlobNamespace its segment: the blobs counted in Legacy.
+	// Empty when the store's namespace did not change.
+	LegacyNamespace     string `json:"legacy_namespace,omitempty"`
+	LegacyBlobNamespace string `json:"legacy_blob_namespace,omitempty"`
 
 	// OtherNamespaces counts the blobs of each other namespace (by its
 	// idem.BlobNamespace segment) that the sweep left alone.
@@ -77,7 +84,8 @@ type SweepResult struct {
 // the store's own writers wrote. Blobs of other namespaces (another
 // prefix, table or kind of store) are left alone and counted in Other
 // and OtherNamespaces, and names without a namespace in Unqualified
-// (unless SweepOptions.Unqualified). A store without a namespace is an
+// (unless SweepOptions.Unqualified), and those of the store's namespace
+// before v1.1 in Legacy (LegacyNamespacer). A store without a namespace is an
 // error unless SweepOptions.Unqualified is set: there is nothing it may
 // judge.
 //
@@ -95,16 +103,20 @@ type SweepResult struct {
 // the lease has ended (on the store's clock), so an attempt whose record
 // the sweep found expired can no longer complete with a reference to the
 // blob. Run one sweep at a time per blob prefix; several at once are safe
-// but do the work twice. A namespace names a key space, not a server:
-// two stores with the same namespace on different servers (two Redis
-// servers with the default prefix) that write to one bucket each take the
-// other's blobs for orphans. Give each its own blob prefix (Open's
-// prefix=P).
+// but do the work twice. A namespace names the set of records that owns
+// a blob: redisstore's carries a store id kept in its database (another
+// database, server or prefix has another), pgstore's and mysqlstore's
+// the database, schema and table.
 func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts SweepOptions) (SweepResult, error) {
 	var res SweepResult
 	if n, ok := store.(idem.Namespacer); ok {
 		res.Namespace = n.Namespace()
 		res.BlobNamespace = idem.BlobNamespace(res.Namespace)
+	}
+	if n, ok := store.(LegacyNamespacer); ok && res.Namespace != "" {
+		if old := n.LegacyNamespace(); old != "" && old != res.Namespace {
+			res.LegacyNamespace, res.LegacyBlobNamespace = old, idem.BlobNamespace(old)
+		}
 	}
 	if res.Namespace == "" && !opts.Unqualified {
 		return res, fmt.Errorf("blobstore: sweep: the store (%T) has no namespace (idem.Namespacer), so no blob name says it wrote it; "+
@@ -132,6 +144,10 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 	leave := func(ns string) {
 		if ns == "" {
 			res.Unqualified++
+			return
+		}
+		if ns == res.LegacyBlobNamespace {
+			res.Legacy++
 			return
 		}
 		res.Other++
@@ -215,7 +231,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 	if opts.Unqualified && res.Unqualified > 0 {
 		// Names without a namespace say nothing of the store that wrote
 		// them: judge them only when no other store writes here.
-		if res.Other > 0 {
+		if res.Other > 0 || res.Legacy > 0 {
 			res.UnqualifiedRefused = true
 		} else {
 			judging = true
@@ -237,6 +253,22 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		}
 	}
 	return res, nil
+}
+
+// LegacyNamespacer is implemented by a store whose namespace
+// (idem.Namespacer) changed since v1.0: redisstore's and tieredstore's
+// now carry a store id kept in Redis, pgstore's and mysqlstore's the
+// database (and schema). LegacyNamespace is the namespace that v1.0 wrote
+// into blob names. It named a key prefix or a table, not a database: the
+// same for two stores on two databases, so nothing in such a blob's name
+// says which one wrote it. Sweep leaves those blobs alone and counts them
+// in SweepResult.Legacy, whatever its options; their replays read them
+// as before (a record holds its blob's whole name). They are unreferenced
+// once every record written before the upgrade has expired (one
+// retention period): delete them then, by hand or with a lifecycle rule
+// on the prefix idem/<LegacyBlobNamespace>/.
+type LegacyNamespacer interface {
+	LegacyNamespace() string
 }
 
 // keeps reports whether rec still needs the blob called name, written by

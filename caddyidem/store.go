@@ -95,7 +95,9 @@ func open(ctx caddy.Context, spec storeSpec, logger *slog.Logger) (idem.Store, f
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "valkey", "valkeys":
-		s, err := redisstore.Open(spec.url, redisstore.Options{Prefix: spec.prefix})
+		// A Redis whose maxmemory-policy evicts keys is refused unless
+		// the URL says allow_eviction=1 (redisstore.ErrEvictingPolicy).
+		s, err := redisstore.Open(spec.url, redisstore.Options{Prefix: spec.prefix, Logger: logger})
 		if err != nil {
 			return nil, nil, fmt.Errorf("store %s://%s: %w", u.Scheme, u.Host, err)
 		}
@@ -184,7 +186,7 @@ func openTiered(ctx context.Context, fields []string, spec storeSpec, logger *sl
 	if redisURL == "" || pgURL == "" {
 		return nil, nil, errors.New(form + "; got only one kind")
 	}
-	rs, err := redisstore.Open(redisURL, redisstore.Options{Prefix: spec.prefix})
+	rs, err := redisstore.Open(redisURL, redisstore.Options{Prefix: spec.prefix, Logger: logger})
 	if err != nil {
 		return nil, nil, fmt.Errorf("store (tiered), Redis: %w", err)
 	}

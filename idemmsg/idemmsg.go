@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -168,6 +169,46 @@ type Deduplicator struct {
 	tel   *telemetry.T // nil without providers
 	scope idem.Scope
 	cfg   Config
+
+	srcMu  sync.Mutex
+	source string // the first source Serve accepted with Config.Namespace empty
+}
+
+// ErrSharedNamespace is wrapped by the error of Serve, and so of an
+// adapter's Run, when a Deduplicator whose Config.Namespace is empty is
+// asked to serve a second source with the broker's own message ids as
+// keys. Those ids are unique only within their stream or queue (Redis
+// stream entry ids repeat across streams; a message fanned out to two
+// queues keeps its message-id): one record would answer both, and the
+// second message would be acked without running.
+var ErrSharedNamespace = errors.New("idemmsg: a Deduplicator with an empty Config.Namespace serves one stream or queue when keys are the broker's message ids")
+
+// Serve is called by the adapters when they start consuming source (a
+// stream, queue or subject) with keys that are unique only within it:
+// the broker's message ids, not a key the caller chose (Consumer.Key,
+// KeyField). With Config.Namespace empty, a second source is refused with
+// an error wrapping ErrSharedNamespace; with a Namespace, every source is
+// accepted: the namespace says which streams share records (one per
+// stream and group, as Config.Namespace says, or one for several whose ids
+// name the same messages, a queue and its retry queue). Keys are not
+// changed, so that records stored before stay valid. Safe for concurrent
+// use.
+func (d *Deduplicator) Serve(source string) error {
+	if d.cfg.Namespace != "" {
+		return nil
+	}
+	d.srcMu.Lock()
+	defer d.srcMu.Unlock()
+	switch d.source {
+	case "":
+		d.source = source
+	case source:
+	default:
+		return fmt.Errorf("%w: it serves %s, and now %s, whose message ids may be the same: give %s its own Deduplicator, "+
+			"with Config.Namespace set to the stream (or queue) and group (and keep this one, whose records stay valid, for %s)",
+			ErrSharedNamespace, d.source, source, source, d.source)
+	}
+	return nil
 }
 
 // New returns a Deduplicator over store. It validates cfg and fills in

@@ -337,6 +337,7 @@ func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) 
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
 	ctx, cancel := s.bound(ctx) // bounds the path probe too
 	defer cancel()
+	s.policy.tick()
 	run := s.r
 	if p, ok := run.(*pathRunner); ok {
 		var err error

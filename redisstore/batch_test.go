@@ -24,7 +24,12 @@ func randomKey() idem.Key {
 func TestKeySlot(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: cluster.Addrs()[0]})
 	defer c.Close()
-	s, _ := redisstore.New(c, redisstore.Options{})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	defer cc.Close()
+	s, err := redisstore.New(cc, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range 200 {
 		k := randomKey()
 		want, err := c.ClusterKeySlot(context.Background(), s.KeyName(k)).Result()

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	neturl "net/url"
 	"slices"
@@ -108,6 +109,34 @@ type Options struct {
 	// tests and operators. See the package documentation for what each
 	// path guarantees.
 	Path Path
+
+	// AllowEviction lets the store open on a server whose
+	// maxmemory-policy evicts keys (allkeys-*, volatile-*; the default of
+	// managed Redis services is volatile-lru). Without it New, NewRueidis
+	// and Open refuse such a server with an error wrapping
+	// ErrEvictingPolicy: Redis evicts completed records like any other
+	// key once it reaches maxmemory, and the retry of an evicted key runs
+	// its work again. Set it only where a second run is harmless. A store
+	// URL's allow_eviction=1 sets it for Open. Default false.
+	AllowEviction bool
+
+	// PolicyRecheck is how often the store reads maxmemory-policy again
+	// after opening, since a failover (to a replica configured otherwise)
+	// or a CONFIG SET can change it: at most this often, in the
+	// background, on a store call. An evicting policy found then is logged
+	// at WARN and counted (PolicyStats); the store keeps serving. Default
+	// DefaultPolicyRecheck (1 minute); negative: never.
+	PolicyRecheck time.Duration
+
+	// NoStoreID keeps New, NewRueidis and Open from creating the store id
+	// (see Namespace) when the database has none: for tools that create
+	// nothing (idem inspect, purge and gc). Namespace then names no id,
+	// and no blob carries it. Default false.
+	NoStoreID bool
+
+	// Logger receives the WARNs of the maxmemory-policy checks. Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // DefaultTimeout is Options.Timeout's default.
@@ -126,6 +155,10 @@ type Store struct {
 	waitTimeout  time.Duration // Options.WaitTimeout
 
 	cache *replayCache // nil: off (go-redis, or Options.CacheSize < 0); cache.go
+
+	policy *policyWatch // maxmemory-policy checks; policy.go
+	id     string       // the store id (Namespace); "" when none
+	lazy   *lazyID      // set when the store was created while Redis did not answer; policy.go
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -148,7 +181,14 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newStore(r, opts, false)
+	s, err := newStore(r, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.opening(goredisPolicyNodes(c), goredisStoreID(c), opts); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // NewRueidis returns a Store over a rueidis client (single node, Sentinel
@@ -163,10 +203,16 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s, err := newStore(r, opts, false)
-	if err == nil && opts.CacheSize >= 0 {
+	if err != nil {
+		return nil, err
+	}
+	if err := s.opening(rueidisPolicyNodes(c), rueidisStoreID(c), opts); err != nil {
+		return nil, err
+	}
+	if opts.CacheSize >= 0 {
 		s.cache = newReplayCache(c, opts.CacheSize)
 	}
-	return s, err
+	return s, nil
 }
 
 // Open connects to Redis at url and returns a Store that owns the
@@ -194,12 +240,21 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 // otherwise mean localhost:6379), an unknown scheme, or a query parameter
 // other than addr, master_set, db, dial_timeout, write_timeout,
 // skip_verify, protocol, client_cache, max_retries and client_name
-// (rueidis.ParseURL's), or one without a value.
+// (rueidis.ParseURL's) and allow_eviction, or one without a value.
+//
+// allow_eviction=1 (or true) sets Options.AllowEviction: like New and
+// NewRueidis, Open refuses a server whose maxmemory-policy evicts keys
+// (ErrEvictingPolicy) without it.
 // Errors never repeat the URL, which may hold a password.
 func Open(url string, opts Options) (*Store, error) {
 	if err := checkURL(url); err != nil {
 		return nil, err
 	}
+	url, allow, err := cutAllowEviction(url)
+	if err != nil {
+		return nil, err
+	}
+	opts.AllowEviction = opts.AllowEviction || allow
 	o, err := rueidis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: Open: %w: %w", ErrBadURL, err)
@@ -229,6 +284,9 @@ func Open(url string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s, err := newStore(r, opts, true)
+	if err == nil {
+		err = s.opening(rueidisPolicyNodes(c), rueidisStoreID(c), opts)
+	}
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -244,7 +302,26 @@ var ErrBadURL = errors.New("not a Redis URL of a form Open accepts (redis://[use
 
 // urlParams are the query parameters Open understands (rueidis.ParseURL's).
 var urlParams = map[string]bool{"addr": true, "master_set": true, "db": true, "dial_timeout": true, "write_timeout": true,
-	"skip_verify": true, "protocol": true, "client_cache": true, "max_retries": true, "client_name": true}
+	"skip_verify": true, "protocol": true, "client_cache": true, "max_retries": true, "client_name": true,
+	"allow_eviction": true}
+
+// cutAllowEviction removes allow_eviction from a URL's query, which
+// rueidis does not know, and reports its value.
+func cutAllowEviction(raw string) (string, bool, error) {
+	u, err := neturl.Parse(raw)
+	if err != nil || !u.Query().Has("allow_eviction") {
+		return raw, false, nil
+	}
+	q := u.Query()
+	v := q.Get("allow_eviction")
+	allow, err := strconv.ParseBool(v)
+	if err != nil || len(q["allow_eviction"]) > 1 {
+		return "", false, fmt.Errorf("redisstore: Open: %w: allow_eviction=%q: want 1 (or true) to allow an evicting maxmemory-policy, 0 (or false) to refuse it", ErrBadURL, v)
+	}
+	q.Del("allow_eviction")
+	u.RawQuery = q.Encode()
+	return u.String(), allow, nil
+}
 
 // checkURL rejects what rueidis.ParseURL would read loosely: a URL that
 // does not parse, has no host, or carries a parameter it would ignore.
@@ -310,11 +387,36 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Namespace implements idem.Namespacer: the key prefix, as in
-// redis prefix "idem:". Two stores with the same prefix on different
-// servers (or databases) have the same Namespace. The names of the blobs
-// of large responses (idem.NewBlobName) carry its digest.
-func (s *Store) Namespace() string { return fmt.Sprintf("redis prefix %q", s.prefix) }
+// Namespace implements idem.Namespacer: the key prefix and the store id,
+// as in redis prefix "idem:" store 3f0c…. The store id is 32 random hex
+// digits kept in the database itself, at Prefix + "store-id" (a key
+// without expiry), created by the first store that opens on it. So two
+// stores have one Namespace exactly when they read the same records: the
+// same prefix in the same database of the same server (or of its
+// replicas, which copy the id), whatever address reaches it. Another
+// database, another server, or a database flushed since (FLUSHDB removes
+// the id with the records) has another. The names of the blobs of large
+// responses (idem.NewBlobName) carry its digest, so that a sweep
+// (blobstore.Sweep, idem gc) judges only its own records' blobs.
+//
+// v1.0's Namespace was the prefix alone (LegacyNamespace), the same for
+// every database: the blobs it named are left alone by sweeps.
+func (s *Store) Namespace() string {
+	id := s.storeID()
+	switch {
+	case id == "" && s.lazy != nil:
+		id = "(unknown)" // Redis did not answer yet: no sweep judges these blobs
+	case id == "":
+		id = "(none)" // Options.NoStoreID on a database no store wrote to
+	}
+	return fmt.Sprintf("redis prefix %q store %s", s.prefix, id)
+}
+
+// LegacyNamespace is the Namespace of v1.0, the key prefix alone, as in
+// redis prefix "idem:": the blobs written by v1.0 carry its digest. It
+// cannot tell two databases or servers apart, so a sweep leaves those
+// blobs alone (blobstore.Sweep); their replays read them as before.
+func (s *Store) LegacyNamespace() string { return fmt.Sprintf("redis prefix %q", s.prefix) }
 
 // KeyName returns the Redis key that holds k's record.
 func (s *Store) KeyName(k idem.Key) string {
@@ -422,6 +524,7 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	s.policy.tick()
 	s.cache.forget(s.KeyName(key))
 	n, err := s.r.del(ctx, s.KeyName(key))
 	// and any hint a call in flight set, and void those still to come
@@ -439,6 +542,7 @@ func (s *Store) run(ctx context.Context, op string, key idem.Key, script int, ar
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	s.policy.tick()
 	r, err := s.r.run(ctx, script, s.KeyName(key), args...)
 	if err != nil {
 		return reply{}, &idem.StoreError{Op: op, Key: key, Err: s.explainACL(err)}
@@ -456,7 +560,7 @@ func (s *Store) explainACL(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (the Redis user needs the keys ~%s* and the commands +evalsha +eval +get +set +time +pttl +pexpireat +del on the Lua path; +multi +exec +get +set +time +pttl +del +command|docs on the native path; "+
-		"and for the replay cache +client|tracking +client|caching +multi +exec)", err, s.prefix)
+		"and for the replay cache +client|tracking +client|caching +multi +exec; at open, +config|get or +info to read maxmemory-policy)", err, s.prefix)
 }
 
 // permissionError reports whether err is a Redis error reply refusing a

@@ -104,6 +104,7 @@ type Store struct {
 	pool   *pgxpool.Pool
 	ns     string
 	space  string // Namespace
+	legacy string // LegacyNamespace
 	verify bool
 	log    *slog.Logger
 	onReap func(deleted int, took time.Duration, err error)
@@ -130,6 +131,11 @@ var (
 // idem_completions namespace "". It differs from the Redis store's alone:
 // a tiered store's records are not all in Redis.
 func (s *Store) Namespace() string { return s.space }
+
+// LegacyNamespace is v1.0's Namespace, with the Redis store's
+// LegacyNamespace (its prefix, without its store id): the blobs named
+// with it are left alone by sweeps (blobstore.LegacyNamespacer).
+func (s *Store) LegacyNamespace() string { return s.legacy }
 
 type statements struct {
 	complete, row, del, pending, mark, reap, count string
@@ -224,6 +230,7 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		pool:       pool,
 		ns:         opts.Namespace,
 		space:      fmt.Sprintf("tiered %s postgres table %s namespace %q", rs.Namespace(), cmp.Or(opts.Table, DefaultTable), opts.Namespace),
+		legacy:     fmt.Sprintf("tiered %s postgres table %s namespace %q", rs.LegacyNamespace(), cmp.Or(opts.Table, DefaultTable), opts.Namespace),
 		verify:     opts.VerifyAcquire,
 		log:        opts.Logger,
 		onReap:     opts.OnReap,

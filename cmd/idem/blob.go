@@ -75,8 +75,12 @@ alone: nothing in them says which store wrote them, and a flag cannot
 make that safe; delete them by hand, or with an S3 lifecycle rule, once
 every record that may refer to them has expired (--retention). Two
 stores of the same namespace on different servers (two Redis servers
-with the default prefix) must not share a blob store (or prefix=P): each
-would take the other's blobs for orphans.
+with the default prefix) do not share a namespace: a Redis store's
+carries a store id kept in its database (idem:store-id), so gc on
+another database (redis://host/0 against blobs of redis://host/1), another
+server or a flushed database judges none of them. Blobs written by idem
+v1.0, whose namespace was the prefix alone, are always left alone and
+counted as legacy: their names cannot tell two databases apart.
 
 On S3 a bucket lifecycle rule can do the same work (see docs/proxy.md); idem
 proxy --blob-sweep runs this sweep periodically.
@@ -160,6 +164,11 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if res.Unqualified > 0 {
 		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (idem/<key>/…, written before blob names had one): "+
 			"nothing says which store wrote them; delete them by hand or with an S3 lifecycle rule once every record that may refer to them has expired\n", res.Unqualified)
+	}
+	if res.Legacy > 0 {
+		fmt.Fprintf(stdout, "left alone: %d blobs of namespace %s (%s), written by idem v1.0, whose blob names do not say which database wrote them: "+
+			"they still replay; delete them by hand or with a lifecycle rule on idem/%s/ once every record written before the upgrade has expired (--retention)\n",
+			res.Legacy, res.LegacyBlobNamespace, res.LegacyNamespace, res.LegacyBlobNamespace)
 	}
 	return err
 }

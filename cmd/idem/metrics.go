@@ -101,7 +101,7 @@ func newProxyMetrics() *proxyMetrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.sweepLeft = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idem_blob_sweep_left",
-		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: never judged; see idem gc -h).",
+		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: never judged; see idem gc -h), legacy (names of the store's v1.0 namespace, which did not tell databases apart: never judged).",
 	}, []string{"reason"})
 	m.reg.MustRegister(m.sweepLeft)
 	// Every series exists from the start, at zero, so that rate() and
@@ -144,6 +144,7 @@ func (m *proxyMetrics) initBlobSeries() {
 	m.sweeps.WithLabelValues("error")
 	m.sweepLeft.WithLabelValues("other_namespace")
 	m.sweepLeft.WithLabelValues("unqualified")
+	m.sweepLeft.WithLabelValues("legacy")
 }
 
 // onBlobError is idemhttp.Config.OnBlobError.
@@ -157,6 +158,7 @@ func (m *proxyMetrics) sweep(res blobstore.SweepResult, err error) {
 	if err == nil { // a sweep that stopped saw only part of the bucket
 		m.sweepLeft.WithLabelValues("other_namespace").Set(float64(res.Other))
 		m.sweepLeft.WithLabelValues("unqualified").Set(float64(res.Unqualified))
+		m.sweepLeft.WithLabelValues("legacy").Set(float64(res.Legacy))
 	}
 	if err != nil || res.Errors > 0 {
 		m.sweeps.WithLabelValues("error").Inc()
@@ -229,6 +231,15 @@ func (t *timedStore) Delete(ctx context.Context, key idem.Key) (bool, error) {
 func (t *timedStore) Namespace() string {
 	if n, ok := t.s.(idem.Namespacer); ok {
 		return n.Namespace()
+	}
+	return ""
+}
+
+// LegacyNamespace forwards blobstore.LegacyNamespacer, so that a sweep
+// knows the blobs the store named in v1.0; "" when the store has none.
+func (t *timedStore) LegacyNamespace() string {
+	if n, ok := t.s.(interface{ LegacyNamespace() string }); ok {
+		return n.LegacyNamespace()
 	}
 	return ""
 }

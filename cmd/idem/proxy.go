@@ -334,8 +334,9 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewJSONHandler(w, opts)), nil
 }
 
-// storeForLog names the store without credentials, query or database
-// path: its scheme and host; for the tiered store, both URLs so.
+// storeForLog names the store without credentials or query: its scheme,
+// host and path (a Redis database index, a PostgreSQL database); for the
+// tiered store, both URLs so.
 func storeForLog(spec string) string {
 	if spec == "" || spec == "memory" {
 		return "memory"
@@ -350,7 +351,7 @@ func storeForLog(spec string) string {
 	if err != nil {
 		return "(unparsable)"
 	}
-	return u.Scheme + "://" + u.Host
+	return u.Scheme + "://" + u.Host + u.EscapedPath()
 }
 
 // blobStoreOrNil is b as an idem.BlobStore, nil (not a nil *Bucket in an

@@ -102,7 +102,7 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "valkey", "valkeys":
-		s, err := openRedis(spec, prefix)
+		s, err := openRedis(spec, prefix, o)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -221,7 +221,7 @@ func openTiered(ctx context.Context, fields []string, prefix string, o storeOpti
 	if redisURL == "" || pgURL == "" {
 		return nil, nil, usageError{form + "; got no " + map[bool]string{true: "Redis", false: "PostgreSQL"}[redisURL == ""] + " URL"}
 	}
-	rs, err := openRedis(redisURL, prefix)
+	rs, err := openRedis(redisURL, prefix, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -255,10 +255,16 @@ func openTiered(ctx context.Context, fields []string, prefix string, o storeOpti
 }
 
 // openRedis opens a Redis URL. A server that does not speak Redis (or not
-// without TLS or a password) gets an error saying so, not io.EOF.
-func openRedis(spec, prefix string) (*redisstore.Store, error) {
-	s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix})
+// without TLS or a password) gets an error saying so, not io.EOF. A server
+// whose maxmemory-policy evicts keys is refused (redisstore.ErrEvictingPolicy)
+// unless the URL says allow_eviction=1; the commands that only read
+// (o.readOnly) open it all the same, and create no store id.
+func openRedis(spec, prefix string, o storeOptions) (*redisstore.Store, error) {
+	s, err := redisstore.Open(spec, redisstore.Options{Prefix: prefix, Logger: o.logger,
+		AllowEviction: o.readOnly, NoStoreID: o.readOnly})
 	switch {
+	case errors.Is(err, redisstore.ErrEvictingPolicy):
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "redisstore: "))
 	case errors.Is(err, redisstore.ErrBadURL):
 		return nil, usageError{"--store: " + strings.TrimPrefix(err.Error(), "redisstore: Open: ")}
 	case err == nil:

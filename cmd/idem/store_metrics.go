@@ -103,6 +103,7 @@ func (m *storeMetrics) register(reg *prometheus.Registry, store idem.Store) {
 			}, func() float64 { return float64(s.Stats().Refused) }),
 		)
 	case *redisstore.Store:
+		registerPolicy(reg, s)
 		if !s.CacheStats().Enabled {
 			return
 		}
@@ -139,4 +140,32 @@ func (m *storeMetrics) registerReaper(reg *prometheus.Registry) {
 	reg.MustRegister(m.reaped, m.reaps)
 	m.reaps.WithLabelValues("ok")
 	m.reaps.WithLabelValues("error")
+}
+
+// registerPolicy adds the metrics of the Redis store's maxmemory-policy
+// checks (redisstore.PolicyStats): at start-up, then at most once a minute
+// (a failover or a CONFIG SET can change it).
+func registerPolicy(reg *prometheus.Registry, s *redisstore.Store) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idem_redis_evicting_policy",
+			Help: "1 when the last check of Redis's maxmemory-policy found a node that evicts keys (allkeys-*, volatile-*): an evicted completed record runs its work again on a retry. Set it to noeviction. 0 otherwise; NaN when no node's policy could be read (CONFIG GET and INFO refused).",
+		}, func() float64 {
+			switch st := s.PolicyStats(); {
+			case st.Unknown:
+				return math.NaN()
+			case st.Evicting:
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idem_redis_policy_checks_total",
+			Help: "Checks of Redis's maxmemory-policy (at start-up, then at most once a minute).",
+		}, func() float64 { return float64(s.PolicyStats().Checks) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idem_redis_evicting_checks_total",
+			Help: "Checks of Redis's maxmemory-policy that found a node that evicts keys (each also logged at WARN).",
+		}, func() float64 { return float64(s.PolicyStats().EvictingChecks) }),
+	)
 }

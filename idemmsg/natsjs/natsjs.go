@@ -313,6 +313,12 @@ func (c *Consumer) validate() error {
 			return fmt.Errorf("natsjs: consumer %s has MaxDeliver %d, below the Deduplicator's MaxFailures %d: failing messages would never be dead-lettered",
 				info.Name, cfg.MaxDeliver, mf)
 		}
+		// Nats-Msg-Id is unique within a stream (its duplicate window) only.
+		if c.Key == nil {
+			if err := c.Dedup.Serve("jetstream stream " + info.Stream); err != nil {
+				return fmt.Errorf("natsjs: %w", err)
+			}
+		}
 	}
 	return nil
 }

@@ -521,6 +521,13 @@ func (c *Consumer) validate() error {
 	case c.Prefetch > 0 && c.Prefetch < c.Concurrency:
 		return fmt.Errorf("rabbitmq: Prefetch %d is below Concurrency %d", c.Prefetch, c.Concurrency)
 	}
+	// A message-id is the publisher's: one message fanned out to two
+	// queues keeps it.
+	if c.Key == nil {
+		if err := c.Dedup.Serve("rabbitmq queue " + c.Queue); err != nil {
+			return fmt.Errorf("rabbitmq: %w", err)
+		}
+	}
 	return nil
 }
 

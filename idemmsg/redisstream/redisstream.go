@@ -330,6 +330,11 @@ func (c *Consumer) runner() (*runner, error) {
 	case c.Block < 0 || c.Count < 0 || c.MinIdle < 0 || c.ClaimInterval < 0 || c.Concurrency < 0 || c.FlushInterval < 0:
 		return nil, errors.New("redisstream: negative Block, Count, MinIdle, ClaimInterval, Concurrency or FlushInterval")
 	}
+	if c.Key == nil && c.KeyField == "" { // entry ids: unique within the stream only
+		if err := c.Dedup.Serve("redis stream " + c.Stream); err != nil {
+			return nil, fmt.Errorf("redisstream: %w", err)
+		}
+	}
 	r := &runner{Consumer: c, block: c.Block, minIdle: c.MinIdle, claimEvery: c.ClaimInterval, count: c.Count}
 	if c.Client != nil {
 		r.rc = goredisClient{c.Client}
