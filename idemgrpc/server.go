@@ -548,7 +548,7 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 	// whatever the client does.
 	d := s.eng.Acquire(ctx, context.WithoutCancel(ctx), key, fp, method)
 	if d.Outcome == engine.OutcomeExecuted && s.eng.FallingBack() {
-		d = s.eng.Fallback(ctx, d, s.v1Key(ctx, method, clientKey, tenant), fp)
+		d = s.eng.Fallback(ctx, d, key, fp, s.v1Key(ctx, method, clientKey, tenant), fp)
 	}
 	switch d.Outcome {
 	case engine.OutcomeExecuted:

@@ -585,9 +585,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		parent = context.WithoutCancel(parent)
 	}
 	d := m.eng.Acquire(r.Context(), parent, req.key, req.fp, "")
-	if d.Outcome == engine.OutcomeExecuted && m.eng.FallingBack() {
+	if (d.Outcome == engine.OutcomeExecuted || d.Outcome == engine.OutcomeMismatch) && m.eng.FallingBack() {
 		old, oldFP := m.v1.derive(r, req, body)
-		d = m.eng.Fallback(r.Context(), d, old, oldFP)
+		d = m.eng.Fallback(r.Context(), d, req.key, req.fp, old, oldFP)
 	}
 	switch d.Outcome {
 	case engine.OutcomeExecuted:

@@ -58,6 +58,30 @@ type proxyOptions struct {
 	blobSweep, blobSweepMinAge      time.Duration
 	memoryLimit                     byteSize      // --memory-limit: memstore.Options.MaxBytes
 	reapInterval                    time.Duration // --reap-interval; 0: no reaper
+	v1Scopes                        v1Scopes      // --v1-scopes
+}
+
+// v1Scopes is --v1-scopes: how long after start the keys v1.0 derived are
+// looked up too (idemhttp Config.V1Scopes): "" (the default) as long as
+// the retention, "off" never, else a positive duration.
+type v1Scopes struct {
+	d   time.Duration // idemhttp's: 0 the retention, negative never
+	set string
+}
+
+func (v *v1Scopes) String() string { return v.set }
+
+func (v *v1Scopes) Set(s string) error {
+	if s == "off" {
+		v.d, v.set = -1, s
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return errors.New("want a positive duration, such as 24h, or off")
+	}
+	v.d, v.set = d, s
+	return nil
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -93,6 +117,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.DurationVar(&o.settings.maxExecution, "max-execution", 0, "cancel an upstream request still running after this long under its key (answered 504; the key is released); 0: no limit")
 	fs.DurationVar(&o.settings.clientWriteTimeout, "client-write-timeout", idemhttp.DefaultClientWriteTimeout, "a keyed request's client that does not take a write of its response (32 KiB at most) within this long is gone, as if it had disconnected: the upstream's response is still read to its end and stored for the retry; 0: no limit (a client that stops reading holds its key)")
 	fs.BoolVar(&o.settings.refuseAnonymous, "refuse-anonymous", false, "refuse keyed requests that carry nothing identifying their caller (no Authorization, API-key header, client certificate, --tenant-header or --tenant-cookie) with 401 problem+json; default: serve them, logged once per route and counted in idem_anonymous_requests_total")
+	fs.Var(&o.v1Scopes, "v1-scopes", "after an upgrade from idem v1.0: for this long after start, a keyed request that is new here also looks for the record v1.0 stored for it (v1.0 had no host in the key, read credentials as written, no API-key headers), so that it is replayed, not run again; costs one store read per new key; default: as long as --retention; off: never (a deployment that never ran v1.0)")
 	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
@@ -164,7 +189,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		}
 		cancel()
 	}
-	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout})
+	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout}, o.v1Scopes.d)
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ type proxy struct {
 	stop     context.Context
 	stopWork context.CancelFunc
 	blob     blobOptions
+	v1Scopes time.Duration // every route's idemhttp Config.V1Scopes (--v1-scopes)
 }
 
 // blobOptions is the blob store every route's middleware keeps large
@@ -64,9 +65,9 @@ type reqInfoKey struct{}
 // newProxy builds the proxy's handler: a route for the defaults and one
 // per --config route, each a middleware in front of the same upstream.
 func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
-	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions) (*proxy, error) {
+	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, v1Scopes time.Duration) (*proxy, error) {
 	upstream := newUpstream(target, metrics, logger)
-	p := &proxy{logger: logger, metrics: metrics, blob: blob}
+	p := &proxy{logger: logger, metrics: metrics, blob: blob, v1Scopes: v1Scopes}
 	p.stop, p.stopWork = context.WithCancel(context.Background())
 	var err error
 	if p.def, err = newRoute("", defaults, upstream, store, p); err != nil {
@@ -116,6 +117,7 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		Route:           routeFunc(pattern, rt.routeOf),
 		RefuseAnonymous: s.refuseAnonymous,
 		OnAnonymous:     func(*http.Request) { p.metrics.anonymous.Inc() },
+		V1Scopes:        p.v1Scopes,
 		MaxBodySize:     s.maxBody,
 		Lease:           s.lease,
 		Retention:       s.retention,

@@ -166,35 +166,53 @@ func (e *Engine) FallingBack() bool { return time.Now().Before(e.v1Until) }
 // Fallback keeps a record stored by v1.0 answering after an upgrade that
 // changed how a request's key or fingerprint is derived (the Host in the
 // scope, credentials in normal form, API-key headers, paths as the
-// upstream sees them). d is Acquire's decision for today's key; old and
-// oldFP are what v1.0 derived for the same request. When d acquired the
-// key and a record under old exists, d's key is released and the old
-// record answers: its replay (its fingerprint equal to oldFP), a mismatch,
-// or in flight (a v1.0 process still holds it, during a rolling upgrade:
-// answered at once, Retry-After the time left on its lease). Otherwise,
-// and once FallingBack is over, d is returned as it is. A failure to read
-// the old record releases the key and is a store error: a request that
-// may have run before is not run again on a guess.
+// upstream sees them, an anonymous caller's cookies). d is Acquire's
+// decision for today's key and fingerprint; old and oldFP are what v1.0
+// derived for the same request.
 //
-// The cost is one Get for each request that acquires its key while the
-// fallback lasts; replays of records stored since the upgrade cost
-// nothing more. A v1.0 process that acquires the old key after the Get
-// (both versions serving one key at the same moment) is not seen.
-func (e *Engine) Fallback(ctx context.Context, d Decision, old idem.Key, oldFP idem.Fingerprint) Decision {
-	if d.Outcome != OutcomeExecuted || old == d.Attempt.Lease().Key || !e.FallingBack() {
+// When d acquired the key and a record under another old key exists, d's
+// key is released and the old record answers: its replay (its
+// fingerprint equal to oldFP), a mismatch, or in flight (a v1.0 process
+// still holds it, during a rolling upgrade: answered at once,
+// Retry-After the time left on its lease). When the key is the same and
+// d is a mismatch that v1.0's fingerprint explains, the record answers as
+// it would have to v1.0. Otherwise, and once FallingBack is over, d is
+// returned as it is. A failure to read the old record is a store error
+// (the key released): a request that may have run before is not run
+// again on a guess.
+//
+// The cost is one Get for each request that acquires its key (or meets a
+// mismatch) while the fallback lasts; replays of records stored since the
+// upgrade cost nothing more. A v1.0 process that acquires the old key
+// after the Get (both versions serving one key at the same moment) is not
+// seen.
+func (e *Engine) Fallback(ctx context.Context, d Decision, key idem.Key, fp idem.Fingerprint, old idem.Key, oldFP idem.Fingerprint) Decision {
+	switch {
+	case !e.FallingBack():
+		return d
+	case d.Outcome == OutcomeExecuted && old != key:
+	case d.Outcome == OutcomeMismatch && old == key && oldFP != fp:
+	default:
 		return d
 	}
 	rec, ok, err := e.g.Store().Get(ctx, old)
+	if err != nil {
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: store failed before the handler ran (looking up the key v1.0 derived)",
+			slog.String("key", key.String()), slog.String("v1_key", old.String()), slog.Any("error", err))
+	}
+	held := d.Outcome == OutcomeExecuted
 	switch {
 	case err != nil:
-		e.Release(context.WithoutCancel(ctx), d.Attempt)
-		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: store failed before the handler ran (looking up the key v1.0 derived)",
-			slog.String("key", d.Attempt.Lease().Key.String()), slog.String("v1_key", old.String()), slog.Any("error", err))
+		if held {
+			e.Release(context.WithoutCancel(ctx), d.Attempt)
+		}
 		return Decision{Outcome: OutcomeStoreError, Err: err}
-	case !ok || rec.State == idem.StateReleased:
+	case !ok || rec.State == idem.StateReleased || (!held && rec.Fingerprint != oldFP):
 		return d
 	}
-	e.Release(context.WithoutCancel(ctx), d.Attempt)
+	if held {
+		e.Release(context.WithoutCancel(ctx), d.Attempt)
+	}
 	switch {
 	case rec.Fingerprint != oldFP:
 		return Decision{Outcome: OutcomeMismatch}

@@ -509,3 +509,64 @@ func TestRemoteHolderArrivalsDoNotWakePollers(t *testing.T) {
 		t.Errorf("%d store calls for %d copies: the arrivals woke the copies polling", n, arrivals)
 	}
 }
+
+// Fallback: a record under v1.0's key answers for today's key (its
+// replay, a mismatch, or in flight, with today's key released); a
+// mismatch that v1.0's fingerprint explains replays; nothing is looked
+// up with V1Scopes negative.
+func TestFallback(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	e := newEngineOn(t, store, Config{})
+	ctx := t.Context()
+	fp, oldFP := idem.Fingerprint{1}, idem.Fingerprint{9}
+	store1 := func(k idem.Key, fp idem.Fingerprint, body string) {
+		d := e.Acquire(ctx, ctx, k, fp, "")
+		w := e.Start(d, nil)
+		if err := w.Complete(&idem.Response{Status: 201, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+		w.End()
+	}
+	old, now := key(t, "v1"), key(t, "now")
+	store1(old, oldFP, "v1.0's")
+	d := e.Fallback(ctx, e.Acquire(ctx, ctx, now, fp, ""), now, fp, old, oldFP)
+	if d.Outcome != OutcomeReplayed || string(d.Response.Body) != "v1.0's" {
+		t.Fatalf("a v1.0 record: got %+v, want its replay", d)
+	}
+	if d := e.Fallback(ctx, e.Acquire(ctx, ctx, now, fp, ""), now, fp, old, idem.Fingerprint{7}); d.Outcome != OutcomeMismatch {
+		t.Fatalf("a v1.0 record of another request: got %+v, want mismatch", d)
+	}
+	// Today's key was released each time: a request that finds no v1.0
+	// record runs.
+	if d := e.Fallback(ctx, e.Acquire(ctx, ctx, now, fp, ""), now, fp, key(t, "none"), oldFP); d.Outcome != OutcomeExecuted {
+		t.Fatalf("no v1.0 record: got %+v, want executed", d)
+	} else {
+		e.Release(ctx, d.Attempt)
+	}
+	// In flight under v1.0's key.
+	held := key(t, "held")
+	if d := e.Acquire(ctx, ctx, held, oldFP, ""); d.Outcome != OutcomeExecuted {
+		t.Fatal(d)
+	}
+	if d := e.Fallback(ctx, e.Acquire(ctx, ctx, now, fp, ""), now, fp, held, oldFP); d.Outcome != OutcomeInFlight || d.RetryAfter <= 0 {
+		t.Fatalf("v1.0's key in flight: got %+v, want in_flight with a RetryAfter", d)
+	}
+	// One key, stored with v1.0's fingerprint (an anonymous caller's
+	// cookies were in it): the mismatch is v1.0's replay.
+	same := key(t, "same")
+	store1(same, oldFP, "cookies")
+	mm := e.Acquire(ctx, ctx, same, fp, "")
+	if mm.Outcome != OutcomeMismatch {
+		t.Fatal(mm)
+	}
+	if d := e.Fallback(ctx, mm, same, fp, same, oldFP); d.Outcome != OutcomeReplayed || string(d.Response.Body) != "cookies" {
+		t.Fatalf("a mismatch v1.0's fingerprint explains: got %+v, want the replay", d)
+	}
+	if d := e.Fallback(ctx, mm, same, fp, same, idem.Fingerprint{5}); d.Outcome != OutcomeMismatch {
+		t.Fatalf("a mismatch v1.0's fingerprint does not explain: got %+v, want mismatch", d)
+	}
+	off := newEngineOn(t, store, Config{V1Scopes: -1})
+	if d := off.Fallback(ctx, off.Acquire(ctx, ctx, key(t, "off"), fp, ""), key(t, "off"), fp, old, oldFP); d.Outcome != OutcomeExecuted {
+		t.Fatalf("V1Scopes negative: got %+v, want executed (no look-up)", d)
+	}
+}

@@ -65,6 +65,44 @@ func BuildIdem() (string, error) {
 	return idemBin, idemErr
 }
 
+// BuildIdemAt builds cmd/idem as it was at commit (a released version,
+// for upgrade tests) into $(go env GOPATH)/idem-servers/idem-COMMIT, once:
+// later runs find it there. The source comes from the module's git
+// history (git archive), its dependencies from the module proxy.
+func BuildIdemAt(commit string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	gopath, err := exec.Command("go", "env", "GOPATH").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOPATH: %v", err)
+	}
+	dir := filepath.Join(strings.Split(strings.TrimSpace(string(gopath)), string(os.PathListSeparator))[0], "idem-servers")
+	bin := filepath.Join(dir, "idem-"+commit)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	src, err := os.MkdirTemp("", "idem-"+commit+"-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(src)
+	archive := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, commit, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("proctest: the source of commit %s from git (a clone with its history is needed): %v\n%s", commit, err, out)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	build := exec.Command("go", "build", "-o", bin+".tmp", "./cmd/idem")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("proctest: go build ./cmd/idem at %s: %v\n%s", commit, err, out)
+	}
+	return bin, os.Rename(bin+".tmp", bin)
+}
+
 // RemoveIdem deletes the binary BuildIdem built, if any; TestMain calls it
 // after the tests.
 func RemoveIdem() {
@@ -143,6 +181,12 @@ func StartProxy(t TB, args ...string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return StartProxyBin(t, bin, args...)
+}
+
+// StartProxyBin is StartProxy with the idem binary bin (BuildIdemAt's).
+func StartProxyBin(t TB, bin string, args ...string) *Proxy {
+	t.Helper()
 	all := append([]string{"proxy", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
 	p := &Proxy{Cmd: exec.Command(bin, all...)}
 	for _, kv := range os.Environ() {
