@@ -131,7 +131,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	}
 	reltest.Report(t, reltest.Row{
 		Scenario: "hostile: upgrade from v1.0.0", Store: "redis (single)",
-		Fault: "records stored by the v1.0.0 proxy, then the same requests through today's (host, credential spellings, API key, cookies, escaped path)",
+		Fault:    "records stored by the v1.0.0 proxy, then the same requests through today's (host, credential spellings, API key, cookies, escaped path)",
 		Requests: 2*len(requests) + 3, Keys: len(requests),
 		Notes: fmt.Sprintf("%d of %d v1.0 records replayed after the upgrade, 0 run again; another body 422; another caller its own; with --v1-scopes off the same request ran again (1)", replays, len(requests)),
 	})
