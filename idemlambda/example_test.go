@@ -29,9 +29,8 @@ func ExampleWrap() {
 		return events.APIGatewayProxyResponse{StatusCode: http.StatusCreated, Body: fmt.Sprintf(`{"charge":%d}`, charges)}, nil
 	}
 	idempotent, err := idemlambda.Wrap(store, idemlambda.Config[events.APIGatewayProxyRequest]{
-		Name:    "payments",
-		Key:     idemlambda.APIGatewayKey,
-		Payload: func(e events.APIGatewayProxyRequest) any { return e.Body },
+		Name: "payments",
+		Key:  idemlambda.APIGatewayKey,
 	}, charge)
 	if err != nil {
 		log.Fatal(err)
@@ -52,7 +51,7 @@ func ExampleWrap() {
 	}
 
 	req := events.APIGatewayProxyRequest{
-		Headers: map[string]string{"idempotency-key": "order-1"},
+		Headers: map[string]string{"idempotency-key": "order-1", "authorization": "Bearer shop-1"},
 		Body:    `{"amount":10}`,
 	}
 	for range 2 {
