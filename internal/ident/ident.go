@@ -37,17 +37,24 @@ var APIKeyHeaders = []string{"X-Api-Key", "Api-Key", "X-Auth-Token"}
 // ("Bearer tok") kept its tenant across the upgrade.
 func Tenant(values func(name string) []string) string {
 	var parts []string
-	if vs := values("Authorization"); len(vs) > 0 {
+	switch vs := values("Authorization"); len(vs) {
+	case 0:
+	case 1:
+		if v := Authorization(vs[0]); v != "" {
+			parts = append(parts, "authz:"+hash(v))
+		}
+	default:
 		norm := make([]string, len(vs))
 		for i, v := range vs {
 			norm[i] = Authorization(v)
 		}
-		if !(len(norm) == 1 && norm[0] == "") {
-			parts = append(parts, "authz:"+hash(strings.Join(norm, "\n")))
-		}
+		parts = append(parts, "authz:"+hash(strings.Join(norm, "\n")))
 	}
 	for _, name := range APIKeyHeaders {
 		vs := values(name)
+		if len(vs) == 0 {
+			continue
+		}
 		if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
 			continue
 		}
@@ -57,6 +64,9 @@ func Tenant(values func(name string) []string) string {
 			fields = append(fields, strings.TrimSpace(v))
 		}
 		parts = append(parts, "apikey:"+Digest(fields...))
+	}
+	if len(parts) == 1 {
+		return parts[0]
 	}
 	return strings.Join(parts, " ")
 }
@@ -97,6 +107,9 @@ func Digest(fields ...string) string {
 // credential itself keeps its case: "Bearer tokA" and "Bearer TOKA" are
 // two callers.
 func Authorization(v string) string {
+	if normalAuthorization(v) {
+		return v // the usual case: no copy
+	}
 	v = strings.Trim(v, " \t")
 	scheme, rest, _ := strings.Cut(v, " ")
 	if i := strings.IndexByte(scheme, '\t'); i >= 0 {
@@ -111,6 +124,22 @@ func Authorization(v string) string {
 		return scheme
 	}
 	return scheme + " " + rest
+}
+
+// normalAuthorization reports whether v is in Authorization's normal form.
+func normalAuthorization(v string) bool {
+	scheme, rest, _ := strings.Cut(v, " ")
+	if scheme == "" || (rest == "" && strings.HasSuffix(v, " ")) {
+		return false
+	}
+	for i := 0; i < len(scheme); i++ {
+		c := scheme[i]
+		if c == '\t' || (i == 0 && 'a' <= c && c <= 'z') || (i > 0 && 'A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return !strings.ContainsRune(rest, '\t') && !strings.Contains(rest, "  ") &&
+		!strings.HasPrefix(rest, " ") && !strings.HasSuffix(rest, " ")
 }
 
 // Path returns the normal form of an escaped URL path (RFC 3986 section

@@ -98,3 +98,28 @@ func TestHost(t *testing.T) {
 		}
 	}
 }
+
+// A value already in normal form is returned without a copy, and every
+// value's normal form is in normal form.
+func TestAuthorizationNormalForm(t *testing.T) {
+	for _, v := range []string{"Bearer tokA", "bearer tokA", "Bearer  tokA", "Bearer tokA ", " Bearer tokA", "BEARER x", "Token", "token", "Bearer a b", "Bearer a  b", "Bearer\ta", "Bearer a\t", "", " ", "Digest a=b, c=d"} {
+		n := Authorization(v)
+		if Authorization(n) != n {
+			t.Errorf("Authorization(%q) = %q, which is not in normal form (%q)", v, n, Authorization(n))
+		}
+		if normalAuthorization(v) && n != v {
+			t.Errorf("%q is taken for normal, but its normal form is %q", v, n)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { Authorization("Bearer tokA") }); n != 0 {
+		t.Errorf("Authorization of a normal value: %v allocations, want 0", n)
+	}
+}
+
+func BenchmarkTenant(b *testing.B) {
+	h := headers(map[string][]string{"Authorization": {"Bearer 8f14e45fceea167a5a36dedd4bea2543"}})
+	b.ReportAllocs()
+	for b.Loop() {
+		Tenant(h)
+	}
+}
