@@ -162,6 +162,7 @@ var opBadByName = map[string]opBad{
 	"proxy max-response":   {"lots", "want a size in bytes"},
 	"proxy memory-limit":   {"lots", "want a size in bytes"},
 	"proxy tenant-cookie":  {"a b", "not a cookie name"},
+	"proxy v1-scopes":      {"0", "want a positive duration, such as 24h, or off"},
 	"demo store":           {"ftp://x", `unknown scheme "ftp"`},
 	"demo blob":            {"ftp://x", `unknown scheme "ftp"`},
 	"inspect store":        {"ftp://x", `unknown scheme "ftp"`},
@@ -502,7 +503,8 @@ func TestOperatorStores(t *testing.T) {
 	}
 	t.Cleanup(func() { drop() })
 	redisURL := "redis://" + redis.Addr()
-	pgName := "postgres://" + strings.Split(strings.SplitN(dbURL, "@", 2)[1], "/")[0]
+	// The log names the database, never the user or password.
+	pgName := "postgres://" + strings.SplitN(strings.SplitN(dbURL, "@", 2)[1], "?", 2)[0]
 	for _, st := range []struct{ name, store, logged string }{
 		{"memory", "memory", "memory"},
 		{"redis", redisURL, redisURL},
