@@ -489,7 +489,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if !m.cfg.CancelOnDisconnect {
 		parent = context.WithoutCancel(parent)
 	}
-	ticket, ok := m.admit(w, r, req.tenant, req.key)
+	ticket, ok := m.admit(w, r, req.tenant, req.key, start)
 	if !ok {
 		return // 429: over the tenant's quota, nothing claimed
 	}

@@ -170,11 +170,11 @@ func defaultQuota(store idem.Store) *Quota {
 // record already (it claims nothing new: it replays, waits or gets 409,
 // or re-claims a released or expired key, counted then); otherwise it is
 // answered 429 and admit reports false.
-func (m *middleware) admit(w http.ResponseWriter, r *http.Request, tenant string, key idem.Key) (quota.Ticket, bool) {
+func (m *middleware) admit(w http.ResponseWriter, r *http.Request, tenant string, key idem.Key, start time.Time) (quota.Ticket, bool) {
 	if m.quota == nil {
 		return quota.Ticket{}, true
 	}
-	t, over, retryAfter := m.quota.Admit(tenant)
+	t, over, retryAfter := m.quota.Admit(tenant, start)
 	if over == "" {
 		return t, true
 	}

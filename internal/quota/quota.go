@@ -6,7 +6,7 @@
 //
 // A request's life, as idemhttp drives it:
 //
-//	t, over := set.Admit(tenant) // over == "": admitted, t counts one key in flight
+//	t, over, _ := set.Admit(tenant, now) // over == "": admitted, t counts one key in flight
 //	... acquire the key; if it was not newly claimed: t.Release()
 //	... run the work; then t.Stored(bytes, retention), or t.Release()
 //
@@ -134,9 +134,17 @@ type Ticket struct {
 
 // Admit counts one more key in flight for tenant, unless that would take
 // the tenant past a limit: then it counts nothing and names the limit,
-// with how long until the tenant may have room (at least a second).
-func (s *Set) Admit(tenant string) (t Ticket, over Limit, retryAfter time.Duration) {
-	now := s.now().UnixNano()
+// with how long until the tenant may have room (at least a second). now
+// is the time of the request (the set's clock when zero): the caller
+// usually has it, and a clock read is not free.
+func (s *Set) Admit(tenant string, now time.Time) (t Ticket, over Limit, retryAfter time.Duration) {
+	if now.IsZero() {
+		now = s.now()
+	}
+	return s.admit(tenant, now.UnixNano())
+}
+
+func (s *Set) admit(tenant string, now int64) (t Ticket, over Limit, retryAfter time.Duration) {
 	u := s.lookup(tenant, now)
 	defer u.mu.Unlock()
 	u.prune(now)

@@ -26,40 +26,40 @@ func TestLimits(t *testing.T) {
 	c := newClock()
 	s := New(Limits{InFlight: 2, Records: 3, Bytes: 1000}, c.now)
 
-	a, over, _ := s.Admit("alice")
-	b, _, _ := s.Admit("alice")
+	a, over, _ := s.Admit("alice", time.Time{})
+	b, _, _ := s.Admit("alice", time.Time{})
 	if over != "" {
 		t.Fatalf("first key: over %q", over)
 	}
-	if _, over, ra := s.Admit("alice"); over != LimitInFlight || ra != time.Second {
+	if _, over, ra := s.Admit("alice", time.Time{}); over != LimitInFlight || ra != time.Second {
 		t.Fatalf("third key in flight: got %q %v, want in_flight 1s", over, ra)
 	}
-	if _, over, _ := s.Admit("bob"); over != "" {
+	if _, over, _ := s.Admit("bob", time.Time{}); over != "" {
 		t.Fatalf("another tenant: got %q, want admitted", over)
 	}
 	a.Release()
-	c1, over, _ := s.Admit("alice")
+	c1, over, _ := s.Admit("alice", time.Time{})
 	if over != "" {
 		t.Fatalf("after a release: got %q, want admitted", over)
 	}
 	b.Stored(100, time.Hour)
 	c1.Stored(100, time.Hour)
-	d, _, _ := s.Admit("alice")
+	d, _, _ := s.Admit("alice", time.Time{})
 	d.Stored(900, time.Hour) // past Bytes: the work has run, it counts
-	if _, over, ra := s.Admit("alice"); over != LimitRecords || ra < time.Hour || ra > time.Hour+time.Hour/16 {
+	if _, over, ra := s.Admit("alice", time.Time{}); over != LimitRecords || ra < time.Hour || ra > time.Hour+time.Hour/16 {
 		t.Fatalf("three records: got %q %v, want records, about an hour", over, ra)
 	}
 	c.advance(time.Hour - time.Second)
-	if _, over, _ := s.Admit("alice"); over != LimitRecords {
+	if _, over, _ := s.Admit("alice", time.Time{}); over != LimitRecords {
 		t.Fatalf("before retention: got %q, want records", over)
 	}
 	c.advance(time.Hour/16 + time.Second)
-	e, over, _ := s.Admit("alice")
+	e, over, _ := s.Admit("alice", time.Time{})
 	if over != "" {
 		t.Fatalf("after retention: got %q, want admitted", over)
 	}
 	e.Stored(1000, time.Minute)
-	if _, over, _ := s.Admit("alice"); over != LimitBytes {
+	if _, over, _ := s.Admit("alice", time.Time{}); over != LimitBytes {
 		t.Fatalf("1000 bytes: got %q, want bytes", over)
 	}
 }
@@ -72,7 +72,7 @@ func TestTenantsBounded(t *testing.T) {
 	s := New(Limits{InFlight: 1, Tenants: 64}, c.now)
 	var held []Ticket
 	for i := range 1000 {
-		tk, over, _ := s.Admit(fmt.Sprint("t", i))
+		tk, over, _ := s.Admit(fmt.Sprint("t", i), time.Time{})
 		if over == "" {
 			held = append(held, tk)
 		}
@@ -89,7 +89,7 @@ func TestTenantsBounded(t *testing.T) {
 	}
 	c.advance(2 * sweepEvery)
 	for i := range 1000 {
-		tk, over, _ := s.Admit(fmt.Sprint("u", i))
+		tk, over, _ := s.Admit(fmt.Sprint("u", i), time.Time{})
 		if over == "" {
 			defer tk.Release()
 		}
@@ -107,7 +107,7 @@ func TestConcurrentInFlight(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			for range 200 {
-				tk, over, _ := s.Admit("x")
+				tk, over, _ := s.Admit("x", time.Time{})
 				if over != "" {
 					continue
 				}
@@ -123,4 +123,25 @@ func TestConcurrentInFlight(t *testing.T) {
 	if p := peak.Load(); p > 5 || p == 0 {
 		t.Fatalf("peak in flight: got %d, want 1 to 5", p)
 	}
+}
+
+// BenchmarkAdmitStored is what the quota adds to a keyed request that is
+// executed and stored: one Admit and one Stored, 64 tenants, in parallel.
+func BenchmarkAdmitStored(b *testing.B) {
+	s := New(Limits{InFlight: 1 << 20, Records: 1 << 40, Bytes: 1 << 60}, nil)
+	tenants := make([]string, 64)
+	for i := range tenants {
+		tenants[i] = fmt.Sprintf("auth:%040d", i)
+	}
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			tk, over, _ := s.Admit(tenants[seq.Add(1)%64], time.Now())
+			if over != "" {
+				b.Fatal(over)
+			}
+			tk.Stored(400, 24*time.Hour)
+		}
+	})
 }
