@@ -42,6 +42,9 @@ func init() {
 //		refuse_anonymous
 //		blob                 <url>
 //		blob_timeout         <duration>      # 30s
+//		quota_in_flight      <count>         # per tenant; 32 with store memory, else 0: none
+//		quota_records        <count>         # per tenant; 0: none
+//		quota_bytes          <size>          # per tenant; an eighth of memory_limit with store memory, else 0: none
 //	}
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
@@ -176,10 +179,28 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Blob, err = one()
 		case "blob_timeout":
 			h.BlobTimeout, err = duration()
+		case "quota_in_flight", "quota_records":
+			var a string
+			if a, err = one(); err != nil {
+				break
+			}
+			n, cerr := strconv.Atoi(a)
+			if cerr != nil || n < 0 {
+				return d.Errf("%s %q: want a whole number, 0 or more (0: no limit)", name, a)
+			}
+			if name == "quota_in_flight" {
+				h.QuotaInFlight = &n
+			} else {
+				h.QuotaRecords = &n
+			}
+		case "quota_bytes":
+			var v int64
+			v, err = size()
+			h.QuotaBytes = &v
 		default:
 			return d.Errf("unknown subdirective %q (want store, prefix, memory_limit, reap_interval, methods, require_key, "+
 				"tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, "+
-				"max_execution, client_write_timeout, cancel_on_disconnect, refuse_anonymous, blob, blob_timeout)", name)
+				"max_execution, client_write_timeout, cancel_on_disconnect, refuse_anonymous, blob, blob_timeout, quota_in_flight, quota_records, quota_bytes)", name)
 		}
 		if err != nil {
 			return err

@@ -126,6 +126,9 @@ idempotency /pay* {
 	cancel_on_disconnect
 	blob mem://
 	blob_timeout 5s
+	quota_in_flight 8
+	quota_records 0
+	quota_bytes 4MiB
 }
 reverse_proxy app:8080
 `))
@@ -134,12 +137,13 @@ reverse_proxy app:8080
 		t.Fatal(err)
 	}
 	mem, reap, cwt, wait := int64(64<<20), caddy.Duration(0), caddy.Duration(0), caddy.Duration(2*time.Second)
+	qInFlight, qRecords, qBytes := 8, 0, int64(4<<20)
 	want := Handler{Store: "redis://127.0.0.1:6379 postgres://u@127.0.0.1/db", Prefix: "shop:", MemoryLimit: &mem, ReapInterval: &reap,
 		Methods: []string{"POST", "PUT", "PATCH"}, RequireKey: true, TenantHeader: "X-Account",
 		Lease: caddy.Duration(10 * time.Second), Retention: caddy.Duration(time.Hour), Wait: &wait,
 		FailOpen: true, MaxBody: 64 << 10, MaxResponse: 2 << 20, StoreStatuses: []int{200, 201},
 		MaxExecution: caddy.Duration(time.Minute), ClientWriteTimeout: &cwt, CancelOnDisconnect: true,
-		Blob: "mem://", BlobTimeout: caddy.Duration(5 * time.Second)}
+		Blob: "mem://", BlobTimeout: caddy.Duration(5 * time.Second), QuotaInFlight: &qInFlight, QuotaRecords: &qRecords, QuotaBytes: &qBytes}
 	if !reflect.DeepEqual(got, want) {
 		gj, _ := json.Marshal(got)
 		wj, _ := json.Marshal(want)
@@ -165,6 +169,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"wait -1s", "wait -1s: must not be negative (0: no wait, 409 at once)"},
 		{"wait soon", `wait "soon": want a duration`},
 		{"colour blue", `unknown subdirective "colour"`},
+		{"quota_in_flight -1", `quota_in_flight "-1": want a whole number, 0 or more (0: no limit)`},
+		{"quota_records many", `quota_records "many": want a whole number`},
+		{"quota_bytes lots", `quota_bytes "lots": want a size`},
 	} {
 		cf := ":8080\nidempotency {\n\t" + tc.body + "\n}\nreverse_proxy app:8080\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)

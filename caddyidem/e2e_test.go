@@ -387,3 +387,64 @@ func TestReloadKeepsRecords(t *testing.T) {
 			again.status, again.replayed, again.body, up.count(key), first.body)
 	}
 }
+
+// TestQuota: through a real Caddy on the memory store, a tenant's new
+// keys past its quota get 429 quota-exceeded with Retry-After and never
+// reach the upstream; its stored key still replays; another tenant
+// (another Authorization) still stores new keys; the refusals are counted
+// in idem_quota_exceeded_total. Without quota settings, store memory has
+// idemhttp.DefaultQuota of its memory_limit: memory_limit 1MiB gives each
+// tenant 128 KiB.
+func TestQuota(t *testing.T) {
+	up := startCounter(t, 0)
+	base := startCaddy(t, fmt.Sprintf("\tmetrics /metrics\n\troute /q/* {\n\t\tidempotency {\n\t\t\tmemory_limit 1MiB\n\t\t}\n\t\treverse_proxy %s\n\t}",
+		strings.TrimPrefix(up.srv.URL, "http://")))
+	const series = `idem_quota_exceeded_total{limit="bytes"}`
+	before := metricValue(t, base+"/metrics", series)
+	send := func(key, auth, body string) (int, http.Header, string) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/q/x", strings.NewReader(body))
+		req.Header.Set(idemhttp.HeaderKey, key)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+	body := fmt.Sprintf(`{"pad":%q}`, strings.Repeat("0123456789abcdef", 2<<10)) // 32 KiB: echoed
+	refused := ""
+	for i := range 40 {
+		key := fmt.Sprint("q-", runID, "-", i)
+		st, h, b := send(key, "Bearer mallory", body)
+		if st == http.StatusCreated {
+			continue
+		}
+		if st != http.StatusTooManyRequests || h.Get("Retry-After") == "" || !strings.Contains(b, idemhttp.ProblemQuotaExceeded) {
+			t.Fatalf("key %d: got %d Retry-After %q %q, want 429 quota-exceeded with Retry-After", i, st, h.Get("Retry-After"), b)
+		}
+		if i < 3 || i > 5 {
+			t.Errorf("refused after %d keys of 32 KiB, want about 4 (128 KiB per tenant)", i)
+		}
+		refused = key
+		break
+	}
+	if refused == "" {
+		t.Fatal("40 keys of 32 KiB: none refused, want 429 past 128 KiB")
+	}
+	if n := up.count(refused); n != 0 {
+		t.Errorf("the refused key ran %d times upstream, want 0", n)
+	}
+	if st, h, _ := send(fmt.Sprint("q-", runID, "-0"), "Bearer mallory", body); st != 201 || h.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Errorf("a stored key over the quota: got %d, want its replay", st)
+	}
+	if st, _, b := send("victim-"+runID, "Bearer alice", body); st != 201 {
+		t.Errorf("another tenant: got %d %.200s, want 201", st, b)
+	}
+	if got := metricValue(t, base+"/metrics", series) - before; got != 1 {
+		t.Errorf("%s: got %v more, want 1", series, got)
+	}
+}

@@ -144,11 +144,25 @@ type Handler struct {
 	// this long. Default idemhttp.DefaultBlobTimeout (30s).
 	BlobTimeout caddy.Duration `json:"blob_timeout,omitempty"`
 
+	// QuotaInFlight, QuotaRecords and QuotaBytes are each tenant's limits
+	// (idemhttp.Quota; idem proxy's --quota-in-flight, --quota-records,
+	// --quota-bytes): a request with a new key past one gets 429
+	// (urn:idem:problem:quota-exceeded) with Retry-After, and nothing
+	// runs. Unset with store memory: idemhttp.DefaultQuota of
+	// MemoryLimit (32 in flight, an eighth of the limit in bytes, no
+	// bound on records); unset with another store, or 0: no limit. The
+	// handlers of one process on the same store with the same limits
+	// share one count (kept across reloads).
+	QuotaInFlight *int   `json:"quota_in_flight,omitempty"`
+	QuotaRecords  *int   `json:"quota_records,omitempty"`
+	QuotaBytes    *int64 `json:"quota_bytes,omitempty"`
+
 	covered  map[string]bool
 	mw       func(http.Handler) http.Handler
 	tenant   func(*http.Request) string
 	storeKey string // in the stores pool; "" when none was taken
 	blobKey  string // in the stores pool; "" when none was taken
+	quotaKey string // in the stores pool; "" when none was taken
 	logger   *slog.Logger
 }
 
@@ -188,6 +202,12 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("blob_timeout %v: must not be negative", time.Duration(h.BlobTimeout))
 	case h.MemoryLimit != nil && *h.MemoryLimit < 0:
 		return fmt.Errorf("memory_limit %d: must not be negative (0: no limit)", *h.MemoryLimit)
+	case h.QuotaInFlight != nil && *h.QuotaInFlight < 0:
+		return fmt.Errorf("quota_in_flight %d: must not be negative (0: no limit)", *h.QuotaInFlight)
+	case h.QuotaRecords != nil && *h.QuotaRecords < 0:
+		return fmt.Errorf("quota_records %d: must not be negative (0: no limit)", *h.QuotaRecords)
+	case h.QuotaBytes != nil && *h.QuotaBytes < 0:
+		return fmt.Errorf("quota_bytes %d: must not be negative (0: no limit)", *h.QuotaBytes)
 	case h.MaxBody < 0:
 		return fmt.Errorf("max_body %d: want at least 1 byte", h.MaxBody)
 	case h.MaxResponse < 0 || h.MaxResponse > idem.MaxEncodedBody:
@@ -283,10 +303,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			m.requests.WithLabelValues(string(o)).Inc()
 			logField(r, zap.String("idempotency_outcome", string(o)))
 		},
-		OnRenew:       m.onRenew,
-		BlobTimeout:   time.Duration(h.BlobTimeout),
-		OnBodyOmitted: func(*http.Request) { m.notKept.Inc() },
+		OnRenew:         m.onRenew,
+		BlobTimeout:     time.Duration(h.BlobTimeout),
+		OnBodyOmitted:   func(*http.Request) { m.notKept.Inc() },
+		OnQuotaExceeded: m.onQuotaExceeded,
 	}
+	cfg.Quota, h.quotaKey = takeQuota(key, h.quotaLimits(memLimit))
 	if h.ClientWriteTimeout != nil {
 		cfg.ClientWriteTimeout = cmp.Or(time.Duration(*h.ClientWriteTimeout), -1) // 0 here is no limit; idemhttp's 0 is its default
 	}
@@ -333,6 +355,12 @@ func (h *Handler) Cleanup() error {
 			errs = append(errs, err)
 		}
 		h.storeKey = ""
+	}
+	if h.quotaKey != "" {
+		if _, err := pool.Delete(h.quotaKey); err != nil {
+			errs = append(errs, err)
+		}
+		h.quotaKey = ""
 	}
 	if h.blobKey != "" {
 		if _, err := pool.Delete(h.blobKey); err != nil {
@@ -392,3 +420,50 @@ func logField(r *http.Request, f zap.Field) {
 
 // isMemory reports whether spec names the memory store.
 func isMemory(spec string) bool { return spec == "" || spec == "memory" }
+
+// quotaLimits are the limits of an idemhttp.Quota.
+type quotaLimits struct {
+	inFlight, records int
+	bytes             int64
+}
+
+// quotaLimits is h's quota: the fields set, else with the memory store
+// idemhttp.DefaultQuota of its limit, else none.
+func (h *Handler) quotaLimits(memLimit int64) quotaLimits {
+	var l quotaLimits
+	if isMemory(h.Store) {
+		if q := idemhttp.DefaultQuota(memLimit); q != nil {
+			l.inFlight, l.bytes = q.InFlight, q.Bytes
+		}
+	}
+	if h.QuotaInFlight != nil {
+		l.inFlight = *h.QuotaInFlight
+	}
+	if h.QuotaRecords != nil {
+		l.records = *h.QuotaRecords
+	}
+	if h.QuotaBytes != nil {
+		l.bytes = *h.QuotaBytes
+	}
+	return l
+}
+
+// sharedQuota is a quota in the pool: the counts of the handlers on one
+// store with the same limits, kept across reloads as the store is.
+type sharedQuota struct{ q *idemhttp.Quota }
+
+func (sharedQuota) Destruct() error { return nil }
+
+// takeQuota returns the quota of the store storeKey names with limits l,
+// made when no handler has it, and its key in the pool ("" for none: l
+// limits nothing).
+func takeQuota(storeKey string, l quotaLimits) (*idemhttp.Quota, string) {
+	if l.inFlight <= 0 && l.records <= 0 && l.bytes <= 0 {
+		return idemhttp.NoQuota, ""
+	}
+	key := fmt.Sprintf("quota\x00%s\x00%d\x00%d\x00%d", storeKey, l.inFlight, l.records, l.bytes)
+	v, _, _ := pool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return sharedQuota{&idemhttp.Quota{InFlight: l.inFlight, Records: l.records, Bytes: l.bytes}}, nil
+	})
+	return v.(sharedQuota).q, key
+}

@@ -25,6 +25,8 @@ type handlerMetrics struct {
 	notKept    prometheus.Counter     // idem_responses_not_kept_total
 	anonymous  prometheus.Counter     // idem_anonymous_requests_total
 	blobErrors *prometheus.CounterVec // idem_blob_errors_total{op,reason}
+	// quotaExceeded: idem_quota_exceeded_total{limit}
+	quotaExceeded *prometheus.CounterVec
 }
 
 var (
@@ -40,7 +42,7 @@ func registerMetrics(reg *prometheus.Registry) *handlerMetrics {
 		metrics = handlerMetrics{
 			requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "idem_requests_total",
-				Help: "Requests by what the idempotency handler did with them: executed (the route ran under the key, response stored), released (ran under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, or an error of the route such as reverse_proxy's 502), replayed, in_flight (409), mismatch (422), rejected (400, 413), store_error (503), passed_through (no key), gone (the client left before its key was acquired), replay_failed (stored body unreadable from the blob store), not_covered (method not covered). The access log line of each request has the same word in idempotency_outcome.",
+				Help: "Requests by what the idempotency handler did with them: executed (the route ran under the key, response stored), released (ran under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, or an error of the route such as reverse_proxy's 502), replayed, in_flight (409), mismatch (422), rejected (400, 413), store_error (503), passed_through (no key), gone (the client left before its key was acquired), replay_failed (stored body unreadable from the blob store), quota_exceeded (429: the tenant was at its quota_* limit; nothing ran), not_covered (method not covered). The access log line of each request has the same word in idempotency_outcome.",
 			}, []string{"outcome"}),
 			renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "idem_lease_renewals_total",
@@ -58,12 +60,19 @@ func registerMetrics(reg *prometheus.Registry) *handlerMetrics {
 				Name: "idem_blob_errors_total",
 				Help: "Failed blob store operations by op (write, read, check) and reason (missing, corrupt, unavailable).",
 			}, []string{"op", "reason"}),
+			quotaExceeded: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "idem_quota_exceeded_total",
+				Help: "Requests with a new key refused 429 (urn:idem:problem:quota-exceeded) because their tenant was at a limit: in_flight (quota_in_flight), records (quota_records), bytes (quota_bytes). Nothing ran or was claimed. Also counted as quota_exceeded in idem_requests_total.",
+			}, []string{"limit"}),
+		}
+		for _, l := range []string{idemhttp.QuotaInFlight, idemhttp.QuotaRecords, idemhttp.QuotaBytes} {
+			metrics.quotaExceeded.WithLabelValues(l)
 		}
 		// Every series exists from the start, at zero, so that rate()
 		// and alerts see the first increment.
 		for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed,
 			idemhttp.OutcomeInFlight, idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError,
-			idemhttp.OutcomePassedThrough, idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed} {
+			idemhttp.OutcomePassedThrough, idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed, idemhttp.OutcomeQuotaExceeded} {
 			metrics.requests.WithLabelValues(string(o))
 		}
 		metrics.requests.WithLabelValues(outcomeNotCovered)
@@ -71,7 +80,7 @@ func registerMetrics(reg *prometheus.Registry) *handlerMetrics {
 			metrics.renewals.WithLabelValues(r)
 		}
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.renewals, metrics.notKept, metrics.anonymous, metrics.blobErrors} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.renewals, metrics.notKept, metrics.anonymous, metrics.blobErrors, metrics.quotaExceeded} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			panic(err) // another collector of the same name: a programming error, as for Caddy's own
 		}
@@ -111,4 +120,9 @@ func (m *handlerMetrics) onRenew(_ idem.Key, err error) {
 	default:
 		m.renewals.WithLabelValues("error").Inc()
 	}
+}
+
+// onQuotaExceeded is idemhttp.Config.OnQuotaExceeded.
+func (m *handlerMetrics) onQuotaExceeded(_ *http.Request, limit string) {
+	m.quotaExceeded.WithLabelValues(limit).Inc()
 }

@@ -26,6 +26,9 @@
 //	store full (idem.ErrStoreFull:   503 store-full with Retry-After: 1; the handler does
 //	a bounded store refuses a        not run (unless Config.FailOpen); keys already in
 //	new key)                         flight or completed answer as usual
+//	new key past its tenant's        429 quota-exceeded with Retry-After; the handler does
+//	Config.Quota (on by default      not run and nothing is claimed; keys already in flight
+//	for a memstore with MaxBytes)    or completed answer as usual (see Quota)
 //	handler panics, or ShouldStore   the key is released: a retry runs the handler
 //	says no (default: 5xx, 408,      again (a panic is passed on); so does a panic
 //	409, 425, 429)                   after the handler and before the store

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/ident"
+	"github.com/idemkit/idem/internal/quota"
 	"github.com/idemkit/idem/internal/telemetry"
 )
 
@@ -242,7 +243,22 @@ type Config struct {
 
 	// FailOpen runs the handler without idempotency when the store fails.
 	// Default false: the request gets 503 and the handler does not run.
+	// A request over its tenant's Quota gets 429 whatever FailOpen says.
 	FailOpen bool
+
+	// Quota limits what the keyed requests of one tenant may hold: its
+	// keys in flight, stored records and bytes; a new key past a limit
+	// gets 429 (ProblemQuotaExceeded) and nothing is claimed. See Quota.
+	// Middlewares given the same *Quota share its counts. Default: when
+	// store is a *memstore.Store with a MaxBytes, DefaultQuota of that
+	// size (this middleware's own); otherwise none. NoQuota turns it off.
+	Quota *Quota
+
+	// OnQuotaExceeded, when set, is called for every request refused by
+	// Quota, with the limit it hit: QuotaInFlight, QuotaRecords or
+	// QuotaBytes (its outcome is OutcomeQuotaExceeded). For metrics; it
+	// must not block.
+	OnQuotaExceeded func(r *http.Request, limit string)
 
 	// ReplayHeaderDenylist names response headers never stored nor
 	// replayed, besides Set-Cookie and the hop-by-hop headers, which are
@@ -350,6 +366,10 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	m := &middleware{cfg: cfg, eng: eng, store: store, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
+	if cfg.Quota == nil {
+		cfg.Quota = defaultQuota(store)
+	}
+	m.quota = cfg.Quota.counts()
 	if n, ok := store.(idem.Namespacer); ok {
 		m.blobNS = n.Namespace()
 	}
@@ -392,6 +412,7 @@ type middleware struct {
 	cfg     Config
 	eng     *engine.Engine
 	store   idem.Store
+	quota   *quota.Set // Config.Quota's counts; nil: no quota
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
@@ -449,6 +470,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			// for a replay (see Config.Tenant).
 			req.cookies = m.cookies.callerCookies(r)
 		}
+		req.tenant = tenant
 		m.serve(w, r, next, req, body, start)
 	})
 }
@@ -571,6 +593,7 @@ type request struct {
 	route     string              // Config.Route's answer
 	clientKey string              // the Idempotency-Key, for v1.0's key
 	cookies   map[string][]string // no tenant: the cookies that identify the caller
+	tenant    string              // Config.Tenant's answer, for the Quota
 }
 
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
@@ -584,13 +607,21 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if !m.cfg.CancelOnDisconnect {
 		parent = context.WithoutCancel(parent)
 	}
+	ticket, ok := m.admit(w, r, req.tenant, req.key, start)
+	if !ok {
+		return // 429: over the tenant's quota, nothing claimed
+	}
 	d := m.eng.Acquire(r.Context(), parent, req.key, req.fp, "")
 	if (d.Outcome == engine.OutcomeExecuted || d.Outcome == engine.OutcomeMismatch) && m.eng.FallingBack() {
 		old, oldFP := m.v1.derive(r, req, body)
 		d = m.eng.Fallback(r.Context(), d, req.key, req.fp, old, oldFP)
 	}
+	if d.Outcome != engine.OutcomeExecuted {
+		ticket.Release() // nothing claimed
+	}
 	switch d.Outcome {
 	case engine.OutcomeExecuted:
+		ticket = m.takeOver(ticket, req.tenant)
 		toBlob := m.cfg.Blobs != nil
 		if toBlob {
 			if err := m.gate.check(r.Context()); err != nil {
@@ -603,6 +634,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 					slog.String("key", req.key.String()), slog.Bool("fail_open", m.cfg.FailOpen), slog.Any("error", err))
 				if !m.cfg.FailOpen {
 					m.eng.Release(context.WithoutCancel(r.Context()), d.Attempt)
+					ticket.Release()
 					m.outcome(r, OutcomeStoreError)
 					m.problem(w, r, problemBlobStore)
 					return
@@ -610,7 +642,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				toBlob = false
 			}
 		}
-		m.execute(w, r, body, next, d, req, toBlob, start)
+		m.execute(w, r, body, next, d, req, toBlob, start, ticket)
 	case engine.OutcomeReplayed:
 		if !sameCaller(d.Response.Header.Get(headerCallerCookies), req.cookies) {
 			// Stored for a caller with other cookies.
@@ -673,9 +705,18 @@ func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 // releases the key according to ShouldStore. The work reports the
 // outcome, executed or released. A panic, in the handler or after it,
 // releases the key (work.End) and goes on: net/http aborts the response.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, d engine.Decision, req request, toBlob bool, start time.Time) {
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, d engine.Decision, req request, toBlob bool, start time.Time,
+	ticket quota.Ticket) {
 	key, att, outer := req.key, d.Attempt, r
 	work := m.eng.Start(d, func(o engine.Outcome) { m.outcome(outer, Outcome(o)) })
+	var stored *idem.Response // the quota's: the work ended with this record, or released its key
+	defer func() {
+		if stored != nil {
+			ticket.Stored(recordSize(stored), att.Retention())
+		} else {
+			ticket.Release()
+		}
+	}()
 	defer work.End()
 	r = withBody(r, work.Ctx, body)
 	finish := work.Finish
@@ -715,7 +756,11 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 	if resp.BodyOmitted {
 		m.bodyOmitted(finish, outer, req.route, key)
 	}
-	if err := work.Complete(resp); resp.Blob != nil && errors.Is(err, idem.ErrLeaseLost) {
+	err := work.Complete(resp)
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		stored = resp // or maybe stored (a lost reply): counted until its retention would end
+	}
+	if resp.Blob != nil && errors.Is(err, idem.ErrLeaseLost) {
 		// Not stored for sure (other errors may hide a completion whose
 		// reply was lost: the sweep decides those by the record).
 		m.deleteBlob(finish, resp.Blob.Name)

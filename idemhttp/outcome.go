@@ -25,4 +25,8 @@ const (
 	// aborted response, when the blob broke off after the header was
 	// sent); nothing ran.
 	OutcomeReplayFailed = Outcome(engine.OutcomeReplayFailed)
+	// OutcomeQuotaExceeded ("quota_exceeded"): a new key past its
+	// tenant's Config.Quota: 429 ProblemQuotaExceeded with Retry-After;
+	// nothing was claimed and the handler did not run.
+	OutcomeQuotaExceeded = Outcome(engine.OutcomeQuotaExceeded)
 )

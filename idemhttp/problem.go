@@ -18,6 +18,10 @@ const (
 	// 503: the idempotency store is full (idem.ErrStoreFull) and takes no
 	// new key until records expire; nothing ran
 	ProblemStoreFull = "urn:idem:problem:store-full"
+	// 429: the client's tenant holds its Config.Quota (keys in flight,
+	// records or bytes); the request did not run and nothing was claimed.
+	// Retry-After says when some of it comes back.
+	ProblemQuotaExceeded = "urn:idem:problem:quota-exceeded"
 	// 503: the blob store (Config.Blobs) does not answer; the request did not run
 	ProblemBlobStoreUnavailable = "urn:idem:problem:blob-store-unavailable"
 	// 503: the request completed before, but its stored body cannot be read
@@ -45,7 +49,7 @@ type Problem struct {
 	// ProblemResponseNotKept was executed with (an extension member).
 	StatusExecuted int `json:"status_executed,omitempty"`
 	// RetryAfter, in seconds, is sent as the Retry-After header when
-	// positive (409 and 503).
+	// positive (409, 429 and 503).
 	RetryAfter int `json:"-"`
 }
 
@@ -76,7 +80,8 @@ var (
 		Detail: "The request was not processed. Retry later with the same key."}
 	problemStoreFull = Problem{Type: ProblemStoreFull, Title: "Idempotency store full", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The idempotency store holds all the records it may, and takes no new key until older ones expire. The request was not processed. Retry later with the same key."}
-	problemBlobStore = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
+	problemQuotaExceeded = Problem{Type: ProblemQuotaExceeded, Title: "Idempotency quota exceeded", Status: http.StatusTooManyRequests}
+	problemBlobStore     = Problem{Type: ProblemBlobStoreUnavailable, Title: "Blob store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The store for large responses does not answer. The request was not processed. Retry later with the same key."}
 	problemAnonymous = Problem{Type: ProblemAnonymous, Title: "Caller not identified", Status: http.StatusUnauthorized,
 		Detail: "Requests with an Idempotency-Key must identify their caller (an Authorization header, an API key, a client certificate or the configured tenant source), so that no caller is answered with another's result. The request was not processed."}

@@ -44,6 +44,8 @@ type proxyMetrics struct {
 	anonymous prometheus.Counter
 	// sweepLeft: idem_blob_sweep_left{reason}
 	sweepLeft *prometheus.GaugeVec
+	// quotaExceeded: idem_quota_exceeded_total{limit}
+	quotaExceeded *prometheus.CounterVec
 }
 
 func newProxyMetrics() *proxyMetrics {
@@ -51,7 +53,7 @@ func newProxyMetrics() *proxyMetrics {
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, in_flight (409: the key was still running past --wait), mismatch, rejected, store_error, passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), not_covered (method not covered). The log line of each request has the same outcome.",
+			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, in_flight (409: the key was still running past --wait), mismatch, rejected, store_error, passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), quota_exceeded (429: the tenant was at its --quota-* limit; nothing forwarded), not_covered (method not covered). The log line of each request has the same outcome.",
 		}, []string{"outcome"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",
@@ -104,11 +106,13 @@ func newProxyMetrics() *proxyMetrics {
 		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: never judged; see idem gc -h), legacy (names of the store's v1.0 namespace, which did not tell databases apart: never judged).",
 	}, []string{"reason"})
 	m.reg.MustRegister(m.sweepLeft)
+	m.quotaExceeded = newQuotaExceeded()
+	m.reg.MustRegister(m.quotaExceeded)
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.
 	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed, idemhttp.OutcomeInFlight,
 		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
-		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed} {
+		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed, idemhttp.OutcomeQuotaExceeded} {
 		m.requests.WithLabelValues(string(o))
 	}
 	m.requests.WithLabelValues(outcomeNotCovered)

@@ -59,6 +59,7 @@ type proxyOptions struct {
 	memoryLimit                     byteSize      // --memory-limit: memstore.Options.MaxBytes
 	reapInterval                    time.Duration // --reap-interval; 0: no reaper
 	v1Scopes                        v1Scopes      // --v1-scopes
+	quota                           quotaFlags    // --quota-*; resolved into settings by validate
 }
 
 // v1Scopes is --v1-scopes: how long after start the keys v1.0 derived are
@@ -105,7 +106,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy, http://host:port[/path] (required)")
 	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
-	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full; with --fail-open they are forwarded without idempotency) until records expire, and stored keys still replay; 0: no limit (the process may run out of memory)")
+	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full; with --fail-open they are forwarded without idempotency) until records expire, and stored keys still replay; each tenant may fill an eighth of it (--quota-bytes); 0: no limit (the process may run out of memory)")
 	fs.DurationVar(&o.reapInterval, "reap-interval", defaultReapInterval, "with a postgres://, mysql:// or tiered store: delete expired records this often (those expired for the store's grace: a minute, an hour for the tiered store); 0: never (another process must reap the table)")
 	fs.BoolVar(&o.settings.requireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
 	fs.StringVar(&o.methods, "methods", "POST,PATCH", "comma-separated methods covered; others pass through untouched")
@@ -120,6 +121,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.Var(&o.v1Scopes, "v1-scopes", "after an upgrade from idem v1.0: for this long after start, a keyed request that is new here also looks for the record v1.0 stored for it (v1.0 had no host in the key, read credentials as written, no API-key headers), so that it is replayed, not run again; costs one store read per new key; default: as long as --retention; off: never (a deployment that never ran v1.0)")
 	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
+	o.quota.register(fs)
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
 	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body and its replays answer 500 response-not-kept (counted in idem_responses_not_kept_total)")
 	fs.StringVar(&o.blob, "blob", "", blobFlagHelp)
@@ -189,10 +191,11 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		}
 		cancel()
 	}
-	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout}, o.v1Scopes.d)
+	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
 	if err != nil {
 		return err
 	}
+	metrics.registerQuotaTenants(p.quotas)
 	if blobs != nil && o.blobSweep > 0 {
 		sweepCtx, stopSweep := context.WithCancel(context.Background())
 		defer stopSweep()
@@ -245,7 +248,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	}
 	logger.Info("idem proxy listening", "listen", ln.Addr().String(), "admin", adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
-		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String())
+		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String(), "quota", p.quota.String())
 
 	select {
 	case err := <-serveErr:
@@ -341,6 +344,13 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	o.settings.methods = parseMethods(o.methods)
 	o.settings.maxBody = int64(o.maxBody)
 	o.settings.maxResponse = int64(o.maxResponse)
+	memoryBytes := int64(0) // the store's size, where the proxy knows it
+	if o.store == "" || o.store == "memory" {
+		memoryBytes = int64(o.memoryLimit)
+	}
+	if err := o.quota.resolve(&o.settings, memoryBytes); err != nil {
+		return nil, err
+	}
 	if err := o.settings.validate(func(n string) string { return "--" + n }); err != nil {
 		return nil, usageError{err.Error()}
 	}

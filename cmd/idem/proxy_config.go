@@ -47,6 +47,14 @@ type routeSettings struct {
 	// refuseAnonymous: keyed requests that no tenant source identifies get
 	// 401 (idemhttp Config.RefuseAnonymous).
 	refuseAnonymous bool
+	// quotaInFlight, quotaRecords, quotaBytes: each tenant's limits
+	// (idemhttp.Quota); 0: none. ownQuota: the route sets one of them,
+	// and counts its tenants on its own rather than with the flags'
+	// routes.
+	quotaInFlight int
+	quotaRecords  int
+	quotaBytes    int64
+	ownQuota      bool
 }
 
 // validate reports the first bad setting; name turns a setting's name into
@@ -63,6 +71,10 @@ func (s routeSettings) validate(name func(string) string) error {
 		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("max-execution"), s.maxExecution)
 	case s.clientWriteTimeout < 0:
 		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("client-write-timeout"), s.clientWriteTimeout)
+	case s.quotaInFlight < 0:
+		return fmt.Errorf("%s %d: must not be negative (0: no limit)", name("quota-in-flight"), s.quotaInFlight)
+	case s.quotaRecords < 0:
+		return fmt.Errorf("%s %d: must not be negative (0: no limit)", name("quota-records"), s.quotaRecords)
 	case s.maxBody < 1:
 		return fmt.Errorf("%s %d: want at least 1 byte", name("max-body"), s.maxBody)
 	case s.maxResponse < 1 || s.maxResponse > idem.MaxEncodedBody:
@@ -141,6 +153,11 @@ type routeOverride struct {
 	CancelOnDisconnect *bool `yaml:"cancel_on_disconnect"`
 	// RefuseAnonymous: see --refuse-anonymous.
 	RefuseAnonymous *bool `yaml:"refuse_anonymous"`
+	// QuotaInFlight, QuotaRecords and QuotaBytes: see --quota-in-flight.
+	// A route that sets one counts its tenants on its own.
+	QuotaInFlight *int      `yaml:"quota_in_flight"`
+	QuotaRecords  *int      `yaml:"quota_records"`
+	QuotaBytes    *byteSize `yaml:"quota_bytes"`
 }
 
 // routeFields lists routeOverride's fields, as the file names them, for
@@ -347,6 +364,18 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 	}
 	if o.RefuseAnonymous != nil {
 		s.refuseAnonymous = *o.RefuseAnonymous
+	}
+	if o.QuotaInFlight != nil || o.QuotaRecords != nil || o.QuotaBytes != nil {
+		s.ownQuota = true
+	}
+	if o.QuotaInFlight != nil {
+		s.quotaInFlight = *o.QuotaInFlight
+	}
+	if o.QuotaRecords != nil {
+		s.quotaRecords = *o.QuotaRecords
+	}
+	if o.QuotaBytes != nil {
+		s.quotaBytes = int64(*o.QuotaBytes)
 	}
 	if o.StoreStatuses != nil {
 		s.storeStatuses = slices.Clone(*o.StoreStatuses)

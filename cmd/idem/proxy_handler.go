@@ -34,6 +34,12 @@ type proxy struct {
 	stopWork context.CancelFunc
 	blob     blobOptions
 	v1Scopes time.Duration // every route's idemhttp Config.V1Scopes (--v1-scopes)
+	// quota is the per-tenant quota of the routes whose quota settings
+	// are the flags'; quotas lists it and those of the --config routes
+	// with quota settings of their own (each its own counts).
+	quota        *idemhttp.Quota
+	quotas       []*idemhttp.Quota
+	quotaTenants int
 }
 
 // blobOptions is the blob store every route's middleware keeps large
@@ -65,9 +71,11 @@ type reqInfoKey struct{}
 // newProxy builds the proxy's handler: a route for the defaults and one
 // per --config route, each a middleware in front of the same upstream.
 func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
-	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, v1Scopes time.Duration) (*proxy, error) {
+	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
 	upstream := newUpstream(target, metrics, logger)
-	p := &proxy{logger: logger, metrics: metrics, blob: blob, v1Scopes: v1Scopes}
+	p := &proxy{logger: logger, metrics: metrics, blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes}
+	p.quota = quotaOf(defaults, quotaTenants)
+	p.quotas = []*idemhttp.Quota{p.quota}
 	p.stop, p.stopWork = context.WithCancel(context.Background())
 	var err error
 	if p.def, err = newRoute("", defaults, upstream, store, p); err != nil {
@@ -131,6 +139,8 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		// Unsafe, off by default: see --cancel-on-disconnect.
 		CancelOnDisconnect: s.cancelOnDisconnect,
 		Logger:             p.logger,
+		Quota:              p.quota,
+		OnQuotaExceeded:    p.metrics.onQuotaExceeded,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)
@@ -141,6 +151,10 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		BlobTimeout: p.blob.timeout,
 		// idem_responses_not_kept_total: replays of these answer 500.
 		OnBodyOmitted: func(*http.Request) { p.metrics.notKept.Inc() },
+	}
+	if s.ownQuota {
+		cfg.Quota = quotaOf(s, p.quotaTenants)
+		p.quotas = append(p.quotas, cfg.Quota)
 	}
 	if p.blob.blobs != nil {
 		cfg.Blobs = p.blob.blobs

@@ -51,6 +51,7 @@ const (
 	OutcomeGone          Outcome = "gone"           // the client left before the key was acquired: nothing ran
 	OutcomeReleased      Outcome = "released"       // the handler ran under a lease; the key was released
 	OutcomeReplayFailed  Outcome = "replay_failed"  // the stored body could not be read (idemhttp's blob store)
+	OutcomeQuotaExceeded Outcome = "quota_exceeded" // the tenant's quota refused a new key (idemhttp's Quota): nothing claimed
 )
 
 // Config is what the engine takes from idemhttp's and idemgrpc's Config.
