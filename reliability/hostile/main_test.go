@@ -42,6 +42,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	rdb.Stop()
 	proctest.RemoveIdem()
+	proctest.RemoveCaddy()
 	os.Exit(code)
 }
 
