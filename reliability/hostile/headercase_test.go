@@ -235,6 +235,6 @@ func TestHeaderCase(t *testing.T) {
 		Scenario: "hostile: header case from a handler's map keys (middleware)", Store: "redis (single)",
 		Fault:    `handler sets w.Header()["set-cookie"], ["SET-COOKIE"], ["connection"], ["x-hop"], ["keep-alive"], ["upgrade"], ["X-SESSION-TOKEN"]; ReplayHeaderDenylist ["x-SESSION-token"]`,
 		Requests: c.requests, Keys: 1, Duplicates: c.executions - 2, ClientErrors: c.errs,
-		Notes:    fmt.Sprintf("%d executions, %d replays; denied headers in the replays, in any case: %d", c.executions, c.replays, leaked),
+		Notes: fmt.Sprintf("%d executions, %d replays; denied headers in the replays, in any case: %d", c.executions, c.replays, leaked),
 	})
 }
