@@ -441,9 +441,6 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			return
 		}
 		rt := route(r)
-		if tenant == "" {
-			m.warnAnonymous(r, rt)
-		}
 		// ParseKey validated the key, so Key cannot fail.
 		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt, Authority: m.cfg.Authority(r)}.Key(clientKey)
 		req := request{key: key, fp: m.cfg.Fingerprint(r, body), route: rt, clientKey: clientKey}
@@ -468,18 +465,13 @@ func (m *middleware) anonymousCaller(w http.ResponseWriter, r *http.Request) boo
 		m.problem(w, r, problemAnonymous)
 		return false
 	}
-	return true
-}
-
-// warnAnonymous logs an anonymous keyed request once per route: the
-// route of its scope, so that escapes of one path (/a and /%61) or the
-// paths of one pattern are one route.
-func (m *middleware) warnAnonymous(r *http.Request, route string) {
-	if m.anonymous.first(route) {
+	// Once per path in normal form: escapes of one path (/a, /%61) are one.
+	if route := ident.Path(r.URL.EscapedPath()); m.anonymous.first(route) {
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: keyed request from an unidentified caller: callers that send the same key share its record; "+
 			"set a tenant source or refuse them (RefuseAnonymous, --refuse-anonymous); logged once per route",
 			slog.String("route", route), slog.String("method", r.Method))
 	}
+	return true
 }
 
 // v1Derivation derives the key and fingerprint v1.0 gave a request, from
