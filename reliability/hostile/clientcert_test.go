@@ -183,6 +183,6 @@ https://%s:%s {
 		Scenario: "hostile: another caller, TLS client certificate (Caddy)", Store: "redis (single)",
 		Fault:    "Caddy terminates TLS (client_auth verify_if_given); one key and body with Alice's certificate twice, Bob's, none (idem proxy serves plain HTTP: not run there)",
 		Requests: tl.requests, Keys: 1, Duplicates: tl.executions - 3, ClientErrors: tl.errs,
-		Notes:    fmt.Sprintf("%d executions (Alice, Bob, no certificate), %d replay (Alice's); leaked to another caller: %d", tl.executions, tl.replays, tl.leaked),
+		Notes: fmt.Sprintf("%d executions (Alice, Bob, no certificate), %d replay (Alice's); leaked to another caller: %d", tl.executions, tl.replays, tl.leaked),
 	})
 }
