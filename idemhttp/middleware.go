@@ -487,7 +487,8 @@ func (m *middleware) anonymousCaller(w http.ResponseWriter, r *http.Request) boo
 		m.problem(w, r, problemAnonymous)
 		return false
 	}
-	if route := r.URL.EscapedPath(); m.anonymous.first(route) {
+	// Once per path in normal form: escapes of one path (/a, /%61) are one.
+	if route := ident.Path(r.URL.EscapedPath()); m.anonymous.first(route) {
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: keyed request from an unidentified caller: callers that send the same key share its record; "+
 			"set a tenant source or refuse them (RefuseAnonymous, --refuse-anonymous); logged once per route",
 			slog.String("route", route), slog.String("method", r.Method))

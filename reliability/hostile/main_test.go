@@ -5,6 +5,15 @@
 // Every scenario runs against a real HTTP server on 127.0.0.1 with the
 // idemhttp middleware over redisstore on a private redis-server (never the
 // system Redis), and reports a row with reltest.Report.
+//
+// The callers of issue 31 are driven from the outside, through the built
+// `idem proxy` and Caddy with idem's handler (idem-caddy) on that Redis,
+// with Go's client, curl, raw sockets, Python requests and HAProxy:
+// every credential style (TestCallerCredentialStyles, and a TLS client
+// certificate in Caddy: TestClientCertificateCaddy), header case from a
+// Python upstream (TestHeaderCase), virtual hosts, credential spellings,
+// path escapes, anonymous callers, and cookie-jar retries
+// (TestCookieJarRetries).
 package hostile
 
 import (
@@ -42,6 +51,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	rdb.Stop()
 	proctest.RemoveIdem()
+	proctest.RemoveCaddy()
 	os.Exit(code)
 }
 
