@@ -69,7 +69,7 @@ func TestRedisACL(t *testing.T) {
 	setUser("noset", append([]string{"~idem:*"}, without(idemCommands, "+set")...)...)
 	setUser("noscripts", append([]string{"~idem:*"}, without(idemCommands, "+evalsha", "+eval")...)...)
 
-	open := func(client, user string) *redisstore.Store {
+	tryOpen := func(client, user string) (*redisstore.Store, error) {
 		t.Helper()
 		var s *redisstore.Store
 		var err error
@@ -81,10 +81,17 @@ func TestRedisACL(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 			s, err = redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
 		}
+		if err == nil {
+			t.Cleanup(func() { s.Close() })
+		}
+		return s, err
+	}
+	open := func(client, user string) *redisstore.Store {
+		t.Helper()
+		s, err := tryOpen(client, user)
 		if err != nil {
 			t.Fatalf("%s as %s: %v", client, user, err)
 		}
-		t.Cleanup(func() { s.Close() })
 		return s
 	}
 
@@ -135,7 +142,23 @@ func TestRedisACL(t *testing.T) {
 				want = "can't run this command"
 			}
 			keysBefore := dbsizeAll(t, srv)
-			s := open(client, user)
+			s, err := tryOpen(client, user)
+			if err != nil {
+				// Refused at open (Open reads the store id there): the
+				// same error an Acquire would give, before any request.
+				if !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), "the Redis user needs the keys ~idem:*") {
+					t.Errorf("%s as %s: open error %v, want one saying NOPERM and what the store needs", client, user, err)
+				}
+				if n := dbsizeAll(t, srv) - keysBefore; n != 0 {
+					t.Errorf("%s as %s: %d keys written", client, user, n)
+				}
+				reltest.Report(t, reltest.Row{
+					Scenario: "hostile: Redis ACL user without the rights", Store: "redis (single), " + client,
+					Fault: "user " + user, Requests: 0, Keys: 0,
+					Notes: fmt.Sprintf("refused when the store opens, 0 keys written: %.160s", firstLine(err)),
+				})
+				continue
+			}
 			logs := &lockedBuffer{}
 			a := &app{}
 			ts, _ := startServer(t, idemhttp.Middleware(s, idemhttp.Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})(a.handler()), nil)

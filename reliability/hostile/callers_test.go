@@ -246,7 +246,8 @@ func send(t *testing.T, c *http.Client, url, key, body string, hdr [][2]string) 
 
 // rawPost writes one POST to addr byte for byte: the request target, the
 // header lines exactly as given (no normalisation of names, values or
-// whitespace), and the body; it reads the response.
+// whitespace; Host: addr unless a line gives one), and the body; it reads
+// the response.
 func rawPost(t *testing.T, addr, target string, lines []string, body string) answer {
 	t.Helper()
 	a, _ := rawPostHead(t, addr, target, lines, body)
@@ -258,9 +259,14 @@ func rawPost(t *testing.T, addr, target string, lines []string, body string) ans
 func rawPostHead(t *testing.T, addr, target string, lines []string, body string) (answer, string) {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", target, addr, len(body))
+	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", target, len(body))
+	host := false
 	for _, l := range lines {
+		host = host || strings.HasPrefix(strings.ToLower(l), "host:")
 		b.WriteString(l + "\r\n")
+	}
+	if !host {
+		b.WriteString("Host: " + addr + "\r\n")
 	}
 	b.WriteString("\r\n" + body)
 	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)

@@ -1,14 +1,9 @@
 package hostile
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
@@ -17,40 +12,6 @@ import (
 
 // v1Commit is the commit released as v1.0.0 (CHANGELOG, api/v1.0.0.export).
 const v1Commit = "fd7d5db"
-
-// rawPost sends one POST to addr over its own connection with the request
-// line's path and the header lines exactly as given (clients normalise
-// some of them), and returns the answer.
-func rawPost(t *testing.T, addr, path string, body string, lines ...string) answer {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
-	hasHost := false
-	for _, l := range lines {
-		hasHost = hasHost || strings.HasPrefix(strings.ToLower(l), "host:")
-		b.WriteString(l + "\r\n")
-	}
-	if !hasHost {
-		b.WriteString("Host: " + addr + "\r\n")
-	}
-	b.WriteString("\r\n" + body)
-	if _, err := io.WriteString(conn, b.String()); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	got, _ := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: string(got)}
-}
 
 // TestUpgradeFromV1 stores records with the idem proxy of v1.0.0 (built
 // from the git history), then serves the same requests with today's proxy
@@ -90,7 +51,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	v1 := proctest.StartProxyBin(t, bin, args...)
 	stored := make([]answer, len(requests))
 	for i, r := range requests {
-		stored[i] = rawPost(t, v1.Addr, r.path, body(i), append([]string{key(i)}, r.lines...)...)
+		stored[i] = rawPost(t, v1.Addr, r.path, append([]string{key(i)}, r.lines...), body(i))
 		if stored[i].status != http.StatusCreated {
 			t.Fatalf("%s through v1.0: got %d %q, want 201", r.name, stored[i].status, stored[i].body)
 		}
@@ -101,7 +62,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	now := proctest.StartProxy(t, args...)
 	replays := 0
 	for i, r := range requests {
-		a := rawPost(t, now.Addr, r.path, body(i), append([]string{key(i)}, r.lines...)...)
+		a := rawPost(t, now.Addr, r.path, append([]string{key(i)}, r.lines...), body(i))
 		if a.status != http.StatusCreated || a.header.Get(idemhttp.HeaderReplayed) != "true" || a.body != stored[i].body {
 			t.Errorf("%s after the upgrade: got %d %q (replayed %q), want the replay of v1.0's %q",
 				r.name, a.status, a.body, a.header.Get(idemhttp.HeaderReplayed), stored[i].body)
@@ -113,17 +74,17 @@ func TestUpgradeFromV1(t *testing.T) {
 		t.Errorf("after the upgrade the upstream ran %d more times, want 0", n)
 	}
 	// The v1.0 record's fingerprint still holds.
-	if a := rawPost(t, now.Addr, "/charges", `{"amount":999}`, key(0), "Host: shop.example", "Authorization: Bearer alice"); a.status != http.StatusUnprocessableEntity {
+	if a := rawPost(t, now.Addr, "/charges", []string{key(0), "Host: shop.example", "Authorization: Bearer alice"}, `{"amount":999}`); a.status != http.StatusUnprocessableEntity {
 		t.Errorf("another body under a v1.0 key: got %d %q, want 422", a.status, a.body)
 	}
 	// Another caller under Alice's v1.0 key runs its own request.
-	if a := rawPost(t, now.Addr, "/charges", body(1), key(1), "Authorization: Bearer bob"); a.status != http.StatusCreated || a.header.Get(idemhttp.HeaderReplayed) != "" {
+	if a := rawPost(t, now.Addr, "/charges", []string{key(1), "Authorization: Bearer bob"}, body(1)); a.status != http.StatusCreated || a.header.Get(idemhttp.HeaderReplayed) != "" {
 		t.Errorf("Bob under Alice's v1.0 key: got %d %q (replayed %q), want his own 201", a.status, a.body, a.header.Get(idemhttp.HeaderReplayed))
 	}
 	ran = up.runs.Load()
 
 	off := proctest.StartProxy(t, append(args, "--v1-scopes", "off")...)
-	if a := rawPost(t, off.Addr, requests[2].path, body(2), append([]string{key(2)}, requests[2].lines...)...); a.header.Get(idemhttp.HeaderReplayed) != "" {
+	if a := rawPost(t, off.Addr, requests[2].path, append([]string{key(2)}, requests[2].lines...), body(2)); a.header.Get(idemhttp.HeaderReplayed) != "" {
 		t.Errorf("--v1-scopes off: got the replay of %q, want the request run again (nothing looks up v1.0's key)", a.body)
 	}
 	if n := up.runs.Load() - ran; n != 1 {
