@@ -251,17 +251,19 @@ func (t *Transport) send(base http.RoundTripper, req *http.Request) (*http.Respo
 	ctx, cancel := context.WithCancelCause(req.Context())
 	timer := time.AfterFunc(t.AttemptTimeout, func() { cancel(errAttemptTimeout) })
 	resp, err := base.RoundTrip(req.WithContext(ctx))
-	if !timer.Stop() { // it fired: whatever came back is cut off
+	fired := !timer.Stop()
+	if fired { // whatever came back is cut off
 		if resp != nil {
 			resp.Body.Close()
 			resp = nil
 		}
 		if err == nil {
-			err = context.Cause(ctx)
+			// The timer's func may not have cancelled ctx yet.
+			err = errAttemptTimeout
 		}
 	}
 	if err != nil {
-		if errors.Is(context.Cause(ctx), errAttemptTimeout) {
+		if fired || errors.Is(context.Cause(ctx), errAttemptTimeout) {
 			err = fmt.Errorf("%w after %v: %w", errAttemptTimeout, t.AttemptTimeout, err)
 		}
 		cancel(nil)
