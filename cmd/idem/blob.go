@@ -165,8 +165,12 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (idem/<key>/…, written before blob names had one): "+
 			"nothing says which store wrote them; delete them by hand or with an S3 lifecycle rule once every record that may refer to them has expired\n", res.Unqualified)
 	}
+	if res.NoStoreID {
+		fmt.Fprintf(stdout, "judged nothing: the store has no store id (a PostgreSQL or MySQL database not migrated since idem v1.0: "+
+			"run idem proxy on it once, or pgstore.Migrate / mysqlstore.Migrate), so its namespace is the same for every database and proves no blob its own\n")
+	}
 	if res.Legacy > 0 {
-		fmt.Fprintf(stdout, "left alone: %d blobs of namespace %s (%s), written by idem v1.0, whose blob names do not say which database wrote them: "+
+		fmt.Fprintf(stdout, "left alone: %d blobs of namespace %s (%s), written by idem v1.0 (or by a store whose database has no store id), whose blob names do not say which database wrote them: "+
 			"they still replay; delete them by hand or with a lifecycle rule on idem/%s/ once every record written before the upgrade has expired (--retention)\n",
 			res.Legacy, res.LegacyBlobNamespace, res.LegacyNamespace, res.LegacyBlobNamespace)
 	}

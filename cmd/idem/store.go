@@ -120,7 +120,7 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 		}
 		var s *pgstore.Store
 		if err == nil {
-			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !o.readOnly, Logger: o.logger, OnReap: o.onReap})
+			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !o.readOnly, NoStoreID: o.readOnly, Logger: o.logger, OnReap: o.onReap})
 		}
 		if err != nil {
 			pool.Close()
@@ -166,7 +166,7 @@ func openMySQL(ctx context.Context, u *url.URL, prefix string, o storeOptions) (
 			return fail(errNoTable{mysqlstore.DefaultTable})
 		}
 	}
-	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: prefix, Migrate: !o.readOnly, Logger: o.logger, OnReap: o.onReap})
+	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: prefix, Migrate: !o.readOnly, NoStoreID: o.readOnly, Logger: o.logger, OnReap: o.onReap})
 	if err != nil {
 		return fail(err)
 	}
