@@ -232,7 +232,7 @@ func openTiered(ctx context.Context, fields []string, prefix string, o storeOpti
 	}
 	// The background reaper runs every o.reapEvery (0: its default;
 	// negative: none); Close stops it before closing the pool.
-	opts := tieredstore.Options{Namespace: prefix, Migrate: !o.readOnly, VerifyAcquire: true,
+	opts := tieredstore.Options{Namespace: prefix, Migrate: !o.readOnly, NoStoreID: o.readOnly, VerifyAcquire: true,
 		ReapInterval: o.reapEvery, OnReap: o.onReap, Logger: o.logger}
 	if o.readOnly {
 		opts.RelayInterval = -1 // no background relay or reaper: a command that reads writes nothing
