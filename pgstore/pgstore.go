@@ -56,8 +56,9 @@
 //	expires_at  timestamptz  lease end, retention end or tombstone end; indexed
 //	response    bytea        idem.Response.AppendBinary (NULL unless completed)
 //
-// and a sequence, <table>_token, for fencing tokens. Every statement is in
-// sql.go, with its reasoning.
+// a sequence, <table>_token, for fencing tokens, and a table of one row,
+// <table>_store_id, for the store id (Store.Namespace). Every statement
+// is in sql.go, with its reasoning.
 //
 // # Semantics
 //
