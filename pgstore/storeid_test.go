@@ -3,11 +3,13 @@ package pgstore_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -142,4 +144,51 @@ func idRows(t *testing.T, pool *pgxpool.Pool) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// An upgrade from v1.0 where the tables were made by an administrator and
+// the store's role may not create any: New with Migrate still opens (as
+// in v1.0, where every object existed), with v1.0's namespace and a WARN.
+func TestStoreIDRoleWithoutCreate(t *testing.T) {
+	ctx := context.Background()
+	admin := pgtest.New(t)
+	if err := pgstore.Migrate(ctx, admin, ""); err != nil {
+		t.Fatal(err)
+	}
+	role := "idemtest_" + strings.ToLower(rand.Text()[:12])
+	for _, q := range []string{
+		"DROP TABLE idem_records_store_id", // the tables as v1.0 made them
+		"CREATE ROLE " + role + " LOGIN",
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON idem_records TO " + role,
+		"GRANT USAGE ON SEQUENCE idem_records_token TO " + role,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg := admin.Config().Copy()
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var log bytes.Buffer
+	s, err := pgstore.New(ctx, pool, pgstore.Options{Migrate: true, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatalf("New with Migrate by a role that may not create tables, on v1.0's tables: %v", err)
+	}
+	if ns := s.Namespace(); ns != legacyNS || !strings.Contains(log.String(), "no store id") {
+		t.Errorf("namespace %q, log %q: want v1.0's namespace and a WARN", ns, log.String())
+	}
+	l := lease(t, s, newKey(1), time.Minute)
+	if err := s.Complete(ctx, l, resp, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 }
