@@ -64,9 +64,17 @@ type SweepResult struct {
 
 	// LegacyNamespace is the store's namespace in v1.0 (LegacyNamespacer),
 	// and LegacyBlobNamespace its segment: the blobs counted in Legacy.
-	// Empty when the store's namespace did not change.
+	// Empty when the store has none.
 	LegacyNamespace     string `json:"legacy_namespace,omitempty"`
 	LegacyBlobNamespace string `json:"legacy_blob_namespace,omitempty"`
+
+	// NoStoreID reports that the store's namespace is its legacy one
+	// (LegacyNamespacer): it has no store id, as a PostgreSQL or MySQL
+	// database not migrated since v1.0 (or opened with NoStoreID). That
+	// namespace is the same for every database, so nothing says that its
+	// blobs are this database's: the sweep judged none, counting them in
+	// Legacy, and judged no name without a namespace either.
+	NoStoreID bool `json:"no_store_id,omitempty"`
 
 	// OtherNamespaces counts the blobs of each other namespace (by its
 	// idem.BlobNamespace segment) that the sweep left alone.
@@ -85,7 +93,9 @@ type SweepResult struct {
 // prefix, table or kind of store) are left alone and counted in Other
 // and OtherNamespaces, and names without a namespace in Unqualified
 // (unless SweepOptions.Unqualified), and those of the store's namespace
-// before v1.1 in Legacy (LegacyNamespacer). A store without a namespace is an
+// before v1.1 in Legacy (LegacyNamespacer). A store whose namespace is
+// still its legacy one (no store id: SweepResult.NoStoreID) judges
+// nothing. A store without a namespace is an
 // error unless SweepOptions.Unqualified is set: there is nothing it may
 // judge.
 //
@@ -104,9 +114,9 @@ type SweepResult struct {
 // the sweep found expired can no longer complete with a reference to the
 // blob. Run one sweep at a time per blob prefix; several at once are safe
 // but do the work twice. A namespace names the set of records that owns
-// a blob: redisstore's carries a store id kept in its database (another
-// database, server or prefix has another), pgstore's and mysqlstore's
-// the database, schema and table.
+// a blob: redisstore's, pgstore's and mysqlstore's carry a store id kept
+// in their database (another database, schema, server, prefix or table
+// has another).
 func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts SweepOptions) (SweepResult, error) {
 	var res SweepResult
 	if n, ok := store.(idem.Namespacer); ok {
@@ -114,8 +124,11 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		res.BlobNamespace = idem.BlobNamespace(res.Namespace)
 	}
 	if n, ok := store.(LegacyNamespacer); ok && res.Namespace != "" {
-		if old := n.LegacyNamespace(); old != "" && old != res.Namespace {
+		if old := n.LegacyNamespace(); old != "" {
 			res.LegacyNamespace, res.LegacyBlobNamespace = old, idem.BlobNamespace(old)
+			// A store still on its legacy namespace has no store id: its
+			// namespace names no database, and so proves nothing.
+			res.NoStoreID = old == res.Namespace
 		}
 	}
 	if res.Namespace == "" && !opts.Unqualified {
@@ -138,7 +151,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		if ns == "" {
 			return judging
 		}
-		return ns == res.BlobNamespace
+		return ns == res.BlobNamespace && !res.NoStoreID
 	}
 	// leave counts a blob of a namespace the sweep does not judge.
 	leave := func(ns string) {
@@ -231,7 +244,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 	if opts.Unqualified && res.Unqualified > 0 {
 		// Names without a namespace say nothing of the store that wrote
 		// them: judge them only when no other store writes here.
-		if res.Other > 0 || res.Legacy > 0 {
+		if res.Other > 0 || res.Legacy > 0 || res.NoStoreID {
 			res.UnqualifiedRefused = true
 		} else {
 			judging = true
@@ -256,10 +269,13 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 }
 
 // LegacyNamespacer is implemented by a store whose namespace
-// (idem.Namespacer) changed since v1.0: redisstore's and tieredstore's
-// now carry a store id kept in Redis, pgstore's and mysqlstore's the
-// database (and schema). LegacyNamespace is the namespace that v1.0 wrote
-// into blob names. It named a key prefix or a table, not a database: the
+// (idem.Namespacer) changed since v1.0: redisstore's, pgstore's,
+// mysqlstore's and tieredstore's now carry a store id kept in their
+// database. LegacyNamespace is the namespace that v1.0 wrote into blob
+// names. A store that has no store id (a PostgreSQL or MySQL database not
+// migrated since v1.0) still names its blobs with it: its Namespace is
+// its LegacyNamespace, and Sweep then judges nothing
+// (SweepResult.NoStoreID). It named a key prefix or a table, not a database: the
 // same for two stores on two databases, so nothing in such a blob's name
 // says which one wrote it. Sweep leaves those blobs alone and counts them
 // in SweepResult.Legacy, whatever its options; their replays read them

@@ -48,7 +48,8 @@
 //	expires_at  DATETIME(6)     UTC: lease end, retention end or tombstone end; indexed
 //	response    LONGBLOB        idem.Response.AppendBinary (NULL unless completed)
 //
-// and a counter table, <table>_token, of one row, for fencing tokens.
+// a counter table, <table>_token, of one row, for fencing tokens, and a
+// table of one row, <table>_store_id, for the store id (Store.Namespace).
 // Every statement is in sql.go, with its reasoning; all of them run on
 // MySQL 8 and MariaDB alike (the reaper's SKIP LOCKED needs MySQL 8.0.1 or
 // MariaDB 10.6). The tests run on MariaDB 10.11.

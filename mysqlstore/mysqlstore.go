@@ -16,6 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/storeid"
 )
 
 // DefaultReapGrace is Options.ReapGrace's default.
@@ -61,6 +62,12 @@ type Options struct {
 	// called on RunReaper's goroutine, which waits for it: it should not
 	// block.
 	OnReap func(deleted int, took time.Duration, err error)
+
+	// NoStoreID keeps New from storing a store id (see Namespace) in a
+	// database that has none: for tools that create nothing (idem inspect,
+	// purge and gc). Namespace is then LegacyNamespace, whose blobs no
+	// sweep judges. Default false.
+	NoStoreID bool
 }
 
 // Store is an idem.Store on a MySQL or MariaDB table. It is safe for
@@ -68,7 +75,8 @@ type Options struct {
 type Store struct {
 	db     *sql.DB
 	ns     string
-	space  string
+	legacy string          // LegacyNamespace
+	id     *storeid.Holder // the store id (Namespace)
 	grace  time.Duration
 	log    *slog.Logger
 	onReap func(deleted int, took time.Duration, err error)
@@ -86,17 +94,44 @@ var (
 	_ idem.Namespacer = (*Store)(nil)
 )
 
-// Namespace implements idem.Namespacer: the table and Options.Namespace,
-// as in: mysql table idem_records namespace "". The names of the blobs of
-// large responses (idem.NewBlobName) carry its digest.
-func (s *Store) Namespace() string { return s.space }
+// Namespace implements idem.Namespacer: the table, Options.Namespace and
+// the store id, as in: mysql table idem_records namespace "" store 3f0c….
+// The store id is 32 random hex digits kept in the database itself, in
+// the one-row table <Table>_store_id, which Migrate creates; the first
+// store that opens the database stores it. So two stores have one
+// Namespace exactly when they read the same records: the same table and
+// namespace in the same database (schema) of the same server, whatever
+// address reaches it (a replica promoted, or a database restored from a
+// dump, has the table's id). Another database or server has another id.
+// The names of the blobs of large responses (idem.NewBlobName) carry its
+// digest, so that a sweep (blobstore.Sweep, idem gc) judges only its own
+// records' blobs.
+//
+// A database without the id (its table created by v1.0's Migrate or by
+// hand, and not migrated since; or opened with Options.NoStoreID) gives
+// LegacyNamespace, v1.0's, and so does one that has not answered yet (it
+// is asked again at the next call): blobs named with it are never judged
+// by a sweep, since that namespace is the same for every database.
+func (s *Store) Namespace() string {
+	if id := s.id.Get(); id != "" {
+		return s.legacy + " store " + id
+	}
+	return s.legacy
+}
+
+// LegacyNamespace is the Namespace of v1.0, the table and
+// Options.Namespace, as in: mysql table idem_records namespace "". The
+// blobs written by v1.0 carry its digest. It cannot tell two databases
+// apart, so a sweep leaves those blobs alone (blobstore.LegacyNamespacer);
+// their replays read them as before.
+func (s *Store) LegacyNamespace() string { return s.legacy }
 
 type statements struct {
 	draw, acquire, get, renew, complete, completeTx, release string
 	delLive, delDead, reapSelect, reapDelete                 string
 }
 
-type names struct{ table, tok, index string }
+type names struct{ table, tok, index, storeID string }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
 
@@ -116,20 +151,24 @@ func tableNames(table string) (names, error) {
 	quote := func(ps []string) string { return "`" + strings.Join(ps, "`.`") + "`" }
 	tok := append([]string(nil), parts...)
 	tok[len(tok)-1] += "_token"
+	storeID := append([]string(nil), parts...)
+	storeID[len(storeID)-1] += "_store_id"
 	return names{
-		table: quote(parts),
-		tok:   quote(tok),
-		index: "`" + parts[len(parts)-1] + "_expires_at`",
+		table:   quote(parts),
+		tok:     quote(tok),
+		index:   "`" + parts[len(parts)-1] + "_expires_at`",
+		storeID: quote(storeID),
 	}, nil
 }
 
 func (n names) fill(sql string) string {
-	return strings.NewReplacer("{table}", n.table, "{tok}", n.tok, "{index}", n.index).Replace(sql)
+	return strings.NewReplacer("{table}", n.table, "{tok}", n.tok, "{index}", n.index, "{store_id}", n.storeID).Replace(sql)
 }
 
-// Migrate creates table (DefaultTable if empty) with its expiry index, and
-// its token counter, those that do not exist yet. It is idempotent and
-// safe to run from several processes at once.
+// Migrate creates table (DefaultTable if empty) with its expiry index, its
+// token counter, and the table of its store id (<table>_store_id, see
+// Store.Namespace) with the id, those that do not exist yet. It is
+// idempotent and safe to run from several processes at once.
 func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	n, err := tableNames(table)
 	if err != nil {
@@ -140,11 +179,19 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 			return fmt.Errorf("mysqlstore: migrate %s: %w", n.table, err)
 		}
 	}
+	id := storeid.New()
+	if err := retry(ctx, func() error { _, err := db.ExecContext(ctx, n.fill(insertIDSQL), id); return err }); err != nil {
+		return fmt.Errorf("mysqlstore: migrate %s: %w", n.table, err)
+	}
 	return nil
 }
 
 // New returns a Store on db, which stays the caller's. It runs Migrate
-// first if opts.Migrate is set; otherwise it does not touch the database.
+// first if opts.Migrate is set. It then reads the store id (Namespace),
+// storing one first unless opts.NoStoreID (into the id's table, which
+// Migrate creates: New creates no table without opts.Migrate). A
+// database that does not answer does not fail New, as in v1.0: the id is
+// read when Namespace is next asked.
 func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("mysqlstore: New: nil db")
@@ -170,10 +217,10 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	if opts.ReapGrace == 0 {
 		opts.ReapGrace = DefaultReapGrace
 	}
-	return &Store{
+	s := &Store{
 		db:     db,
 		ns:     opts.Namespace,
-		space:  fmt.Sprintf("mysql table %s namespace %q", cmp.Or(opts.Table, DefaultTable), opts.Namespace),
+		legacy: fmt.Sprintf("mysql table %s namespace %q", cmp.Or(opts.Table, DefaultTable), opts.Namespace),
 		grace:  opts.ReapGrace,
 		log:    opts.Logger,
 		onReap: opts.OnReap,
@@ -191,7 +238,62 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 			reapSelect: n.fill(reapSelectSQL),
 			reapDelete: n.fill(reapDeleteSQL),
 		},
-	}, nil
+	}
+	var onNone func(error)
+	if !opts.NoStoreID {
+		onNone = func(why error) {
+			s.log.Warn("mysqlstore: the database has no store id, so this store's blobs are named with v1.0's namespace, which does not tell databases apart: "+
+				"no sweep (idem gc, --blob-sweep) deletes them; run Migrate (Options.Migrate) to create the id's table",
+				slog.String("table", n.storeID), slog.Any("error", why))
+		}
+	}
+	s.id = storeid.Open(ctx, s.readID(!opts.NoStoreID), storeIDTimeout, onNone)
+	return s, nil
+}
+
+// storeIDTimeout bounds reading the store id.
+const storeIDTimeout = 5 * time.Second
+
+// readID reads the store id, storing a new one first when create is set
+// and the database has none.
+func (s *Store) readID(create bool) storeid.Read {
+	insert, sel := s.names.fill(insertIDSQL), s.names.fill(selectIDSQL)
+	return func(ctx context.Context) (string, error) {
+		if create {
+			err := retry(ctx, func() error { _, err := s.db.ExecContext(ctx, insert, storeid.New()); return err })
+			// Without the right to insert, read what is there.
+			if err != nil && !isNumber(err, 1142) {
+				return "", noID(err, s.names.storeID)
+			}
+		}
+		var id string
+		err := s.db.QueryRowContext(ctx, sel).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			return "", storeid.None(fmt.Errorf("%s has no row", s.names.storeID))
+		}
+		if err != nil {
+			return "", noID(err, s.names.storeID)
+		}
+		return id, nil
+	}
+}
+
+// noID is readID's error for err: final (storeid.None) when the table is
+// missing (1146) or may not be read (1142).
+func noID(err error, table string) error {
+	switch {
+	case isNumber(err, 1146):
+		return storeid.None(fmt.Errorf("no table %s", table))
+	case isNumber(err, 1142):
+		return storeid.None(err)
+	}
+	return err
+}
+
+// isNumber reports whether err is the server's error number n.
+func isNumber(err error, n uint16) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == n
 }
 
 // maxAttempts bounds the tries of a statement that deadlocks or times out

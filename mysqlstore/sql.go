@@ -31,8 +31,9 @@ package mysqlstore
 // again instead. SKIP LOCKED (the reaper) needs MySQL 8.0.1 or MariaDB
 // 10.6.
 
-// migrateSQL creates the records table and the token counter, and the
-// counter's one row. CREATE TABLE IF NOT EXISTS and the upsert of the row
+// migrateSQL creates the records table, the token counter and the
+// counter's one row, and the store id's table (Migrate then stores the
+// id). CREATE TABLE IF NOT EXISTS and the upsert of the row
 // are safe to run from several processes at once.
 //
 // namespace is VARBINARY(255): Options.Namespace is compared byte for byte
@@ -54,8 +55,22 @@ CREATE TABLE IF NOT EXISTS {tok} (
 	id TINYINT NOT NULL PRIMARY KEY,
 	v  BIGINT  NOT NULL
 ) ENGINE=InnoDB`, `
-INSERT INTO {tok} (id, v) VALUES (1, 0) ON DUPLICATE KEY UPDATE v = v`,
+INSERT INTO {tok} (id, v) VALUES (1, 0) ON DUPLICATE KEY UPDATE v = v`, `
+CREATE TABLE IF NOT EXISTS {store_id} (
+	one TINYINT     NOT NULL PRIMARY KEY,
+	id  VARCHAR(64) NOT NULL
+) ENGINE=InnoDB`,
 }
+
+// The store id (Store.Namespace) is the one row of {store_id}, whose
+// primary key is always 1, so that stores opening a new database at once
+// agree on one id. insertIDSQL stores ? as the id unless the database has
+// one: the first store to open a database chooses it, and every later one
+// (another process, another address, a replica promoted) reads it.
+const (
+	insertIDSQL = `INSERT INTO {store_id} (one, id) VALUES (1, ?) ON DUPLICATE KEY UPDATE one = one`
+	selectIDSQL = `SELECT id FROM {store_id} WHERE one = 1`
+)
 
 // drawSQL draws a fencing token from the counter: the new value comes
 // back as the statement's LastInsertId. It runs alone in autocommit mode,

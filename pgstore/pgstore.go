@@ -56,8 +56,9 @@
 //	expires_at  timestamptz  lease end, retention end or tombstone end; indexed
 //	response    bytea        idem.Response.AppendBinary (NULL unless completed)
 //
-// and a sequence, <table>_token, for fencing tokens. Every statement is in
-// sql.go, with its reasoning.
+// a sequence, <table>_token, for fencing tokens, and a table of one row,
+// <table>_store_id, for the store id (Store.Namespace). Every statement
+// is in sql.go, with its reasoning.
 //
 // # Semantics
 //
@@ -106,9 +107,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/storeid"
 )
 
 // DefaultReapGrace is Options.ReapGrace's default.
@@ -150,6 +153,12 @@ type Options struct {
 	// called on RunReaper's goroutine, which waits for it: it should not
 	// block.
 	OnReap func(deleted int, took time.Duration, err error)
+
+	// NoStoreID keeps New from storing a store id (see Namespace) in a
+	// database that has none: for tools that create nothing (idem inspect,
+	// purge and gc). Namespace is then LegacyNamespace, whose blobs no
+	// sweep judges. Default false.
+	NoStoreID bool
 }
 
 // Store is an idem.Store on a PostgreSQL table. It is safe for concurrent
@@ -157,7 +166,8 @@ type Options struct {
 type Store struct {
 	pool   *pgxpool.Pool
 	ns     string
-	space  string // Namespace
+	legacy string          // LegacyNamespace
+	id     *storeid.Holder // the store id (Namespace)
 	grace  time.Duration
 	log    *slog.Logger
 	onReap func(deleted int, took time.Duration, err error)
@@ -170,10 +180,37 @@ var (
 	_ idem.Namespacer = (*Store)(nil)
 )
 
-// Namespace implements idem.Namespacer: the table and Options.Namespace,
-// as in: postgres table idem_records namespace "". The names of the
-// blobs of large responses (idem.NewBlobName) carry its digest.
-func (s *Store) Namespace() string { return s.space }
+// Namespace implements idem.Namespacer: the table, Options.Namespace and
+// the store id, as in: postgres table idem_records namespace "" store
+// 3f0c…. The store id is 32 random hex digits kept in the database
+// itself, in the one-row table <Table>_store_id, which Migrate creates;
+// the first store that opens the database stores it. So two stores have
+// one Namespace exactly when they read the same records: the same table
+// and namespace in the same database, whatever address reaches it (a
+// replica promoted, or a database restored from a backup, has the
+// table's id). Another database, schema or server has another id. The
+// names of the blobs of large responses (idem.NewBlobName) carry its
+// digest, so that a sweep (blobstore.Sweep, idem gc) judges only its own
+// records' blobs.
+//
+// A database without the id (its table created by v1.0's Migrate or by
+// hand, and not migrated since; or opened with Options.NoStoreID) gives
+// LegacyNamespace, v1.0's, and so does one that has not answered yet (it
+// is asked again at the next call): blobs named with it are never judged
+// by a sweep, since that namespace is the same for every database.
+func (s *Store) Namespace() string {
+	if id := s.id.Get(); id != "" {
+		return s.legacy + " store " + id
+	}
+	return s.legacy
+}
+
+// LegacyNamespace is the Namespace of v1.0, the table and
+// Options.Namespace, as in: postgres table idem_records namespace "". The
+// blobs written by v1.0 carry its digest. It cannot tell two databases
+// apart, so a sweep leaves those blobs alone (blobstore.LegacyNamespacer);
+// their replays read them as before.
+func (s *Store) LegacyNamespace() string { return s.legacy }
 
 // statements are the SQL texts with the table's names filled in.
 type statements struct {
@@ -184,9 +221,9 @@ type statements struct {
 
 // names are the quoted identifiers of the table and the objects it owns.
 type names struct {
-	table, index, seq string
+	table, index, seq, storeID string
 	// The same names as SQL string literals, for to_regclass.
-	tableLit, indexLit, seqLit string
+	tableLit, indexLit, seqLit, storeIDLit string
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
@@ -212,26 +249,31 @@ func tableNames(table string) (names, error) {
 	seq[len(seq)-1] = name + "_token"
 	index := slices.Clone(parts) // to_regclass needs the schema too
 	index[len(index)-1] = name + "_expires_at"
+	storeID := slices.Clone(parts)
+	storeID[len(storeID)-1] = name + "_store_id"
 	lit := func(id pgx.Identifier) string { return "'" + strings.ReplaceAll(id.Sanitize(), "'", "''") + "'" }
 	return names{
-		table:    pgx.Identifier(parts).Sanitize(),
-		index:    pgx.Identifier{name + "_expires_at"}.Sanitize(),
-		seq:      pgx.Identifier(seq).Sanitize(),
-		tableLit: lit(parts),
-		indexLit: lit(index),
-		seqLit:   lit(seq),
+		table:      pgx.Identifier(parts).Sanitize(),
+		index:      pgx.Identifier{name + "_expires_at"}.Sanitize(),
+		seq:        pgx.Identifier(seq).Sanitize(),
+		storeID:    pgx.Identifier(storeID).Sanitize(),
+		tableLit:   lit(parts),
+		indexLit:   lit(index),
+		seqLit:     lit(seq),
+		storeIDLit: lit(storeID),
 	}, nil
 }
 
 // fill puts the names into a statement.
 func (n names) fill(sql string) string {
-	return strings.NewReplacer("{table}", n.table, "{index}", n.index, "{seq}", n.seq,
-		"{table_lit}", n.tableLit, "{index_lit}", n.indexLit, "{seq_lit}", n.seqLit).Replace(sql)
+	return strings.NewReplacer("{table}", n.table, "{index}", n.index, "{seq}", n.seq, "{store_id}", n.storeID,
+		"{table_lit}", n.tableLit, "{index_lit}", n.indexLit, "{seq_lit}", n.seqLit, "{store_id_lit}", n.storeIDLit).Replace(sql)
 }
 
-// Migrate creates table (DefaultTable if empty), its expiry index and its
-// token sequence, those that do not exist yet. It is idempotent and safe to
-// run from several processes at once.
+// Migrate creates table (DefaultTable if empty), its expiry index, its
+// token sequence and the table of its store id (<table>_store_id, see
+// Store.Namespace) with the id, those that do not exist yet. It is
+// idempotent and safe to run from several processes at once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	n, err := tableNames(table)
 	if err != nil {
@@ -240,24 +282,45 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	// Nothing to do when everything exists: CREATE INDEX IF NOT EXISTS
 	// would still wait for a SHARE lock, which conflicts with every
 	// transaction writing to the table, and hold up the writers queued
-	// behind it (a rolling deploy would stall the live traffic).
-	var present bool
-	if err := pool.QueryRow(ctx, n.fill(migratedSQL)).Scan(&present); err != nil {
+	// behind it (a rolling deploy would stall the live traffic). A table
+	// migrated by v1.0 lacks the store id's table only: it is created
+	// alone.
+	var present, idPresent bool
+	if err := pool.QueryRow(ctx, n.fill(migratedSQL)).Scan(&present, &idPresent); err != nil {
 		return fmt.Errorf("pgstore: migrate %s: %w", n.table, err)
-	}
-	if present {
-		return nil
 	}
 	// No arguments: pgx sends the simple protocol, which runs the
 	// statements in one implicit transaction.
-	if _, err := pool.Exec(ctx, n.fill(migrateSQL)); err != nil {
+	switch {
+	case !present:
+		_, err = pool.Exec(ctx, n.fill(migrateSQL))
+	case !idPresent:
+		_, err = pool.Exec(ctx, n.fill(storeIDTableSQL))
+		if isCode(err, "42501") {
+			// v1.0's tables, made by a role with rights this one lacks:
+			// they work as they did, and the store keeps v1.0's
+			// namespace (New warns).
+			return nil
+		}
+	}
+	if err == nil {
+		_, err = pool.Exec(ctx, n.fill(insertIDSQL), storeid.New())
+		if isCode(err, "42501") {
+			err = nil // as above
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("pgstore: migrate %s: %w", n.table, err)
 	}
 	return nil
 }
 
 // New returns a Store on pool, which stays the caller's. It runs Migrate
-// first if opts.Migrate is set; otherwise it does not touch the database.
+// first if opts.Migrate is set. It then reads the store id (Namespace),
+// storing one first unless opts.NoStoreID (into the id's table, which
+// Migrate creates: New creates no table without opts.Migrate). A
+// database that does not answer does not fail New, as in v1.0: the id is
+// read when Namespace is next asked.
 func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: New: nil pool")
@@ -283,11 +346,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 	if opts.ReapGrace == 0 {
 		opts.ReapGrace = DefaultReapGrace
 	}
-	return &Store{
+	s := &Store{
 		pool:   pool,
 		grace:  opts.ReapGrace,
 		ns:     opts.Namespace,
-		space:  fmt.Sprintf("postgres table %s namespace %q", cmp.Or(opts.Table, DefaultTable), opts.Namespace),
+		legacy: fmt.Sprintf("postgres table %s namespace %q", cmp.Or(opts.Table, DefaultTable), opts.Namespace),
 		log:    opts.Logger,
 		onReap: opts.OnReap,
 		names:  n,
@@ -305,7 +368,62 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 			completeMany: n.fill(completeManySQL),
 			releaseMany:  n.fill(releaseManySQL),
 		},
-	}, nil
+	}
+	var onNone func(error)
+	if !opts.NoStoreID {
+		onNone = func(why error) {
+			s.log.Warn("pgstore: the database has no store id, so this store's blobs are named with v1.0's namespace, which does not tell databases apart: "+
+				"no sweep (idem gc, --blob-sweep) deletes them; run Migrate (Options.Migrate) to create the id's table",
+				slog.String("table", n.storeID), slog.Any("error", why))
+		}
+	}
+	s.id = storeid.Open(ctx, s.readID(!opts.NoStoreID), storeIDTimeout, onNone)
+	return s, nil
+}
+
+// storeIDTimeout bounds reading the store id.
+const storeIDTimeout = 5 * time.Second
+
+// readID reads the store id, storing a new one first when create is set
+// and the database has none.
+func (s *Store) readID(create bool) storeid.Read {
+	insert, sel := s.names.fill(insertIDSQL), s.names.fill(selectIDSQL)
+	return func(ctx context.Context) (string, error) {
+		if create {
+			_, err := s.pool.Exec(ctx, insert, storeid.New())
+			// Without the right to insert, read what is there.
+			if err != nil && !isCode(err, "42501") {
+				return "", noID(err, s.names.storeID)
+			}
+		}
+		var id string
+		err := s.pool.QueryRow(ctx, sel).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", storeid.None(fmt.Errorf("%s has no row", s.names.storeID))
+		}
+		if err != nil {
+			return "", noID(err, s.names.storeID)
+		}
+		return id, nil
+	}
+}
+
+// noID is readID's error for err: final (storeid.None) when the table is
+// missing or may not be read.
+func noID(err error, table string) error {
+	switch {
+	case isCode(err, "42P01"):
+		return storeid.None(fmt.Errorf("no table %s", table))
+	case isCode(err, "42501"):
+		return storeid.None(err)
+	}
+	return err
+}
+
+// isCode reports whether err is PostgreSQL's error with SQLSTATE code.
+func isCode(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
 }
 
 // Acquire implements idem.Store. A request that fails Validate is an error

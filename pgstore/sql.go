@@ -39,13 +39,35 @@ CREATE TABLE IF NOT EXISTS {table} (
 );
 CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint CACHE 1;
+` + storeIDTableSQL
+
+// storeIDTableSQL creates the table of the store id (Store.Namespace): one
+// row at most (the primary key is a column that can only be true), so that
+// stores opening a new database at once agree on one id (insertIDSQL).
+// Migrate runs it with migrateSQL, or alone, under the same lock, on a
+// database migrated by v1.0: then it does not wait for the records
+// table's lock as CREATE INDEX IF NOT EXISTS would.
+const storeIDTableSQL = `
+SELECT pg_advisory_xact_lock(7306316441219102001);
+CREATE TABLE IF NOT EXISTS {store_id} (
+	one boolean PRIMARY KEY DEFAULT true CHECK (one),
+	id  text    NOT NULL
+);
 `
 
 // migratedSQL reports whether the table, its expiry index and its token
-// sequence all exist.
+// sequence all exist, and whether the store id's table does.
 const migratedSQL = `
 SELECT to_regclass({table_lit}) IS NOT NULL AND to_regclass({index_lit}) IS NOT NULL
-	AND to_regclass({seq_lit}) IS NOT NULL`
+	AND to_regclass({seq_lit}) IS NOT NULL, to_regclass({store_id_lit}) IS NOT NULL`
+
+// insertIDSQL stores $1 as the store id unless the database has one:
+// the first store to open a database chooses it, and every later one
+// (another process, another address, a replica promoted) reads it.
+const insertIDSQL = `INSERT INTO {store_id} (id) VALUES ($1) ON CONFLICT DO NOTHING`
+
+// selectIDSQL reads the store id.
+const selectIDSQL = `SELECT id FROM {store_id}`
 
 // acquireSQL takes the key or reports why not.
 //

@@ -206,7 +206,8 @@
 //	expires_at   timestamptz  end of retention; indexed (the reaper)
 //	relayed      boolean      copied to Redis; the rows where it is false are the outbox (partial index)
 //
-// Every statement is in sql.go, with its reasoning. Time
+// and a table of one row, <table>_store_id, for the PostgreSQL side's
+// store id (Store.Namespace). Every statement is in sql.go, with its reasoning. Time
 // is PostgreSQL's clock for PostgreSQL's decisions (statement_timestamp())
 // and Redis's for Redis's.
 package tieredstore

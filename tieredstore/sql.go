@@ -31,13 +31,33 @@ CREATE TABLE IF NOT EXISTS {table} (
 );
 CREATE INDEX IF NOT EXISTS {expiry} ON {table} (expires_at);
 CREATE INDEX IF NOT EXISTS {outbox} ON {table} (namespace, completed_at) WHERE NOT relayed;
+` + storeIDTableSQL
+
+// storeIDTableSQL creates the table of the PostgreSQL side's store id
+// (Store.Namespace), of one row at most (the primary key can only be
+// true), as pgstore's. Migrate runs it with migrateSQL, or alone on a
+// database migrated by v1.0, under the same lock.
+const storeIDTableSQL = `
+SELECT pg_advisory_xact_lock(7306316441219102015);
+CREATE TABLE IF NOT EXISTS {store_id} (
+	one boolean PRIMARY KEY DEFAULT true CHECK (one),
+	id  text    NOT NULL
+);
 `
 
 // migratedSQL reports whether the table and its indexes all exist (the
-// indexes live in the table's schema).
+// indexes live in the table's schema), and whether the store id's table
+// does.
 const migratedSQL = `
 SELECT to_regclass({table_lit}) IS NOT NULL AND to_regclass({expiry_lit}) IS NOT NULL
-	AND to_regclass({outbox_lit}) IS NOT NULL`
+	AND to_regclass({outbox_lit}) IS NOT NULL, to_regclass({store_id_lit}) IS NOT NULL`
+
+// insertIDSQL stores $1 as the store id unless the database has one;
+// selectIDSQL reads it.
+const (
+	insertIDSQL = `INSERT INTO {store_id} (id) VALUES ($1) ON CONFLICT DO NOTHING`
+	selectIDSQL = `SELECT id FROM {store_id}`
+)
 
 // completeSQL commits a completion: CompleteTx's statement, run in the
 // caller's transaction, and Complete's, in a transaction of its own.

@@ -14,9 +14,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/storeid"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -48,6 +50,12 @@ type Options struct {
 	// Migrate makes New create the table and its indexes if they are
 	// missing (Migrate).
 	Migrate bool
+
+	// NoStoreID keeps New from storing a store id for the PostgreSQL side
+	// (see Namespace) in a database that has none: for tools that create
+	// nothing (idem inspect, purge and gc; give the Redis store
+	// redisstore.Options.NoStoreID too). Default false.
+	NoStoreID bool
 
 	// VerifyAcquire makes Acquire read PostgreSQL once after Redis grants
 	// a lease: a key that PostgreSQL holds completed (because Redis lost
@@ -103,8 +111,9 @@ type Store struct {
 	redis  *redisstore.Store
 	pool   *pgxpool.Pool
 	ns     string
-	space  string // Namespace
-	legacy string // LegacyNamespace
+	table  string          // Options.Table, or DefaultTable
+	pgID   *storeid.Holder // the PostgreSQL side's store id (Namespace)
+	legacy string          // LegacyNamespace
 	verify bool
 	log    *slog.Logger
 	onReap func(deleted int, took time.Duration, err error)
@@ -126,11 +135,23 @@ var (
 	_ idem.Namespacer = (*Store)(nil)
 )
 
-// Namespace implements idem.Namespacer: the Redis store's, the table and
-// Options.Namespace, as in: tiered redis prefix "idem:" postgres table
-// idem_completions namespace "". It differs from the Redis store's alone:
-// a tiered store's records are not all in Redis.
-func (s *Store) Namespace() string { return s.space }
+// Namespace implements idem.Namespacer: the Redis store's (with the store
+// id kept in Redis), the table, Options.Namespace and the store id kept
+// in PostgreSQL, as in: tiered redis prefix "idem:" store 3f0c… postgres
+// table idem_completions namespace "" store 9a1e…. It differs from the
+// Redis store's alone: a tiered store's records are not all in Redis. The
+// PostgreSQL id is kept in the one-row table <Table>_store_id, which
+// Migrate creates and the first New fills (as pgstore's): so another
+// PostgreSQL database behind the same Redis has another namespace. A
+// database without it (migrated by v1.0 and not since) leaves that part
+// out; the Redis store's id still names the Redis database.
+func (s *Store) Namespace() string {
+	ns := fmt.Sprintf("tiered %s postgres table %s namespace %q", s.redis.Namespace(), s.table, s.ns)
+	if id := s.pgID.Get(); id != "" {
+		ns += " store " + id
+	}
+	return ns
+}
 
 // LegacyNamespace is v1.0's Namespace, with the Redis store's
 // LegacyNamespace (its prefix, without its store id): the blobs named
@@ -171,6 +192,8 @@ func names(table string) (*strings.Replacer, error) {
 		"{table_lit}", quote(parts),
 		"{expiry_lit}", quote(qualified("_expires_at")),
 		"{outbox_lit}", quote(qualified("_outbox")),
+		"{store_id_lit}", quote(qualified("_store_id")),
+		"{store_id}", pgx.Identifier(qualified("_store_id")).Sanitize(),
 		"{table}", pgx.Identifier(parts).Sanitize(),
 		"{expiry}", pgx.Identifier{name + "_expires_at"}.Sanitize(),
 		"{outbox}", pgx.Identifier{name + "_outbox"}.Sanitize(),
@@ -188,14 +211,31 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	// Nothing to do when everything exists: CREATE INDEX IF NOT EXISTS
 	// would still wait for a lock that conflicts with every transaction
 	// writing to the table, and hold up the writers queued behind it.
-	var present bool
-	if err := pool.QueryRow(ctx, r.Replace(migratedSQL)).Scan(&present); err != nil {
+	// A table migrated by v1.0 lacks the store id's table only: it is
+	// created alone.
+	var present, idPresent bool
+	if err := pool.QueryRow(ctx, r.Replace(migratedSQL)).Scan(&present, &idPresent); err != nil {
 		return fmt.Errorf("tieredstore: migrate: %w", err)
 	}
-	if present {
-		return nil
+	switch {
+	case !present:
+		_, err = pool.Exec(ctx, r.Replace(migrateSQL))
+	case !idPresent:
+		_, err = pool.Exec(ctx, r.Replace(storeIDTableSQL))
+		if isCode(err, "42501") {
+			// v1.0's tables, made by a role with rights this one lacks:
+			// they work as they did, without the PostgreSQL id (New
+			// warns).
+			return nil
+		}
 	}
-	if _, err := pool.Exec(ctx, r.Replace(migrateSQL)); err != nil {
+	if err == nil {
+		_, err = pool.Exec(ctx, r.Replace(insertIDSQL), storeid.New())
+		if isCode(err, "42501") {
+			err = nil // as above
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("tieredstore: migrate: %w", err)
 	}
 	return nil
@@ -229,7 +269,7 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		redis:      rs,
 		pool:       pool,
 		ns:         opts.Namespace,
-		space:      fmt.Sprintf("tiered %s postgres table %s namespace %q", rs.Namespace(), cmp.Or(opts.Table, DefaultTable), opts.Namespace),
+		table:      cmp.Or(opts.Table, DefaultTable),
 		legacy:     fmt.Sprintf("tiered %s postgres table %s namespace %q", rs.LegacyNamespace(), cmp.Or(opts.Table, DefaultTable), opts.Namespace),
 		verify:     opts.VerifyAcquire,
 		log:        opts.Logger,
@@ -253,6 +293,14 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	var onNone func(error)
+	if !opts.NoStoreID {
+		onNone = func(why error) {
+			s.log.Warn("tieredstore: the PostgreSQL database has no store id, so this store's namespace names its Redis database only; run Migrate (Options.Migrate) to create the id's table",
+				slog.String("table", r.Replace("{store_id}")), slog.Any("error", why))
+		}
+	}
+	s.pgID = storeid.Open(ctx, readID(pool, r, !opts.NoStoreID), 5*time.Second, onNone)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop = stop
 	if opts.RelayInterval < 0 {
@@ -262,6 +310,47 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		go s.background(bg)
 	}
 	return s, nil
+}
+
+// readID reads the PostgreSQL side's store id, storing a new one first
+// when create is set and the database has none (as pgstore's).
+func readID(pool *pgxpool.Pool, r *strings.Replacer, create bool) storeid.Read {
+	insert, sel, table := r.Replace(insertIDSQL), r.Replace(selectIDSQL), r.Replace("{store_id}")
+	return func(ctx context.Context) (string, error) {
+		if create {
+			_, err := pool.Exec(ctx, insert, storeid.New())
+			if err != nil && !isCode(err, "42501") { // without the right to insert, read what is there
+				return "", noID(err, table)
+			}
+		}
+		var id string
+		err := pool.QueryRow(ctx, sel).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", storeid.None(fmt.Errorf("%s has no row", table))
+		}
+		if err != nil {
+			return "", noID(err, table)
+		}
+		return id, nil
+	}
+}
+
+// noID is readID's error for err: final (storeid.None) when the table is
+// missing or may not be read.
+func noID(err error, table string) error {
+	switch {
+	case isCode(err, "42P01"):
+		return storeid.None(fmt.Errorf("no table %s", table))
+	case isCode(err, "42501"):
+		return storeid.None(err)
+	}
+	return err
+}
+
+// isCode reports whether err is PostgreSQL's error with SQLSTATE code.
+func isCode(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
 }
 
 // orDefault returns v, or def when v is zero.

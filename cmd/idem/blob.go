@@ -66,8 +66,8 @@ files of interrupted writes (file://) and incomplete multipart uploads
 (s3://) older than --min-age go too.
 
 Every blob name carries the namespace of the store that wrote it (its
-kind, and the Redis key prefix or PostgreSQL table and namespace: the
-proxy's --store and --prefix): gc judges only the blobs of the namespace
+kind, the Redis key prefix or SQL table and namespace, and the store id
+kept in its database: the proxy's --store and --prefix): gc judges only the blobs of the namespace
 of STORE and --prefix, and leaves the others alone, counted, with their
 namespaces listed (idem proxy logs its blob_namespace at start). Blobs
 written before names had a namespace (idem/<key>/…) are always left
@@ -78,9 +78,13 @@ stores of the same namespace on different servers (two Redis servers
 with the default prefix) do not share a namespace: a Redis store's
 carries a store id kept in its database (idem:store-id), so gc on
 another database (redis://host/0 against blobs of redis://host/1), another
-server or a flushed database judges none of them. Blobs written by idem
+server or a flushed database judges none of them; a PostgreSQL or MySQL
+store's, one kept in the table idem_records_store_id, so gc on another
+database with the same table judges none either. Blobs written by idem
 v1.0, whose namespace was the prefix alone, are always left alone and
-counted as legacy: their names cannot tell two databases apart.
+counted as legacy: their names cannot tell two databases apart. A
+PostgreSQL or MySQL database without a store id (tables of v1.0, not
+migrated since) judges nothing. gc creates no store id.
 
 On S3 a bucket lifecycle rule can do the same work (see docs/proxy.md); idem
 proxy --blob-sweep runs this sweep periodically.
@@ -165,8 +169,12 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "left alone: %d blobs without a namespace (idem/<key>/…, written before blob names had one): "+
 			"nothing says which store wrote them; delete them by hand or with an S3 lifecycle rule once every record that may refer to them has expired\n", res.Unqualified)
 	}
+	if res.NoStoreID {
+		fmt.Fprintf(stdout, "judged nothing: the store has no store id (a PostgreSQL or MySQL database not migrated since idem v1.0: "+
+			"run idem proxy on it once, or pgstore.Migrate / mysqlstore.Migrate), so its namespace is the same for every database and proves no blob its own\n")
+	}
 	if res.Legacy > 0 {
-		fmt.Fprintf(stdout, "left alone: %d blobs of namespace %s (%s), written by idem v1.0, whose blob names do not say which database wrote them: "+
+		fmt.Fprintf(stdout, "left alone: %d blobs of namespace %s (%s), written by idem v1.0 (or by a store whose database has no store id), whose blob names do not say which database wrote them: "+
 			"they still replay; delete them by hand or with a lifecycle rule on idem/%s/ once every record written before the upgrade has expired (--retention)\n",
 			res.Legacy, res.LegacyBlobNamespace, res.LegacyNamespace, res.LegacyBlobNamespace)
 	}

@@ -120,7 +120,7 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (st
 		}
 		var s *pgstore.Store
 		if err == nil {
-			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !o.readOnly, Logger: o.logger, OnReap: o.onReap})
+			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !o.readOnly, NoStoreID: o.readOnly, Logger: o.logger, OnReap: o.onReap})
 		}
 		if err != nil {
 			pool.Close()
@@ -166,7 +166,7 @@ func openMySQL(ctx context.Context, u *url.URL, prefix string, o storeOptions) (
 			return fail(errNoTable{mysqlstore.DefaultTable})
 		}
 	}
-	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: prefix, Migrate: !o.readOnly, Logger: o.logger, OnReap: o.onReap})
+	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: prefix, Migrate: !o.readOnly, NoStoreID: o.readOnly, Logger: o.logger, OnReap: o.onReap})
 	if err != nil {
 		return fail(err)
 	}
@@ -232,7 +232,7 @@ func openTiered(ctx context.Context, fields []string, prefix string, o storeOpti
 	}
 	// The background reaper runs every o.reapEvery (0: its default;
 	// negative: none); Close stops it before closing the pool.
-	opts := tieredstore.Options{Namespace: prefix, Migrate: !o.readOnly, VerifyAcquire: true,
+	opts := tieredstore.Options{Namespace: prefix, Migrate: !o.readOnly, NoStoreID: o.readOnly, VerifyAcquire: true,
 		ReapInterval: o.reapEvery, OnReap: o.onReap, Logger: o.logger}
 	if o.readOnly {
 		opts.RelayInterval = -1 // no background relay or reaper: a command that reads writes nothing
