@@ -34,12 +34,13 @@ const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
 // route's --max-execution, 504 (ProblemUpstreamTimeout) when the upstream
 // fails, and times each request for idem_upstream_duration_seconds.
 func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
+	dest, transport := upstreamDest(target) // h2c://, unix://: an http:// URL and a transport to reach it
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(target)
+			pr.SetURL(dest)
 			pr.SetXForwarded()
 		},
-		Transport:  sendOnce{newTransport()},
+		Transport:  sendOnce{transport},
 		BufferPool: copyBuffers,
 		ErrorLog:   slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
