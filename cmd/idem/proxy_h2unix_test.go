@@ -121,6 +121,19 @@ func TestProxyH2CPriorKnowledge(t *testing.T) {
 	if r := runCurl(t, "--http1.1", p.url("/")); r.proto != "HTTP/1.1" || r.status != http.StatusCreated {
 		t.Errorf("curl --http1.1: %s %d", r.proto, r.status)
 	}
+
+	// SIGTERM while a keyed HTTP/2 request runs: it finishes and is
+	// answered, then the proxy exits 0.
+	done := make(chan curlResult, 1)
+	go func() { done <- post("h2-c", "amount=1", "-H", "X-Test-Delay: 1s") }()
+	u.awaitStarted(t, 1, "h2-c")
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if r := <-done; r.proto != "HTTP/2" || r.status != http.StatusCreated {
+		t.Errorf("keyed HTTP/2 request in flight at SIGTERM: curl exit %d, %s %d, want HTTP/2 201", r.code, r.proto, r.status)
+	}
+	if code := p.awaitExit(15 * time.Second); code != 0 {
+		t.Errorf("exit %d after SIGTERM, want 0", code)
+	}
 }
 
 // h2cUpstream is an upstream that speaks only cleartext HTTP/2 (Go's
