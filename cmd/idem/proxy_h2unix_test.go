@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -144,6 +145,7 @@ type h2cUpstream struct {
 	mu     sync.Mutex
 	runs   map[string]int
 	protos map[string]string
+	conns  atomic.Int32 // connections accepted
 }
 
 func newH2CUpstream(t *testing.T, ln net.Listener) *h2cUpstream {
@@ -163,6 +165,11 @@ func newH2CUpstream(t *testing.T, ln net.Listener) *h2cUpstream {
 	if ln != nil {
 		u.srv.Listener.Close()
 		u.srv.Listener = ln
+	}
+	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			u.conns.Add(1)
+		}
 	}
 	u.srv.Config.Protocols = new(http.Protocols)
 	u.srv.Config.Protocols.SetUnencryptedHTTP2(true)
@@ -211,6 +218,24 @@ func TestProxyH2CUpstream(t *testing.T) {
 		}
 		if !strings.Contains(got, " /orders?x=1 ") {
 			t.Errorf("upstream saw %q, want the client's path /orders?x=1", got)
+		}
+		// Unkeyed requests with streamed (chunked) bodies share the one
+		// HTTP/2 connection: the connection is closed after such a
+		// request only for an HTTP/1.1 upstream.
+		for i := range 3 {
+			body := io.MultiReader(strings.NewReader("part one, "), strings.NewReader("part two"))
+			resp, err := testClient.Post("http://"+p.addr+"/stream", "text/plain", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated || !strings.Contains(string(b), "body=part one, part two") {
+				t.Fatalf("streamed POST %d: %d %s", i, resp.StatusCode, b)
+			}
+		}
+		if n := u.conns.Load(); n != 1 {
+			t.Errorf("the upstream accepted %d connections, want 1 (HTTP/2 multiplexes)", n)
 		}
 	})
 	t.Run("unix", func(t *testing.T) {
