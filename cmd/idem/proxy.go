@@ -102,8 +102,8 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 `)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on")
-	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy, http://host:port[/path] (required)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on (HTTP/1.1 and h2c): host:port, or unix:///path/idem.sock (a unix socket of mode 0660, removed on exit)")
+	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy (required): http://host:port[/path], https://, h2c://host:port[/path] (cleartext HTTP/2), unix:///path/app.sock (HTTP/1.1 on a unix socket) or h2c+unix:///path/app.sock")
 	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
 	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full; with --fail-open they are forwarded without idempotency) until records expire, and stored keys still replay; each tenant may fill an eighth of it (--quota-bytes); 0: no limit (the process may run out of memory)")
@@ -209,7 +209,12 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	ln, err := net.Listen("tcp", o.listen)
+	// HTTP/1.1 and, on the same listener, cleartext HTTP/2 by prior
+	// knowledge (h2c: a connection that opens with HTTP/2's preface).
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	ln, listenAddr, err := listenProxy(o.listen)
 	if err != nil {
 		return err
 	}
@@ -246,7 +251,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	if o.store == "" || o.store == "memory" { // once every setting was found good
 		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
 	}
-	logger.Info("idem proxy listening", "listen", ln.Addr().String(), "admin", adminAddr,
+	logger.Info("idem proxy listening", "listen", listenAddr, "admin", adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
 		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String(), "quota", p.quota.String())
 
@@ -307,8 +312,10 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if target.User != nil {
 		return nil, usageError{fmt.Sprintf("--upstream %q: credentials in the URL are not forwarded; the upstream sees the client's Authorization header", target.Redacted())}
 	}
-	if (target.Scheme != "http" && target.Scheme != "https") || target.Host == "" {
-		return nil, usageError{fmt.Sprintf("--upstream %q: want an absolute http:// or https:// URL", target.Redacted())}
+	if ok, err := checkUpstreamURL(target); err != nil {
+		return nil, err
+	} else if !ok && ((target.Scheme != "http" && target.Scheme != "https") || target.Host == "") {
+		return nil, usageError{fmt.Sprintf("--upstream %q: want an absolute http://, https:// or h2c:// URL, or unix:///path/to/app.sock", target.Redacted())}
 	}
 	if target.RawQuery != "" || target.Fragment != "" {
 		return nil, usageError{fmt.Sprintf("--upstream %q: a query or fragment makes no sense here", target.Redacted())}
@@ -316,10 +323,13 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.listen == "" {
 		return nil, usageError{"--listen is empty"}
 	}
-	for _, l := range []struct{ name, addr string }{{"listen", o.listen}, {"admin-listen", o.adminListen}} {
-		if _, _, err := net.SplitHostPort(l.addr); l.addr != "" && err != nil {
-			return nil, usageError{fmt.Sprintf("--%s %q: want host:port, such as 127.0.0.1:8080 or :8080", l.name, l.addr)}
-		}
+	if _, isUnix, err := listenUnixURL(o.listen); err != nil {
+		return nil, err
+	} else if _, _, err := net.SplitHostPort(o.listen); !isUnix && err != nil {
+		return nil, usageError{fmt.Sprintf("--listen %q: want host:port, such as 127.0.0.1:8080 or :8080, or unix:///path/to/idem.sock", o.listen)}
+	}
+	if _, _, err := net.SplitHostPort(o.adminListen); o.adminListen != "" && err != nil {
+		return nil, usageError{fmt.Sprintf("--admin-listen %q: want host:port, such as 127.0.0.1:9090 or :9090", o.adminListen)}
 	}
 	if o.shutdownTimeout <= 0 {
 		return nil, usageError{fmt.Sprintf("--shutdown-timeout %v: want a positive duration", o.shutdownTimeout)}

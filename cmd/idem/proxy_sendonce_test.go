@@ -29,7 +29,7 @@ func TestSendOnceWithGetBody(t *testing.T) {
 	url := "http://" + up.ln.Addr().String() + "/pay"
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(base.CloseIdleConnections)
-	rt := sendOnce{base}
+	rt := sendOnce{base: base}
 	g, err := idem.New(memstore.New(memstore.Options{}), idem.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +121,7 @@ func TestInlineBodyOneWrite(t *testing.T) {
 		c, err := dialer.DialContext(ctx, network, addr)
 		return countingConn{c, &writes}, err
 	}
-	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, Transport: sendOnce{tr}}
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, Transport: sendOnce{base: tr}}
 	for _, size := range []int{1 << 10, inlineBodySize} {
 		r := httptest.NewRequest("POST", "/x", io.NopCloser(bytes.NewReader(make([]byte, size))))
 		r.ContentLength = int64(size)

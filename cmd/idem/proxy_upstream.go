@@ -34,12 +34,13 @@ const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
 // route's --max-execution, 504 (ProblemUpstreamTimeout) when the upstream
 // fails, and times each request for idem_upstream_duration_seconds.
 func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
+	dest, transport := upstreamDest(target) // h2c://, unix://: an http:// URL and a transport to reach it
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(target)
+			pr.SetURL(dest)
 			pr.SetXForwarded()
 		},
-		Transport:  sendOnce{newTransport()},
+		Transport:  sendOnce{base: transport, h2: transport.Protocols != nil && transport.Protocols.UnencryptedHTTP2()},
 		BufferPool: copyBuffers,
 		ErrorLog:   slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -152,7 +153,15 @@ func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 // Requests without a lease are sent as they are, except that the
 // connection of a chunked one is closed after it (below). Any body up to
 // inlineBodySize, in memory by then, goes in the header's write.
-type sendOnce struct{ base http.RoundTripper }
+//
+// An HTTP/2 upstream (h2c://, h2c+unix://) frames each request in its own
+// stream: a body it does not read cannot be taken for another request,
+// so its connection is kept for the next request (gRPC calls, which are
+// all streamed, would otherwise open a connection each).
+type sendOnce struct {
+	base http.RoundTripper
+	h2   bool // the upstream speaks HTTP/2
+}
 
 func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 	out := *r
@@ -165,7 +174,7 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 			out.Body = nil
 			out.Header = sidecar.HideReplayHints(out.Header)
 		}
-	} else if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+	} else if !t.h2 && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
 		// A body streamed as the client sent it, chunked: an upstream
 		// that does not read chunked bodies takes its chunks for the
 		// next request and answers them. The connection is closed after

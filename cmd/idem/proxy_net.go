@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// The upstream schemes besides http:// and https://: cleartext HTTP/2 by
+// prior knowledge to host:port (h2c://), HTTP/1.1 over a unix socket
+// (unix:///path) and cleartext HTTP/2 over a unix socket (h2c+unix:///path).
+const (
+	schemeH2C     = "h2c"
+	schemeUnix    = "unix"
+	schemeH2CUnix = "h2c+unix"
+)
+
+// unixUpstreamHost is the Host a unix-socket upstream sees (a socket has
+// no host name; servers that check Host, such as Django's ALLOWED_HOSTS,
+// accept localhost in development settings). The client's Host is in
+// X-Forwarded-Host, as for a TCP upstream.
+const unixUpstreamHost = "localhost"
+
+// listenSocketMode is the mode of the socket --listen unix:///path
+// creates: its owner and group may connect (connecting needs write
+// permission on the socket), nobody else.
+const listenSocketMode fs.FileMode = 0o660
+
+// socketPath is the path of a unix:// URL (unix:///run/app.sock), or an
+// error that says what was expected. flag is the flag's name, for it.
+func socketPath(flag string, u *url.URL) (string, error) {
+	if u.Host != "" || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return "", usageError{fmt.Sprintf("--%s %s: want an absolute socket path, such as %s:///run/app.sock", flag, u.Redacted(), u.Scheme)}
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", usageError{fmt.Sprintf("--%s %s: want a socket path alone, without a query, fragment or credentials", flag, u.Redacted())}
+	}
+	if len(u.Path) > 107 { // sun_path holds 108 bytes, the NUL included
+		return "", usageError{fmt.Sprintf("--%s %s: a socket path is at most 107 bytes long; this one has %d", flag, u.Redacted(), len(u.Path))}
+	}
+	return u.Path, nil
+}
+
+// checkUpstreamURL checks an h2c://, unix:// or h2c+unix:// upstream (ok
+// false for any other scheme, which the caller checks).
+func checkUpstreamURL(u *url.URL) (ok bool, err error) {
+	switch u.Scheme {
+	case schemeUnix, schemeH2CUnix:
+		_, err := socketPath("upstream", u)
+		return true, err
+	case schemeH2C:
+		if u.Host == "" || u.Port() == "" {
+			return true, usageError{fmt.Sprintf("--upstream %s: want h2c://host:port[/path] (cleartext HTTP/2 to host:port)", u.Redacted())}
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// upstreamDest is where the ReverseProxy sends requests for target, and
+// the transport that reaches it: for h2c:// an http:// URL over a
+// Transport that speaks only cleartext HTTP/2 (prior knowledge, no
+// upgrade); for a unix socket http://localhost (the request's path is the
+// client's, as for an http:// upstream without a path) over a Transport
+// that dials the socket.
+func upstreamDest(target *url.URL) (*url.URL, *http.Transport) {
+	t := newTransport()
+	dest := *target
+	switch target.Scheme {
+	case schemeH2C:
+		dest.Scheme = "http"
+	case schemeUnix, schemeH2CUnix:
+		path := target.Path
+		dest = url.URL{Scheme: "http", Host: unixUpstreamHost}
+		var d net.Dialer
+		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		}
+	}
+	if target.Scheme == schemeH2C || target.Scheme == schemeH2CUnix {
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return &dest, t
+}
+
+// listenUnixURL is the socket path of --listen unix:///path, "" when addr
+// is host:port.
+func listenUnixURL(addr string) (string, bool, error) {
+	if !strings.HasPrefix(addr, "unix:") {
+		return "", false, nil
+	}
+	u, err := url.Parse(addr)
+	if err != nil {
+		return "", true, usageError{fmt.Sprintf("--listen %q: want unix:///path/to/idem.sock", addr)}
+	}
+	p, err := socketPath("listen", u)
+	return p, true, err
+}
+
+// listenProxy opens the listener of the proxied traffic: TCP on
+// host:port, or a unix socket on unix:///path, created with
+// listenSocketMode. A socket left at the path by a process that is gone
+// (nothing accepts on it) is replaced; a path that exists and is not a
+// socket, or a socket another process serves, is refused. The socket is
+// removed when the listener is closed (net.UnixListener unlinks it).
+func listenProxy(addr string) (net.Listener, string, error) {
+	path, isUnix, err := listenUnixURL(addr)
+	if err != nil {
+		return nil, "", err
+	}
+	if !isUnix {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, "", err
+		}
+		return ln, ln.Addr().String(), nil
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, "", usageError{fmt.Sprintf("--listen unix://%s: the path exists and is not a socket (a %s); remove it or choose another path", path, fileKind(fi.Mode()))}
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, "", fmt.Errorf("--listen unix://%s: another process serves this socket", path)
+		}
+		// Stale: left by a process that did not close it (killed).
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, "", fmt.Errorf("--listen unix://%s: removing the stale socket: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, "", fmt.Errorf("--listen unix://%s: %w", path, err)
+	}
+	if err := os.Chmod(path, listenSocketMode); err != nil {
+		ln.Close()
+		return nil, "", fmt.Errorf("--listen unix://%s: setting its mode to %04o: %w", path, listenSocketMode, err)
+	}
+	return ln, "unix://" + path, nil
+}
+
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return m.Type().String()
+}
