@@ -241,7 +241,10 @@ func TestPolicyRecheck(t *testing.T) {
 			}
 			waitEvicting(t, s)
 			// The check counts before it logs: give the WARN a moment.
-			warned := func() bool { l := log.String(); return strings.Contains(l, "level=WARN") && strings.Contains(l, "allkeys-lru") }
+			warned := func() bool {
+				l := log.String()
+				return strings.Contains(l, "level=WARN") && strings.Contains(l, "allkeys-lru")
+			}
 			for deadline := time.Now().Add(5 * time.Second); !warned() && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond)
 			}
