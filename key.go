@@ -41,9 +41,9 @@ type Scope struct {
 	Tenant string // who is calling: an account, an API key hash; may be empty
 	Method string // the operation kind: an HTTP method, "amqp", ...
 	Route  string // the operation target: a route pattern, a queue, a topic
-	// Authority is the host the request was sent to (HTTP's Host, gRPC's
-	// :authority), for servers that answer for several: two virtual hosts
-	// never share a record. Empty for operations that have none (message
+	// Authority is the host the request was sent to (HTTP's Host), for
+	// servers that answer for several: two virtual hosts never share a
+	// record. Empty for operations that have none (message
 	// consumers); a Scope without one derives the same key as in v1.0.
 	Authority string
 }

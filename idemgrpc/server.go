@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -411,7 +409,7 @@ type server struct {
 	deny    map[string]bool // lower-case metadata keys
 	// anonymous holds the methods whose anonymous keyed calls were
 	// logged (once per method).
-	anonymous onceSet
+	anonymous telemetry.Once
 	// userTenant is the Config.Tenant the user set (nil: DefaultTenant),
 	// for the keys of v1.0 (Config.V1Scopes).
 	userTenant func(context.Context) string
@@ -508,34 +506,13 @@ func (s *server) anonymousCaller(ctx context.Context, method string) error {
 			"idemgrpc: "+method+" requires calls with an idempotency key to identify their caller (authorization or API-key metadata, "+
 				"a client certificate, or the configured tenant source), so that no caller gets another's result; the call was not run", 0)
 	}
-	if s.anonymous.first(method) {
+	if s.anonymous.First(method) {
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: a keyed call carries no credential that identifies its caller "+
 			"(authorization or API-key metadata, a client certificate, or the configured tenant source): callers that use the same key "+
 			"share its record; set Config.Tenant, or refuse such calls (Config.RefuseAnonymous); logged once per method",
 			slog.String("method", method))
 	}
 	return nil
-}
-
-// maxOnceMethods bounds the methods whose anonymous calls are logged.
-const maxOnceMethods = 1000
-
-// onceSet is a bounded set of methods, each reported once.
-type onceSet struct {
-	methods sync.Map
-	n       atomic.Int64
-}
-
-// first reports whether method is new to the set, and adds it; false
-// once the set is full.
-func (s *onceSet) first(method string) bool {
-	if _, seen := s.methods.Load(method); seen || s.n.Load() >= maxOnceMethods {
-		return false
-	}
-	if _, seen := s.methods.LoadOrStore(method, true); seen {
-		return false
-	}
-	return s.n.Add(1) <= maxOnceMethods
 }
 
 // serve acquires the key and answers: run the handler, replay, Aborted,

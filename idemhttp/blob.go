@@ -153,7 +153,11 @@ type spill struct {
 // newSpill starts the blob of the attempt holding lease. ctx is the
 // attempt's: losing the lease cancels the write.
 func (m *middleware) newSpill(ctx context.Context, r *http.Request, lease idem.Lease) *spill {
-	s := &spill{m: m, r: r, name: idem.NewBlobName(m.blobNS, lease), h: sha256.New()}
+	ns := ""
+	if m.blobNS != nil {
+		ns = m.blobNS.Namespace()
+	}
+	s := &spill{m: m, r: r, name: idem.NewBlobName(ns, lease), h: sha256.New()}
 	ctx, s.dog = newWatchdog(ctx, m.cfg.BlobTimeout)
 	s.dog.enter()
 	s.w, s.err = m.cfg.Blobs.Create(ctx, s.name)

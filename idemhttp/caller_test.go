@@ -342,3 +342,38 @@ func TestAnonymousCookieRotated(t *testing.T) {
 		t.Errorf("another session: got %d %q, want 422", g.status, g.body)
 	}
 }
+
+// The denylist holds at replay too: a record stored before a header was
+// denied (v1.0 stored h["set-cookie"]) replays without it.
+func TestDeniedAtReplay(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	before := newServer(t, store, idemhttp.Config{Logger: quietLogger()}, setsHeaders)
+	before.send(t, "", "/h", "d-1", "{}", "Authorization: Bearer a")
+	after := newServer(t, store, idemhttp.Config{Logger: quietLogger(), ReplayHeaderDenylist: []string{"x-PRIVATE"}}, setsHeaders)
+	g := after.send(t, "", "/h", "d-1", "{}", "Authorization: Bearer a")
+	if g.header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("got %d %v, want a replay", g.status, g.header)
+	}
+	if v := g.header.Values("X-Private"); len(v) > 0 {
+		t.Errorf("replayed X-Private %q, denied since it was stored", v)
+	}
+}
+
+// A publishable API key, the same in every browser of a site, does not
+// make two browsers one caller: their cookies are checked as an
+// anonymous caller's are.
+func TestSharedAPIKeyCookies(t *testing.T) {
+	var runs atomic.Int64
+	s := newServer(t, memstore.New(memstore.Options{}), idemhttp.Config{Logger: quietLogger()}, account(&runs))
+	pk := "X-Api-Key: pk_live_shared"
+	a := s.send(t, "", "/cart", "pk-1", "{}", pk, "Cookie: session=alice")
+	if g := s.send(t, "", "/cart", "pk-1", "{}", pk, "Cookie: session=alice; _ga=1"); g.header.Get(idemhttp.HeaderReplayed) != "true" || g.body != a.body {
+		t.Errorf("Alice's retry: got %d %q, want her replay", g.status, g.body)
+	}
+	if g := s.send(t, "", "/cart", "pk-1", "{}", pk, "Cookie: session=bob"); g.status != http.StatusUnprocessableEntity {
+		t.Errorf("Bob with the same publishable key: got %d %q, want 422", g.status, g.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("executions: got %d, want 1", n)
+	}
+}

@@ -108,6 +108,11 @@ func (m cookieMatcher) callerCookies(r *http.Request) map[string][]string {
 	return out
 }
 
+// maxCallerCookies bounds the cookies a record remembers (the first by
+// name): a client's thousands of cookies must not make each of its
+// records that large.
+const maxCallerCookies = 32
+
 // cookieRecord returns the value of headerCallerCookies for a request
 // whose identifying cookies are have and whose response header is resp:
 // for each cookie, "N=V" with N the digest of its name and V that of its
@@ -136,7 +141,8 @@ func cookieRecord(have map[string][]string, resp http.Header) string {
 		}
 	}
 	var b strings.Builder
-	for _, name := range slices.Sorted(maps.Keys(have)) {
+	names := slices.Sorted(maps.Keys(have))
+	for _, name := range names[:min(len(names), maxCallerCookies)] {
 		for _, v := range have[name] {
 			if b.Len() > 0 {
 				b.WriteString(", ")

@@ -11,8 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -71,7 +69,10 @@ type Config struct {
 	// carries the same identifying cookies, and otherwise gets 422, never
 	// another client's response (see TrackingCookies). A Tenant that
 	// returns a non-empty value opts out: it names the client, and cookies
-	// no longer matter.
+	// no longer matter. But DefaultTenant's tenant of a request that only
+	// an API-key header names has its cookies checked the same way (it is
+	// not reported as anonymous): a publishable key may be the same in
+	// every browser of a site.
 	Tenant func(*http.Request) string
 
 	// Authority is the host a request was sent to, part of its scope: two
@@ -371,7 +372,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	}
 	m.quota = cfg.Quota.counts()
 	if n, ok := store.(idem.Namespacer); ok {
-		m.blobNS = n.Namespace()
+		m.blobNS = n
 	}
 	for _, meth := range cfg.Methods {
 		if meth == "" || strings.ToUpper(meth) != meth {
@@ -384,6 +385,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	}
 	if m.cfg.Tenant == nil {
 		m.cfg.Tenant = DefaultTenant
+		m.defaultTenant = true
 	}
 	if m.cfg.Authority == nil {
 		m.cfg.Authority = DefaultAuthority
@@ -416,12 +418,15 @@ type middleware struct {
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
-	blobNS  string          // the store's idem.Namespacer namespace, for blob names; "" if it has none
+	blobNS  idem.Namespacer // the store's, for blob names (asked per blob: a store id may be read late); nil if it has none
 	cookies cookieMatcher   // Config.TrackingCookies
-	v1      v1Derivation    // the user's Config functions, for v1.0's keys
+	// defaultTenant: Config.Tenant is DefaultTenant (its API-key tenants
+	// also check cookies).
+	defaultTenant bool
+	v1            v1Derivation // the user's Config functions, for v1.0's keys
 	// omitted and anonymous are the routes whose omitted body, and whose
 	// anonymous keyed requests, were logged (once per route).
-	omitted, anonymous onceSet
+	omitted, anonymous telemetry.Once
 }
 
 func (m *middleware) wrap(next http.Handler) http.Handler {
@@ -465,9 +470,10 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 		// ParseKey validated the key, so Key cannot fail.
 		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt, Authority: m.cfg.Authority(r)}.Key(clientKey)
 		req := request{key: key, fp: m.cfg.Fingerprint(r, body), route: rt, clientKey: clientKey}
-		if tenant == "" {
-			// Nothing names the client: its cookies, if any, must match
-			// for a replay (see Config.Tenant).
+		if tenant == "" || (m.defaultTenant && ident.OnlyAPIKeys(tenant)) {
+			// Nothing names the client, or only an API key that may be a
+			// publishable one every browser of a site sends: its cookies,
+			// if any, must match for a replay (see Config.Tenant).
 			req.cookies = m.cookies.callerCookies(r)
 		}
 		req.tenant = tenant
@@ -488,7 +494,7 @@ func (m *middleware) anonymousCaller(w http.ResponseWriter, r *http.Request) boo
 		return false
 	}
 	// Once per path in normal form: escapes of one path (/a, /%61) are one.
-	if route := ident.Path(r.URL.EscapedPath()); m.anonymous.first(route) {
+	if route := ident.Path(r.URL.EscapedPath()); m.anonymous.First(route) {
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idem: keyed request from an unidentified caller: callers that send the same key share its record; "+
 			"set a tenant source or refuse them (RefuseAnonymous, --refuse-anonymous); logged once per route",
 			slog.String("route", route), slog.String("method", r.Method))
@@ -833,7 +839,9 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key id
 func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
-		if name == headerCallerCookies {
+		if name == headerCallerCookies || m.deny[http.CanonicalHeaderKey(name)] {
+			// Denied headers again, whatever their case: a record stored
+			// before a name was denied (v1.0 stored h["set-cookie"]).
 			continue
 		}
 		// Clipped: requests handed the same stored response share its
@@ -876,36 +884,13 @@ func (m *middleware) bodyOmitted(ctx context.Context, r *http.Request, route str
 	if m.cfg.OnBodyOmitted != nil {
 		m.cfg.OnBodyOmitted(r)
 	}
-	if m.cfg.Blobs != nil || !m.omitted.first(route) {
+	if m.cfg.Blobs != nil || !m.omitted.First(route) {
 		return
 	}
 	m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: a response larger than the limit was stored without its body: "+
 		"its replays answer 500 (response-not-kept); set a blob store (Config.Blobs, idem proxy --blob) or raise the limit "+
 		"(Config.MaxResponseSize, --max-response); logged once per route",
 		slog.String("route", route), slog.Int("max_response_size", m.cfg.MaxResponseSize), slog.String("key", key.String()))
-}
-
-// maxOnceRoutes bounds the routes a onceSet remembers; past it, nothing
-// more is logged (the callbacks still count every request).
-const maxOnceRoutes = 1000
-
-// onceSet says which routes were logged about: once each, for at most
-// maxOnceRoutes routes (routes may be paths, the default without a
-// ServeMux: the set stays bounded).
-type onceSet struct {
-	routes sync.Map
-	n      atomic.Int64
-}
-
-// first reports whether route is new to the set, and adds it.
-func (s *onceSet) first(route string) bool {
-	if _, seen := s.routes.Load(route); seen || s.n.Load() >= maxOnceRoutes {
-		return false
-	}
-	if _, seen := s.routes.LoadOrStore(route, true); seen {
-		return false
-	}
-	return s.n.Add(1) <= maxOnceRoutes
 }
 
 func (m *middleware) problem(w http.ResponseWriter, r *http.Request, p Problem) {

@@ -75,7 +75,7 @@ var (
 	problemMismatch = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was used with a different request (method, path, query, content type or body)."}
 	problemMismatchCookies = Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused", Status: http.StatusUnprocessableEntity,
-		Detail: "This Idempotency-Key was used by another client (other cookies): its result is not theirs to see."}
+		Detail: "This Idempotency-Key was used by another client (other cookies): its result is not yours to see."}
 	problemStore = Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "The request was not processed. Retry later with the same key."}
 	problemStoreFull = Problem{Type: ProblemStoreFull, Title: "Idempotency store full", Status: http.StatusServiceUnavailable, RetryAfter: 1,

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // Config tunes Wrap. Key is required; the zero value of every other field
@@ -177,7 +177,7 @@ type wrapper[E, O any] struct {
 	gs     *guards
 	scope  idem.Scope
 	log    *slog.Logger
-	warned sync.Map // method and route of the anonymous WARNs logged
+	warned telemetry.Once // method and route of the anonymous WARNs logged
 }
 
 // scopeOf returns the scope of e and its HTTP request, if it is one.
@@ -203,7 +203,7 @@ func (w *wrapper[E, O]) scopeOf(ctx context.Context, e E) (idem.Scope, *httpRequ
 // anonymous logs the first keyed request of a route whose caller nothing
 // identifies.
 func (w *wrapper[E, O]) anonymous(ctx context.Context, scope idem.Scope) {
-	if _, seen := w.warned.LoadOrStore(scope.Method+" "+scope.Route, true); seen {
+	if !w.warned.First(scope.Method + " " + scope.Route) {
 		return
 	}
 	w.log.WarnContext(ctx, "idemlambda: a keyed request whose caller nothing identifies (no authorizer principal, no Authorization, no API key): "+

@@ -403,11 +403,12 @@ func (s *Store) Close() error {
 // every database: the blobs it named are left alone by sweeps.
 func (s *Store) Namespace() string {
 	id := s.storeID()
-	switch {
-	case id == "" && s.lazy != nil:
-		id = "(unknown)" // Redis did not answer yet: no sweep judges these blobs
-	case id == "":
-		id = "(none)" // Options.NoStoreID on a database no store wrote to
+	if id == "" {
+		// Redis did not answer yet, or Options.NoStoreID on a database no
+		// store wrote to: v1.0's namespace, which no sweep judges
+		// (blobstore.SweepResult.NoStoreID), neither the blobs named with
+		// it nor, through a store that has it, anyone else's.
+		return s.LegacyNamespace()
 	}
 	return fmt.Sprintf("redis prefix %q store %s", s.prefix, id)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,8 +172,17 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 			if out.Body != nil {
 				out.Body.Close()
 			}
-			out.Body = nil
-			out.Header = sidecar.HideReplayHints(out.Header)
+			if t.h2 {
+				// HTTP/2's Transport resends a request without a body
+				// after stream errors that do not prove the upstream
+				// never acted on it (golang/go#47635); one with a body
+				// it cannot rewind (no GetBody) it never resends. An
+				// empty body is an empty DATA frame on the wire.
+				out.Body = io.NopCloser(strings.NewReader(""))
+			} else {
+				out.Body = nil
+				out.Header = sidecar.HideReplayHints(out.Header)
+			}
 		}
 	} else if !t.h2 && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
 		// A body streamed as the client sent it, chunked: an upstream

@@ -52,9 +52,6 @@ func Tenant(values func(name string) []string) string {
 	}
 	for _, name := range APIKeyHeaders {
 		vs := values(name)
-		if len(vs) == 0 {
-			continue
-		}
 		if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
 			continue
 		}
@@ -69,6 +66,13 @@ func Tenant(values func(name string) []string) string {
 		return parts[0]
 	}
 	return strings.Join(parts, " ")
+}
+
+// OnlyAPIKeys reports whether tenant (Tenant's) was named by API-key
+// headers alone: a key that may be a publishable one, shared by every
+// browser of a site, so it need not tell two users apart.
+func OnlyAPIKeys(tenant string) bool {
+	return strings.HasPrefix(tenant, "apikey:") && !strings.Contains(tenant, "authz:")
 }
 
 // hash is the first 128 bits of SHA-256 over s in unpadded base64url (the

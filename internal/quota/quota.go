@@ -27,8 +27,11 @@
 //   - A tenant is its tenant string: a client that rotates credentials is
 //     many tenants. At most Limits.Tenants are tracked (about: the table
 //     has shards); a tenant past them is counted with every other such
-//     tenant as one overflow tenant with the same limits, until tracked
-//     tenants have nothing left counted and give up their place.
+//     tenant in one overflow count that no limit applies to, until
+//     tracked tenants have nothing left counted and give up their place:
+//     a flood of made-up tenants that fills the table must not lock every
+//     new client out for a retention (the store's own bound still holds
+//     them: a full store answers store-full).
 package quota
 
 import (
@@ -149,6 +152,9 @@ func (s *Set) admit(tenant string, now int64) (t Ticket, over Limit, retryAfter 
 	defer u.mu.Unlock()
 	u.prune(now)
 	switch {
+	case u == &s.overflow:
+		// Past the table's bound: counted, not limited (see the package
+		// doc).
 	case s.lim.InFlight > 0 && u.inFlight >= s.lim.InFlight:
 		return Ticket{}, LimitInFlight, time.Second
 	case s.lim.Records > 0 && u.records >= s.lim.Records:
