@@ -241,11 +241,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 	}
 	var onNone func(error)
 	if !opts.NoStoreID {
-		onNone = func(why error) {
-			s.log.Warn("mysqlstore: the database has no store id, so this store's blobs are named with v1.0's namespace, which does not tell databases apart: "+
-				"no sweep (idem gc, --blob-sweep) deletes them; run Migrate (Options.Migrate) to create the id's table",
-				slog.String("table", n.storeID), slog.Any("error", why))
-		}
+		onNone = storeid.LegacyWarning(s.log, "mysqlstore", n.storeID)
 	}
 	s.id = storeid.Open(ctx, s.readID(!opts.NoStoreID), storeIDTimeout, onNone)
 	return s, nil

@@ -16,6 +16,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -50,6 +51,17 @@ type Holder struct {
 	mu    sync.Mutex
 	known bool // an answer was had: id, or none
 	id    string
+}
+
+// LegacyWarning is the onNone of a SQL store (pkg, "pgstore") whose id
+// table is table: a WARN that its blobs are named with v1.0's namespace,
+// which no sweep judges, and how to give it an id.
+func LegacyWarning(log *slog.Logger, pkg, table string) func(why error) {
+	return func(why error) {
+		log.Warn(pkg+": the database has no store id, so this store's blobs are named with v1.0's namespace, which does not tell databases apart: "+
+			"no sweep (idem gc, --blob-sweep) deletes them; run Migrate (Options.Migrate) to create the id's table",
+			slog.String("table", table), slog.Any("error", why))
+	}
 }
 
 // Open reads the id with read (bounded by timeout) and returns a Holder
