@@ -1,0 +1,48 @@
+package sidecar
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Reload is one part of a sidecar's configuration that SIGHUP re-reads:
+// What names it in the log ("config", "certificates"), Do re-reads it and
+// puts it in place, or returns an error that says what is wrong with the
+// new files in one line and leaves the running configuration as it was.
+type Reload struct {
+	What string
+	Do   func() error
+}
+
+// ReloadOnHangup runs every reload in turn on each SIGHUP until ctx is
+// done, and logs each: INFO "reloaded" when it took, ERROR "reload
+// refused; the running configuration is kept" with the error when not.
+// A failed part does not stop the others. Without reloads it does nothing
+// (and SIGHUP keeps its default action).
+func ReloadOnHangup(ctx context.Context, logger *slog.Logger, reloads ...Reload) {
+	if len(reloads) == 0 {
+		return
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				for _, r := range reloads {
+					if err := r.Do(); err != nil {
+						logger.Error("reload refused; the running configuration is kept", "what", r.What, "error", err)
+						continue
+					}
+					logger.Info("reloaded", "what", r.What)
+				}
+			}
+		}
+	}()
+}
