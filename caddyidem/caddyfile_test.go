@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/idemkit/idem/idemhttp"
 )
 
 // adapt turns a Caddyfile into JSON config, failing the test on an error.
@@ -207,11 +209,11 @@ func TestJSONValidate(t *testing.T) {
 }
 
 // TestWait: wait means what idem proxy's --wait means. Unset (in the
-// Caddyfile or in JSON) is idemhttp's default wait (its Config.Wait 0);
+// Caddyfile or in JSON) is idemhttp's default wait (idemhttp.DefaultWait);
 // wait 0, wait off and JSON's "wait": 0 are no wait, 409 at once (its
-// negative); a duration is that wait.
+// Config.Wait negative); a duration is that wait.
 func TestWait(t *testing.T) {
-	const noWait, dflt = time.Duration(-1), time.Duration(0) // idemhttp's Config.Wait
+	const noWait, dflt = time.Duration(-1), idemhttp.DefaultWait // idemhttp's Config.Wait
 	for _, tc := range []struct {
 		line string // in the Caddyfile block; "" for none
 		want time.Duration

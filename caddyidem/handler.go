@@ -12,7 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -183,88 +182,99 @@ var (
 )
 
 // Validate reports the first bad field, named as the Caddyfile names it,
-// with what it wants.
+// with what it wants: the fields of the store here, the route's settings
+// as idem proxy checks them (sidecar.Settings.Validate).
 func (h *Handler) Validate() error {
 	switch {
-	case h.Lease != 0 && time.Duration(h.Lease) < 10*time.Millisecond:
-		return fmt.Errorf("lease %v: want at least 10ms", time.Duration(h.Lease))
-	case h.Retention != 0 && time.Duration(h.Retention) < time.Second:
-		return fmt.Errorf("retention %v: want at least 1s", time.Duration(h.Retention))
-	case h.MaxExecution < 0:
-		return fmt.Errorf("max_execution %v: must not be negative (0: no limit)", time.Duration(h.MaxExecution))
-	case h.Wait != nil && *h.Wait < 0:
-		return fmt.Errorf("wait %v: must not be negative (0: no wait, 409 at once)", time.Duration(*h.Wait))
-	case h.ClientWriteTimeout != nil && *h.ClientWriteTimeout < 0:
-		return fmt.Errorf("client_write_timeout %v: must not be negative (0: no limit)", time.Duration(*h.ClientWriteTimeout))
 	case h.ReapInterval != nil && *h.ReapInterval < 0:
 		return fmt.Errorf("reap_interval %v: must not be negative (0: never)", time.Duration(*h.ReapInterval))
 	case h.BlobTimeout < 0:
 		return fmt.Errorf("blob_timeout %v: must not be negative", time.Duration(h.BlobTimeout))
 	case h.MemoryLimit != nil && *h.MemoryLimit < 0:
 		return fmt.Errorf("memory_limit %d: must not be negative (0: no limit)", *h.MemoryLimit)
-	case h.QuotaInFlight != nil && *h.QuotaInFlight < 0:
-		return fmt.Errorf("quota_in_flight %d: must not be negative (0: no limit)", *h.QuotaInFlight)
-	case h.QuotaRecords != nil && *h.QuotaRecords < 0:
-		return fmt.Errorf("quota_records %d: must not be negative (0: no limit)", *h.QuotaRecords)
-	case h.QuotaBytes != nil && *h.QuotaBytes < 0:
-		return fmt.Errorf("quota_bytes %d: must not be negative (0: no limit)", *h.QuotaBytes)
-	case h.MaxBody < 0:
-		return fmt.Errorf("max_body %d: want at least 1 byte", h.MaxBody)
-	case h.MaxResponse < 0 || h.MaxResponse > idem.MaxEncodedBody:
-		return fmt.Errorf("max_response %d: want 1 to %d bytes", h.MaxResponse, idem.MaxEncodedBody)
 	case strings.ContainsAny(h.Prefix, "{}"):
 		return fmt.Errorf("prefix %q: must not contain '{' or '}' (Redis keys put the stored key in braces)", h.Prefix)
 	}
 	for _, m := range h.Methods {
-		if !httpguts.ValidHeaderFieldName(m) || strings.ToUpper(m) != m {
+		// JSON's methods are taken as written (the Caddyfile upper-cases
+		// them).
+		if sidecar.CheckMethod(m) != nil {
 			return fmt.Errorf("methods: %q is not an upper-case HTTP method", m)
 		}
 	}
-	if h.TenantHeader != "" && !httpguts.ValidHeaderFieldName(h.TenantHeader) {
-		return fmt.Errorf("tenant_header %q: not a header name", h.TenantHeader)
-	}
-	if h.TenantCookie != "" && !httpguts.ValidHeaderFieldName(h.TenantCookie) {
-		return fmt.Errorf("tenant_cookie %q: not a cookie name", h.TenantCookie)
-	}
-	if h.TenantHeader != "" && h.TenantCookie != "" {
-		return fmt.Errorf("tenant_header %q and tenant_cookie %q: set one tenant source, not both", h.TenantHeader, h.TenantCookie)
-	}
-	for _, st := range h.StoreStatuses {
-		if st < 200 || st > 599 {
-			return fmt.Errorf("store_statuses: %d is not a final HTTP status (200-599)", st)
-		}
-	}
-	return nil
+	return h.settings().Validate(sidecar.Underscored)
 }
 
-// Provision opens the store (and blob store), shared with every handler
-// of the process that names the same ones, so that a config reload keeps
-// the memory store's records and the connections; and builds the
-// idemhttp middleware.
+// settings are h's route settings, a zero field taking idem proxy's
+// default.
+func (h *Handler) settings() sidecar.Settings {
+	s := sidecar.DefaultSettings()
+	if len(h.Methods) > 0 {
+		s.Methods = h.Methods
+	}
+	s.RequireKey, s.FailOpen = h.RequireKey, h.FailOpen
+	s.TenantHeader, s.TenantCookie = h.TenantHeader, h.TenantCookie
+	s.Lease = cmp.Or(time.Duration(h.Lease), s.Lease)
+	s.Retention = cmp.Or(time.Duration(h.Retention), s.Retention)
+	s.Wait = durationOr(h.Wait, s.Wait)
+	s.ClientWriteTimeout = durationOr(h.ClientWriteTimeout, s.ClientWriteTimeout)
+	s.MaxBody = cmp.Or(h.MaxBody, s.MaxBody)
+	s.MaxResponse = cmp.Or(h.MaxResponse, s.MaxResponse)
+	s.StoreStatuses = h.StoreStatuses
+	s.MaxExecution = time.Duration(h.MaxExecution)
+	s.CancelOnDisconnect, s.RefuseAnonymous = h.CancelOnDisconnect, h.RefuseAnonymous
+	// The quota: the fields set, else with the memory store
+	// idemhttp.DefaultQuota of its limit, else none.
+	q := sidecar.DefaultQuota(0)
+	if isMemory(h.Store) {
+		q = sidecar.DefaultQuota(h.memoryLimit())
+	}
+	q.InFlight = valueOr(h.QuotaInFlight, q.InFlight)
+	q.Records = valueOr(h.QuotaRecords, q.Records)
+	q.Bytes = valueOr(h.QuotaBytes, q.Bytes)
+	s.SetQuota(q)
+	return s
+}
+
+// idemWait is the idemhttp Config.Wait of h's settings.
+func (h *Handler) idemWait() time.Duration { return h.settings().Config(nil, nil, sidecar.Env{}).Wait }
+
+// memoryLimit is the memory store's limit: MemoryLimit, or its default.
+func (h *Handler) memoryLimit() int64 { return valueOr(h.MemoryLimit, DefaultMemoryLimit) }
+
+// valueOr is *p, or def when p is nil.
+func valueOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// durationOr is *d, or def when d is nil: a set 0 stays 0.
+func durationOr(d *caddy.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return time.Duration(*d)
+}
+
+// Provision opens the store (and blob store) and takes the quota, shared
+// with every handler of the process that names the same ones, so that a
+// config reload keeps the memory store's records, the connections and the
+// quota's counts; and builds the idemhttp middleware of h's settings.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil { // Caddy validates after provisioning: check before opening anything
 		return err
 	}
 	h.logger = ctx.Slogger()
 	m := registerMetrics(ctx.GetMetricsRegistry())
-
-	methods := h.Methods
-	if len(methods) == 0 {
-		methods = []string{http.MethodPost, http.MethodPatch}
-	}
+	s := h.settings()
 	h.covered = map[string]bool{}
-	for _, meth := range methods {
+	for _, meth := range s.Methods {
 		h.covered[meth] = true
 	}
-	memLimit := int64(DefaultMemoryLimit)
-	if h.MemoryLimit != nil {
-		memLimit = *h.MemoryLimit
-	}
-	reap := DefaultReapInterval
-	if h.ReapInterval != nil {
-		reap = time.Duration(*h.ReapInterval)
-	}
-	store, key, err := takeStore(ctx, storeSpec{url: h.Store, prefix: h.Prefix, memLimit: memLimit, reapEvery: reap}, h.logger)
+	store, key, err := takeStore(ctx, storeSpec{url: h.Store, prefix: h.Prefix, memLimit: h.memoryLimit(),
+		reapEvery: durationOr(h.ReapInterval, DefaultReapInterval)}, h.logger)
 	if err != nil {
 		return err
 	}
@@ -273,77 +283,28 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.logger.Warn("idempotency: store memory keeps the records in this process: a restart forgets every key " +
 			"(its repeats run again), and other instances have their own; use redis://, postgres:// or mysql:// in production")
 	}
-
-	h.tenant = sidecar.TenantFunc(h.TenantHeader, h.TenantCookie)
-	cfg := idemhttp.Config{
-		Methods:    methods,
-		RequireKey: h.RequireKey,
-		Tenant:     h.tenant,
-		// Route: idemhttp's default, the path the upstream will see
-		// (sidecar.Route), as idem proxy's without --config, so that a
-		// Caddy and a proxy on the same store and prefix share their
-		// records.
-		RefuseAnonymous: h.RefuseAnonymous,
-		OnAnonymous:     func(*http.Request) { m.anonymous.Inc() },
-		MaxBodySize:     h.MaxBody,
-		Lease:           time.Duration(h.Lease),
-		Retention:       time.Duration(h.Retention),
-		MaxResponseSize: int(h.MaxResponse),
-		Wait:            h.idemWait(),
-		FailOpen:        h.FailOpen,
-		MaxExecution:    time.Duration(h.MaxExecution),
+	env := sidecar.Env{Metrics: m, Logger: h.logger, BlobTimeout: time.Duration(h.BlobTimeout),
 		// The config's context ends once Caddy stopped its servers (after
 		// their grace period on a reload or a stop): the work still
 		// running then is cancelled, as idem proxy does past
 		// --shutdown-timeout.
-		StopContext:        ctx,
-		CancelOnDisconnect: h.CancelOnDisconnect,
-		Logger:             h.logger,
+		Stop: ctx,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
-			m.requests.WithLabelValues(string(o)).Inc()
 			logField(r, zap.String("idempotency_outcome", string(o)))
-		},
-		OnRenew:         m.onRenew,
-		BlobTimeout:     time.Duration(h.BlobTimeout),
-		OnBodyOmitted:   func(*http.Request) { m.notKept.Inc() },
-		OnQuotaExceeded: m.onQuotaExceeded,
-	}
-	cfg.Quota, h.quotaKey = takeQuota(key, h.quotaLimits(memLimit))
-	if h.ClientWriteTimeout != nil {
-		cfg.ClientWriteTimeout = cmp.Or(time.Duration(*h.ClientWriteTimeout), -1) // 0 here is no limit; idemhttp's 0 is its default
-	}
-	if h.StoreStatuses != nil {
-		statuses := map[int]bool{}
-		for _, st := range h.StoreStatuses {
-			statuses[st] = true
-		}
-		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
-	}
+		}}
+	env.Quota, h.quotaKey = takeQuota(key, s.Quota())
 	if h.Blob != "" {
-		blobs, key, err := takeBlobs(ctx, h.Blob)
-		if err != nil {
+		if env.Blobs, h.blobKey, err = takeBlobs(ctx, h.Blob); err != nil {
 			return err
 		}
-		h.blobKey = key
-		cfg.Blobs = blobs
-		cfg.OnBlobError = m.onBlobError
-		m.initBlobSeries()
+		m.InitBlobSeries()
 	}
-	mw, err := idemhttp.NewMiddleware(store, cfg)
-	if err != nil {
-		return err
-	}
-	h.mw = mw
-	return nil
-}
-
-// idemWait is idemhttp's Config.Wait for h.Wait: unset is idemhttp's
-// default (its 0); 0 is no wait (its negative), as idem proxy's --wait 0.
-func (h *Handler) idemWait() time.Duration {
-	if h.Wait == nil {
-		return 0
-	}
-	return cmp.Or(time.Duration(*h.Wait), -1)
+	h.tenant = sidecar.TenantFunc(s.TenantHeader, s.TenantCookie)
+	// Route: idemhttp's default, the path the upstream will see
+	// (sidecar.Route), as idem proxy's without --config, so that a Caddy
+	// and a proxy on the same store and prefix share their records.
+	h.mw, err = idemhttp.NewMiddleware(store, s.Config(h.tenant, nil, env))
+	return err
 }
 
 // Cleanup gives back the store and the blob store: the last handler that
@@ -382,7 +343,7 @@ type nextFailed struct{ err error }
 // for its error handling (handle_errors) to answer: it is never stored.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
 	if !h.covered[r.Method] {
-		metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
+		metrics.Requests.WithLabelValues(outcomeNotCovered).Inc()
 		logField(r, zap.String("idempotency_outcome", outcomeNotCovered))
 		return next.ServeHTTP(w, r)
 	}
@@ -421,33 +382,6 @@ func logField(r *http.Request, f zap.Field) {
 // isMemory reports whether spec names the memory store.
 func isMemory(spec string) bool { return spec == "" || spec == "memory" }
 
-// quotaLimits are the limits of an idemhttp.Quota.
-type quotaLimits struct {
-	inFlight, records int
-	bytes             int64
-}
-
-// quotaLimits is h's quota: the fields set, else with the memory store
-// idemhttp.DefaultQuota of its limit, else none.
-func (h *Handler) quotaLimits(memLimit int64) quotaLimits {
-	var l quotaLimits
-	if isMemory(h.Store) {
-		if q := idemhttp.DefaultQuota(memLimit); q != nil {
-			l.inFlight, l.bytes = q.InFlight, q.Bytes
-		}
-	}
-	if h.QuotaInFlight != nil {
-		l.inFlight = *h.QuotaInFlight
-	}
-	if h.QuotaRecords != nil {
-		l.records = *h.QuotaRecords
-	}
-	if h.QuotaBytes != nil {
-		l.bytes = *h.QuotaBytes
-	}
-	return l
-}
-
 // sharedQuota is a quota in the pool: the counts of the handlers on one
 // store with the same limits, kept across reloads as the store is.
 type sharedQuota struct{ q *idemhttp.Quota }
@@ -457,13 +391,13 @@ func (sharedQuota) Destruct() error { return nil }
 // takeQuota returns the quota of the store storeKey names with limits l,
 // made when no handler has it, and its key in the pool ("" for none: l
 // limits nothing).
-func takeQuota(storeKey string, l quotaLimits) (*idemhttp.Quota, string) {
-	if l.inFlight <= 0 && l.records <= 0 && l.bytes <= 0 {
+func takeQuota(storeKey string, l sidecar.QuotaLimits) (*idemhttp.Quota, string) {
+	if l.None() {
 		return idemhttp.NoQuota, ""
 	}
-	key := fmt.Sprintf("quota\x00%s\x00%d\x00%d\x00%d", storeKey, l.inFlight, l.records, l.bytes)
+	key := "quota\x00" + storeKey + "\x00" + l.String()
 	v, _, _ := pool.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return sharedQuota{&idemhttp.Quota{InFlight: l.inFlight, Records: l.records, Bytes: l.bytes}}, nil
+		return sharedQuota{l.New(0)}, nil
 	})
 	return v.(sharedQuota).q, key
 }

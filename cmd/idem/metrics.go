@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -14,51 +13,41 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // outcomeNotCovered counts requests whose method the route does not cover:
 // the proxy passes them on without looking at them.
-const outcomeNotCovered = "not_covered"
+const outcomeNotCovered = sidecar.OutcomeNotCovered
 
 // proxyMetrics are the proxy's Prometheus metrics, on a registry of their
-// own (never the global one).
+// own (never the global one): the middleware's, which Caddy has too
+// (sidecar.Metrics), and the proxy's own.
 type proxyMetrics struct {
+	*sidecar.Metrics
 	reg      *prometheus.Registry
-	requests *prometheus.CounterVec   // idem_requests_total{outcome}
-	renewals *prometheus.CounterVec   // idem_lease_renewals_total{result}
 	store    *prometheus.HistogramVec // idem_store_duration_seconds{op}
 	upstream prometheus.Histogram     // idem_upstream_duration_seconds
 	// clientGone: idem_client_gone_total{outcome}
 	clientGone *prometheus.CounterVec
 	// upstreamAborted: idem_upstream_aborted_total
 	upstreamAborted prometheus.Counter
-	// blobErrors: idem_blob_errors_total{op,reason}
-	blobErrors *prometheus.CounterVec
 	// sweeps and sweepDeleted: idem_blob_sweeps_total{result},
 	// idem_blob_sweep_deleted_total
 	sweeps       *prometheus.CounterVec
 	sweepDeleted prometheus.Counter
-	// notKept: idem_responses_not_kept_total
-	notKept prometheus.Counter
-	// anonymous: idem_anonymous_requests_total
-	anonymous prometheus.Counter
 	// sweepLeft: idem_blob_sweep_left{reason}
 	sweepLeft *prometheus.GaugeVec
-	// quotaExceeded: idem_quota_exceeded_total{limit}
-	quotaExceeded *prometheus.CounterVec
 }
+
+// flagName spells a setting as the proxy's flags do, for the metrics'
+// help.
+func flagName(n string) string { return "--" + n }
 
 func newProxyMetrics() *proxyMetrics {
 	m := &proxyMetrics{
-		reg: prometheus.NewRegistry(),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body, or an upgraded connection), replayed, in_flight (409: the key was still running past --wait), mismatch, rejected, store_error, passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), quota_exceeded (429: the tenant was at its --quota-* limit; nothing forwarded), not_covered (method not covered). The log line of each request has the same outcome.",
-		}, []string{"outcome"}),
-		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idem_lease_renewals_total",
-			Help: "Background lease renewals by result: ok, lease_lost (another holder may run the key), error (store failed; retried).",
-		}, []string{"result"}),
+		Metrics: sidecar.NewMetrics(flagName),
+		reg:     prometheus.NewRegistry(),
 		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_store_duration_seconds",
 			Help:    "Latency of idempotency store calls by operation.",
@@ -72,10 +61,6 @@ func newProxyMetrics() *proxyMetrics {
 			Name: "idem_upstream_aborted_total",
 			Help: "Requests whose upstream failed in the middle of its response body: the client's connection is cut (a keyed request's key is released, outcome released). Logged as upstream_aborted=true.",
 		}),
-		blobErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idem_blob_errors_total",
-			Help: "Failed blob store operations by op (write: storing a large body, read: replaying one, check: the probe before a new request) and reason (missing, corrupt, unavailable).",
-		}, []string{"op", "reason"}),
 		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_blob_sweeps_total",
 			Help: "Blob sweeps (--blob-sweep) by result: ok, error (the sweep stopped; also when some blobs could not be checked or deleted).",
@@ -89,71 +74,28 @@ func newProxyMetrics() *proxyMetrics {
 			Help:    "Time the upstream took to answer a forwarded request, body included.",
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
+		sweepLeft: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_blob_sweep_left",
+			Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: never judged; see idem gc -h), legacy (names of the store's v1.0 namespace, which did not tell databases apart: never judged).",
+		}, []string{"reason"}),
 	}
-	m.notKept = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "idem_responses_not_kept_total",
-		Help: "Responses stored without their body: larger than --max-response, and no --blob (or the blob store failed). Their requests ran once; their replays answer 500 (urn:idem:problem:response-not-kept) and count as replayed. Set --blob or raise --max-response.",
-	})
-	m.anonymous = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "idem_anonymous_requests_total",
-		Help: "Keyed requests that carried nothing identifying their caller (no Authorization, API-key header, client certificate, --tenant-header or --tenant-cookie), refused (--refuse-anonymous) or served: callers that send the same key share its record.",
-	})
-	m.reg.MustRegister(m.anonymous)
-	m.reg.MustRegister(m.requests, m.renewals, m.store, m.upstream, m.clientGone, m.upstreamAborted, m.notKept, m.blobErrors, m.sweeps, m.sweepDeleted,
+	m.Register(m.reg)
+	m.reg.MustRegister(m.store, m.upstream, m.clientGone, m.upstreamAborted, m.sweeps, m.sweepDeleted, m.sweepLeft,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.sweepLeft = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "idem_blob_sweep_left",
-		Help: "Blobs the last sweep (--blob-sweep) left alone because they are not this proxy's store's, by reason: other_namespace (written through a store with another --prefix or of another kind: run idem gc with that store), unqualified (names from before blob names had a namespace: never judged; see idem gc -h), legacy (names of the store's v1.0 namespace, which did not tell databases apart: never judged).",
-	}, []string{"reason"})
-	m.reg.MustRegister(m.sweepLeft)
-	m.quotaExceeded = newQuotaExceeded()
-	m.reg.MustRegister(m.quotaExceeded)
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts see the first increment.
-	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed, idemhttp.OutcomeInFlight,
-		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
-		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed, idemhttp.OutcomeQuotaExceeded} {
-		m.requests.WithLabelValues(string(o))
-	}
-	m.requests.WithLabelValues(outcomeNotCovered)
 	m.clientGone.WithLabelValues(string(idemhttp.OutcomeExecuted))
-	for _, r := range []string{"ok", "lease_lost", "error"} {
-		m.renewals.WithLabelValues(r)
-	}
 	return m
-}
-
-// blobReasons label idem_blob_errors_total.
-var blobReasons = []string{"missing", "corrupt", "unavailable"}
-
-// blobReason names what went wrong with a blob operation.
-func blobReason(err error) string {
-	switch {
-	case errors.Is(err, idem.ErrBlobNotFound):
-		return "missing"
-	case errors.Is(err, idem.ErrBlobCorrupt):
-		return "corrupt"
-	}
-	return "unavailable"
 }
 
 // initBlobSeries creates the blob series at zero, for a proxy with --blob.
 func (m *proxyMetrics) initBlobSeries() {
-	for _, op := range []string{idemhttp.BlobOpWrite, idemhttp.BlobOpRead, idemhttp.BlobOpCheck} {
-		for _, r := range blobReasons {
-			m.blobErrors.WithLabelValues(op, r)
-		}
-	}
+	m.InitBlobSeries()
 	m.sweeps.WithLabelValues("ok")
 	m.sweeps.WithLabelValues("error")
 	m.sweepLeft.WithLabelValues("other_namespace")
 	m.sweepLeft.WithLabelValues("unqualified")
 	m.sweepLeft.WithLabelValues("legacy")
-}
-
-// onBlobError is idemhttp.Config.OnBlobError.
-func (m *proxyMetrics) onBlobError(_ *http.Request, op string, err error) {
-	m.blobErrors.WithLabelValues(op, blobReason(err)).Inc()
 }
 
 // sweep counts a blob sweep.
@@ -169,18 +111,6 @@ func (m *proxyMetrics) sweep(res blobstore.SweepResult, err error) {
 		return
 	}
 	m.sweeps.WithLabelValues("ok").Inc()
-}
-
-// onRenew is idem.Config.OnRenew.
-func (m *proxyMetrics) onRenew(_ idem.Key, err error) {
-	switch {
-	case err == nil:
-		m.renewals.WithLabelValues("ok").Inc()
-	case errors.Is(err, idem.ErrLeaseLost):
-		m.renewals.WithLabelValues("lease_lost").Inc()
-	default:
-		m.renewals.WithLabelValues("error").Inc()
-	}
 }
 
 // timedStore is an idem.Store that records the latency of every call.

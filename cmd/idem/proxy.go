@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/logwriter"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 func init() {
@@ -108,19 +109,19 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
 	fs.Var(&o.memoryLimit, "memory-limit", "with --store memory: the most its records may take, in bytes or with a unit (64MiB, 1GiB); when full, requests with a new key get 503 (store-full; with --fail-open they are forwarded without idempotency) until records expire, and stored keys still replay; each tenant may fill an eighth of it (--quota-bytes); 0: no limit (the process may run out of memory)")
 	fs.DurationVar(&o.reapInterval, "reap-interval", defaultReapInterval, "with a postgres://, mysql:// or tiered store: delete expired records this often (those expired for the store's grace: a minute, an hour for the tiered store); 0: never (another process must reap the table)")
-	fs.BoolVar(&o.settings.requireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
+	fs.BoolVar(&o.settings.RequireKey, "require-key", false, "answer 400 to covered requests without an Idempotency-Key")
 	fs.StringVar(&o.methods, "methods", "POST,PATCH", "comma-separated methods covered; others pass through untouched")
-	fs.StringVar(&o.settings.tenantHeader, "tenant-header", "", "scope keys by this request header's value (set by a trusted gateway); default a hash of Authorization")
-	fs.StringVar(&o.settings.tenantCookie, "tenant-cookie", "", "scope keys by a hash of this cookie (the session cookie of a web app); a request without it: a hash of Authorization; not with --tenant-header")
-	fs.DurationVar(&o.settings.lease, "lease", idem.DefaultLease, "how long a crashed proxy blocks a key; renewed while the upstream works")
-	fs.DurationVar(&o.settings.retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
-	fs.DurationVar(&o.settings.wait, "wait", idemhttp.DefaultWait, "a request whose key is in flight (a copy of a request still running) waits up to this long for its result, and gets 409 only past it; 0: 409 at once")
-	fs.DurationVar(&o.settings.maxExecution, "max-execution", 0, "cancel an upstream request still running after this long under its key (answered 504; the key is released); 0: no limit")
-	fs.DurationVar(&o.settings.clientWriteTimeout, "client-write-timeout", idemhttp.DefaultClientWriteTimeout, "a keyed request's client that does not take a write of its response (32 KiB at most) within this long is gone, as if it had disconnected: the upstream's response is still read to its end and stored for the retry; 0: no limit (a client that stops reading holds its key)")
-	fs.BoolVar(&o.settings.refuseAnonymous, "refuse-anonymous", false, "refuse keyed requests that carry nothing identifying their caller (no Authorization, API-key header, client certificate, --tenant-header or --tenant-cookie) with 401 problem+json; default: serve them, logged once per route and counted in idem_anonymous_requests_total")
+	fs.StringVar(&o.settings.TenantHeader, "tenant-header", "", "scope keys by this request header's value (set by a trusted gateway); default a hash of Authorization")
+	fs.StringVar(&o.settings.TenantCookie, "tenant-cookie", "", "scope keys by a hash of this cookie (the session cookie of a web app); a request without it: a hash of Authorization; not with --tenant-header")
+	fs.DurationVar(&o.settings.Lease, "lease", idem.DefaultLease, "how long a crashed proxy blocks a key; renewed while the upstream works")
+	fs.DurationVar(&o.settings.Retention, "retention", idem.DefaultRetention, "how long a completed response is kept and replayed")
+	fs.DurationVar(&o.settings.Wait, "wait", idemhttp.DefaultWait, "a request whose key is in flight (a copy of a request still running) waits up to this long for its result, and gets 409 only past it; 0: 409 at once")
+	fs.DurationVar(&o.settings.MaxExecution, "max-execution", 0, "cancel an upstream request still running after this long under its key (answered 504; the key is released); 0: no limit")
+	fs.DurationVar(&o.settings.ClientWriteTimeout, "client-write-timeout", idemhttp.DefaultClientWriteTimeout, "a keyed request's client that does not take a write of its response (32 KiB at most) within this long is gone, as if it had disconnected: the upstream's response is still read to its end and stored for the retry; 0: no limit (a client that stops reading holds its key)")
+	fs.BoolVar(&o.settings.RefuseAnonymous, "refuse-anonymous", false, "refuse keyed requests that carry nothing identifying their caller (no Authorization, API-key header, client certificate, --tenant-header or --tenant-cookie) with 401 problem+json; default: serve them, logged once per route and counted in idem_anonymous_requests_total")
 	fs.Var(&o.v1Scopes, "v1-scopes", "after an upgrade from idem v1.0: for this long after start, a keyed request that is new here also looks for the record v1.0 stored for it (v1.0 had no host in the key, read credentials as written, no API-key headers), so that it is replayed, not run again; costs one store read per new key; default: as long as --retention; off: never (a deployment that never ran v1.0)")
-	fs.BoolVar(&o.settings.cancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
-	fs.BoolVar(&o.settings.failOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
+	fs.BoolVar(&o.settings.CancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
+	fs.BoolVar(&o.settings.FailOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	o.quota.register(fs)
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
 	fs.Var(&o.maxResponse, "max-response", "largest response body kept in the record (the inline limit), in bytes or with a unit; a larger one goes to --blob, or without it is completed without its body and its replays answer 500 response-not-kept (counted in idem_responses_not_kept_total)")
@@ -253,7 +254,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	}
 	logger.Info("idem proxy listening", "listen", listenAddr, "admin", adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
-		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String(), "quota", p.quota.String())
+		"methods", o.settings.Methods, "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String())
 
 	select {
 	case err := <-serveErr:
@@ -351,9 +352,9 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	default:
 		return nil, usageError{fmt.Sprintf("--log-format %q: want json or text", o.logFormat)}
 	}
-	o.settings.methods = parseMethods(o.methods)
-	o.settings.maxBody = int64(o.maxBody)
-	o.settings.maxResponse = int64(o.maxResponse)
+	o.settings.Methods = sidecar.ParseMethods(o.methods)
+	o.settings.MaxBody = int64(o.maxBody)
+	o.settings.MaxResponse = int64(o.maxResponse)
 	memoryBytes := int64(0) // the store's size, where the proxy knows it
 	if o.store == "" || o.store == "memory" {
 		memoryBytes = int64(o.memoryLimit)
@@ -361,7 +362,7 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if err := o.quota.resolve(&o.settings, memoryBytes); err != nil {
 		return nil, err
 	}
-	if err := o.settings.validate(func(n string) string { return "--" + n }); err != nil {
+	if err := o.settings.Validate(flagName); err != nil {
 		return nil, usageError{err.Error()}
 	}
 	return target, nil

@@ -16,112 +16,15 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-	"golang.org/x/net/http/httpguts"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // routeSettings is what the idemhttp middleware does on one route: the
 // flags give the defaults, and each route of the --config file overrides
-// some of them.
-type routeSettings struct {
-	methods       []string // covered methods; empty: none (the route is not covered)
-	requireKey    bool
-	tenantHeader  string // "": idemhttp.DefaultTenant
-	tenantCookie  string // idemhttp.TenantFromCookie; at most one of it and tenantHeader is set
-	lease         time.Duration
-	retention     time.Duration
-	wait          time.Duration
-	failOpen      bool
-	maxBody       int64
-	maxResponse   int64
-	storeStatuses []int         // nil: idemhttp.DefaultShouldStore
-	maxExecution  time.Duration // 0: none
-	// clientWriteTimeout: a keyed request's client that does not take a
-	// write (32 KiB at most) within this long is gone (idemhttp
-	// Config.ClientWriteTimeout); 0: none.
-	clientWriteTimeout time.Duration
-	// cancelOnDisconnect: the client's disconnect cancels the upstream
-	// request (unsafe; idemhttp Config.CancelOnDisconnect).
-	cancelOnDisconnect bool
-	// refuseAnonymous: keyed requests that no tenant source identifies get
-	// 401 (idemhttp Config.RefuseAnonymous).
-	refuseAnonymous bool
-	// quotaInFlight, quotaRecords, quotaBytes: each tenant's limits
-	// (idemhttp.Quota); 0: none. ownQuota: the route sets one of them,
-	// and counts its tenants on its own rather than with the flags'
-	// routes.
-	quotaInFlight int
-	quotaRecords  int
-	quotaBytes    int64
-	ownQuota      bool
-}
-
-// validate reports the first bad setting; name turns a setting's name into
-// how the user wrote it ("--lease" for a flag, "lease" in the file).
-func (s routeSettings) validate(name func(string) string) error {
-	switch {
-	case s.lease < 10*time.Millisecond:
-		return fmt.Errorf("%s %v: want at least 10ms", name("lease"), s.lease)
-	case s.retention < time.Second:
-		return fmt.Errorf("%s %v: want at least 1s", name("retention"), s.retention)
-	case s.wait < 0:
-		return fmt.Errorf("%s %v: must not be negative (0: 409 at once)", name("wait"), s.wait)
-	case s.maxExecution < 0:
-		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("max-execution"), s.maxExecution)
-	case s.clientWriteTimeout < 0:
-		return fmt.Errorf("%s %v: must not be negative (0: no limit)", name("client-write-timeout"), s.clientWriteTimeout)
-	case s.quotaInFlight < 0:
-		return fmt.Errorf("%s %d: must not be negative (0: no limit)", name("quota-in-flight"), s.quotaInFlight)
-	case s.quotaRecords < 0:
-		return fmt.Errorf("%s %d: must not be negative (0: no limit)", name("quota-records"), s.quotaRecords)
-	case s.maxBody < 1:
-		return fmt.Errorf("%s %d: want at least 1 byte", name("max-body"), s.maxBody)
-	case s.maxResponse < 1 || s.maxResponse > idem.MaxEncodedBody:
-		return fmt.Errorf("%s %d: want 1 to %d bytes", name("max-response"), s.maxResponse, idem.MaxEncodedBody)
-	}
-	for _, m := range s.methods {
-		if err := checkMethod(m); err != nil {
-			return fmt.Errorf("%s: %v", name("methods"), err)
-		}
-	}
-	if s.tenantHeader != "" && !httpguts.ValidHeaderFieldName(s.tenantHeader) {
-		return fmt.Errorf("%s %q: not a header name", name("tenant-header"), s.tenantHeader)
-	}
-	if s.tenantCookie != "" && !httpguts.ValidHeaderFieldName(s.tenantCookie) {
-		return fmt.Errorf("%s %q: not a cookie name", name("tenant-cookie"), s.tenantCookie)
-	}
-	if s.tenantHeader != "" && s.tenantCookie != "" {
-		return fmt.Errorf("%s %q and %s %q: set one tenant source, not both", name("tenant-header"), s.tenantHeader,
-			name("tenant-cookie"), s.tenantCookie)
-	}
-	for _, st := range s.storeStatuses {
-		if st < 200 || st > 599 {
-			return fmt.Errorf("%s: %d is not a final HTTP status (200-599)", name("store-statuses"), st)
-		}
-	}
-	return nil
-}
-
-// parseMethods parses a comma-separated method list, upper-cased.
-func parseMethods(list string) []string {
-	var methods []string
-	for m := range strings.SplitSeq(list, ",") {
-		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" && !slices.Contains(methods, m) {
-			methods = append(methods, m)
-		}
-	}
-	return methods
-}
-
-// checkMethod accepts an upper-case RFC 9110 token (a method is one, as a
-// header or cookie name is: httpguts checks tokens).
-func checkMethod(m string) error {
-	if !httpguts.ValidHeaderFieldName(m) || strings.ToUpper(m) != m {
-		return fmt.Errorf("%q is not an HTTP method", m)
-	}
-	return nil
-}
+// some of them. They are the sidecars' settings (internal/sidecar), which
+// check themselves and map themselves to idemhttp.Config.
+type routeSettings = sidecar.Settings
 
 // proxyFile is the --config file.
 type proxyFile struct {
@@ -228,15 +131,15 @@ func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error)
 			return nil, fmt.Errorf("%s: %v", where, err)
 		}
 		s := o.apply(defaults)
-		if set := o.settingsSet(); len(s.methods) == 0 && len(set) > 0 {
+		if set := o.settingsSet(); len(s.Methods) == 0 && len(set) > 0 {
 			return nil, fmt.Errorf("%s: %s but no methods: a route without methods covers nothing; add methods: [POST] (or the methods to cover)",
 				where, strings.Join(set, ", "))
 		}
-		if m, _, ok := strings.Cut(o.Match, " "); ok && len(s.methods) > 0 && len(o.settingsSet()) > 0 && !slices.Contains(s.methods, m) {
+		if m, _, ok := strings.Cut(o.Match, " "); ok && len(s.Methods) > 0 && len(o.settingsSet()) > 0 && !slices.Contains(s.Methods, m) {
 			return nil, fmt.Errorf("%s: the pattern's method %s is not among the covered methods %s, so the route covers nothing; add methods: [%s]",
-				where, m, strings.Join(s.methods, ","), m)
+				where, m, strings.Join(s.Methods, ","), m)
 		}
-		if err := s.validate(func(n string) string { return strings.ReplaceAll(n, "-", "_") }); err != nil {
+		if err := s.Validate(sidecar.Underscored); err != nil {
 			return nil, fmt.Errorf("%s: %v", where, err)
 		}
 		routes = append(routes, routeConfig{pattern: o.Match, settings: s})
@@ -315,72 +218,72 @@ func registerPattern(mux *http.ServeMux, pattern string) (err error) {
 // apply returns s with the route's overrides.
 func (o routeOverride) apply(s routeSettings) routeSettings {
 	if o.Methods != nil {
-		s.methods = []string{} // methods: [] covers none
+		s.Methods = []string{} // methods: [] covers none
 		for _, m := range *o.Methods {
-			if m = strings.ToUpper(strings.TrimSpace(m)); !slices.Contains(s.methods, m) {
-				s.methods = append(s.methods, m) // validate reports bad ones
+			if m = strings.ToUpper(strings.TrimSpace(m)); !slices.Contains(s.Methods, m) {
+				s.Methods = append(s.Methods, m) // validate reports bad ones
 			}
 		}
 	}
 	if o.RequireKey != nil {
-		s.requireKey = *o.RequireKey
+		s.RequireKey = *o.RequireKey
 	}
 	if o.TenantHeader != nil || o.TenantCookie != nil {
 		// One source per route: the route's replaces the flags'.
-		s.tenantHeader, s.tenantCookie = "", ""
+		s.TenantHeader, s.TenantCookie = "", ""
 		if o.TenantHeader != nil {
-			s.tenantHeader = *o.TenantHeader
+			s.TenantHeader = *o.TenantHeader
 		}
 		if o.TenantCookie != nil {
-			s.tenantCookie = *o.TenantCookie
+			s.TenantCookie = *o.TenantCookie
 		}
 	}
 	if o.Lease != nil {
-		s.lease = time.Duration(*o.Lease)
+		s.Lease = time.Duration(*o.Lease)
 	}
 	if o.Retention != nil {
-		s.retention = time.Duration(*o.Retention)
+		s.Retention = time.Duration(*o.Retention)
 	}
 	if o.Wait != nil {
-		s.wait = time.Duration(*o.Wait)
+		s.Wait = time.Duration(*o.Wait)
 	}
 	if o.FailOpen != nil {
-		s.failOpen = *o.FailOpen
+		s.FailOpen = *o.FailOpen
 	}
 	if o.MaxBody != nil {
-		s.maxBody = int64(*o.MaxBody)
+		s.MaxBody = int64(*o.MaxBody)
 	}
 	if o.MaxResponse != nil {
-		s.maxResponse = int64(*o.MaxResponse)
+		s.MaxResponse = int64(*o.MaxResponse)
 	}
 	if o.MaxExecution != nil {
-		s.maxExecution = time.Duration(*o.MaxExecution)
+		s.MaxExecution = time.Duration(*o.MaxExecution)
 	}
 	if o.ClientWriteTimeout != nil {
-		s.clientWriteTimeout = time.Duration(*o.ClientWriteTimeout)
+		s.ClientWriteTimeout = time.Duration(*o.ClientWriteTimeout)
 	}
 	if o.CancelOnDisconnect != nil {
-		s.cancelOnDisconnect = *o.CancelOnDisconnect
+		s.CancelOnDisconnect = *o.CancelOnDisconnect
 	}
 	if o.RefuseAnonymous != nil {
-		s.refuseAnonymous = *o.RefuseAnonymous
+		s.RefuseAnonymous = *o.RefuseAnonymous
 	}
 	if o.QuotaInFlight != nil || o.QuotaRecords != nil || o.QuotaBytes != nil {
-		s.ownQuota = true
+		s.OwnQuota = true
 	}
 	if o.QuotaInFlight != nil {
-		s.quotaInFlight = *o.QuotaInFlight
+		s.QuotaInFlight = *o.QuotaInFlight
 	}
 	if o.QuotaRecords != nil {
-		s.quotaRecords = *o.QuotaRecords
+		s.QuotaRecords = *o.QuotaRecords
 	}
 	if o.QuotaBytes != nil {
-		s.quotaBytes = int64(*o.QuotaBytes)
+		s.QuotaBytes = int64(*o.QuotaBytes)
 	}
 	if o.StoreStatuses != nil {
-		s.storeStatuses = slices.Clone(*o.StoreStatuses)
-		if s.storeStatuses == nil {
-			s.storeStatuses = []int{} // store_statuses: [] stores nothing
+		s.StoreStatuses = slices.Clone(*o.StoreStatuses)
+		if s.StoreStatuses == nil {
+			s.StoreStatuses = []int{} // store_statuses: [] stores nothing
 		}
 	}
 	return s

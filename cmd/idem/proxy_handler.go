@@ -22,8 +22,11 @@ import (
 // proxy is the proxy's handler: it picks the route of each request, runs
 // it through that route's middleware to the upstream, and logs it.
 type proxy struct {
-	mux      *http.ServeMux // the --config patterns, each with its *route; nil without a file
-	def      *route         // requests no pattern matches
+	// routes is the --config file's route table, swapped whole by a
+	// reload (SIGHUP): a request keeps the table, and so the route, it
+	// started with.
+	routes   atomic.Pointer[routeTable]
+	def      *route // requests no pattern matches: the flags' settings
 	logger   *slog.Logger
 	metrics  *proxyMetrics
 	inFlight atomic.Int64
@@ -32,14 +35,24 @@ type proxy struct {
 	// the upstream requests still running once --shutdown-timeout passed.
 	stop     context.Context
 	stopWork context.CancelFunc
+	upstream http.Handler
+	store    idem.Store
 	blob     blobOptions
 	v1Scopes time.Duration // every route's idemhttp Config.V1Scopes (--v1-scopes)
 	// quota is the per-tenant quota of the routes whose quota settings
-	// are the flags'; quotas lists it and those of the --config routes
-	// with quota settings of their own (each its own counts).
+	// are the flags': made once, so that its counts outlive reloads.
 	quota        *idemhttp.Quota
-	quotas       []*idemhttp.Quota
 	quotaTenants int
+}
+
+// routeTable is the routes of a --config file.
+type routeTable struct {
+	mux *http.ServeMux // the patterns, each with its *route; nil without a file
+	n   int
+	// quotas are the quotas of the routes with quota settings of their
+	// own, by pattern and limits: a reload that keeps a route's pattern
+	// and limits keeps its counts; one that changes them starts new ones.
+	quotas map[string]*idemhttp.Quota
 }
 
 // blobOptions is the blob store every route's middleware keeps large
@@ -72,26 +85,59 @@ type reqInfoKey struct{}
 // per --config route, each a middleware in front of the same upstream.
 func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
 	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
-	upstream := newUpstream(target, metrics, logger)
-	p := &proxy{logger: logger, metrics: metrics, blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes}
-	p.quota = quotaOf(defaults, quotaTenants)
-	p.quotas = []*idemhttp.Quota{p.quota}
+	p := &proxy{logger: logger, metrics: metrics, upstream: newUpstream(target, metrics, logger), store: store,
+		blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes}
+	p.quota = defaults.Quota().New(quotaTenants)
 	p.stop, p.stopWork = context.WithCancel(context.Background())
 	var err error
-	if p.def, err = newRoute("", defaults, upstream, store, p); err != nil {
+	if p.def, err = p.newRoute("", defaults, nil); err != nil {
 		return nil, err
 	}
+	return p, p.setRoutes(routes)
+}
+
+// setRoutes puts the routes of a --config file in place of the running
+// ones, or leaves them when one is refused.
+func (p *proxy) setRoutes(routes []routeConfig) error {
+	t := &routeTable{n: len(routes), quotas: map[string]*idemhttp.Quota{}}
 	if len(routes) > 0 {
-		p.mux = http.NewServeMux()
+		t.mux = http.NewServeMux()
+		prev := p.routes.Load()
 		for _, rc := range routes {
-			rt, err := newRoute(rc.pattern, rc.settings, upstream, store, p)
+			rt, err := p.newRoute(rc.pattern, rc.settings, func(name string) *idemhttp.Quota {
+				if q := prev.quota(name); q != nil {
+					t.quotas[name] = q
+					return q
+				}
+				t.quotas[name] = rc.settings.Quota().New(p.quotaTenants)
+				return t.quotas[name]
+			})
 			if err != nil {
-				return nil, err
+				return err
 			}
-			p.mux.Handle(rc.pattern, rt) // validated by loadProxyConfig
+			t.mux.Handle(rc.pattern, rt) // validated by loadProxyConfig
 		}
 	}
-	return p, nil
+	p.routes.Store(t)
+	return nil
+}
+
+// quota is the quota t keeps under name; nil for none (or a nil t).
+func (t *routeTable) quota(name string) *idemhttp.Quota {
+	if t == nil {
+		return nil
+	}
+	return t.quotas[name]
+}
+
+// quotas are the proxy's quotas: the flags', and those of the running
+// --config routes with quota settings of their own.
+func (p *proxy) quotas() []*idemhttp.Quota {
+	qs := []*idemhttp.Quota{p.quota}
+	for _, q := range p.routes.Load().quotas {
+		qs = append(qs, q)
+	}
+	return qs
 }
 
 // routeFunc is the idemhttp Config.Route of a route: nil for the default
@@ -104,70 +150,37 @@ func routeFunc(pattern string, routeOf func(*http.Request) string) func(*http.Re
 	return routeOf
 }
 
-func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem.Store, p *proxy) (*route, error) {
-	rt := &route{name: pattern, covered: map[string]bool{}, tenant: sidecar.TenantFunc(s.tenantHeader, s.tenantCookie), handler: upstream}
+// newRoute makes the route of pattern ("" for the flags'). A route with
+// quota settings of its own takes its quota from ownQuota, given the
+// name under which its counts are kept.
+func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name string) *idemhttp.Quota) (*route, error) {
+	rt := &route{name: pattern, covered: map[string]bool{}, tenant: sidecar.TenantFunc(s.TenantHeader, s.TenantCookie), handler: p.upstream}
 	if pattern == "" {
 		// The path the upstream will see (idemhttp's default route).
 		rt.routeOf = sidecar.Route
 	} else {
 		rt.routeOf = func(*http.Request) string { return pattern }
 	}
-	for _, m := range s.methods {
+	for _, m := range s.Methods {
 		rt.covered[m] = true
 	}
-	if len(s.methods) == 0 {
+	if len(s.Methods) == 0 {
 		return rt, nil // nothing covered: straight to the upstream
 	}
-	cfg := idemhttp.Config{
-		Methods:         s.methods,
-		RequireKey:      s.requireKey,
-		Tenant:          rt.tenant,
-		Route:           routeFunc(pattern, rt.routeOf),
-		RefuseAnonymous: s.refuseAnonymous,
-		OnAnonymous:     func(*http.Request) { p.metrics.anonymous.Inc() },
-		V1Scopes:        p.v1Scopes,
-		MaxBodySize:     s.maxBody,
-		Lease:           s.lease,
-		Retention:       s.retention,
-		MaxResponseSize: int(s.maxResponse),
-		Wait:            cmp.Or(s.wait, -1), // 0 in the proxy is no wait; idemhttp's 0 is its default
-		FailOpen:        s.failOpen,
-		MaxExecution:    s.maxExecution,
-		StopContext:     p.stop,
-		// 0 in the proxy is no limit; idemhttp's 0 is its default.
-		ClientWriteTimeout: cmp.Or(s.clientWriteTimeout, -1),
-		// Unsafe, off by default: see --cancel-on-disconnect.
-		CancelOnDisconnect: s.cancelOnDisconnect,
-		Logger:             p.logger,
-		Quota:              p.quota,
-		OnQuotaExceeded:    p.metrics.onQuotaExceeded,
+	env := sidecar.Env{Metrics: p.metrics.Metrics, Logger: p.logger, Stop: p.stop, Quota: p.quota,
+		BlobTimeout: p.blob.timeout, V1Scopes: p.v1Scopes,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)
 			}
-			p.metrics.requests.WithLabelValues(string(o)).Inc()
-		},
-		OnRenew:     p.metrics.onRenew,
-		BlobTimeout: p.blob.timeout,
-		// idem_responses_not_kept_total: replays of these answer 500.
-		OnBodyOmitted: func(*http.Request) { p.metrics.notKept.Inc() },
-	}
-	if s.ownQuota {
-		cfg.Quota = quotaOf(s, p.quotaTenants)
-		p.quotas = append(p.quotas, cfg.Quota)
+		}}
+	if s.OwnQuota {
+		env.Quota = ownQuota(pattern + "\x00" + s.Quota().String())
 	}
 	if p.blob.blobs != nil {
-		cfg.Blobs = p.blob.blobs
-		cfg.OnBlobError = p.metrics.onBlobError
+		env.Blobs = p.blob.blobs
 	}
-	if s.storeStatuses != nil {
-		statuses := map[int]bool{}
-		for _, st := range s.storeStatuses {
-			statuses[st] = true
-		}
-		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
-	}
-	mw, err := idemhttp.NewMiddleware(store, cfg)
+	mw, err := idemhttp.NewMiddleware(p.store, s.Config(rt.tenant, routeFunc(pattern, rt.routeOf), env))
 	if err != nil {
 		where := "the flags"
 		if pattern != "" {
@@ -175,7 +188,7 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		}
 		return nil, usageError{fmt.Sprintf("%s: %v", where, err)}
 	}
-	rt.handler = mw(upstream)
+	rt.handler = mw(p.upstream)
 	return rt, nil
 }
 
@@ -184,7 +197,7 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 // (a path to clean, a missing trailing slash) or answer 405 for gets the
 // defaults, and is forwarded as it is.
 func (p *proxy) find(r *http.Request) *route {
-	if p.mux != nil {
+	if mux := p.routes.Load().mux; mux != nil {
 		// Match the cleaned path, so that //payments/7 or /x/../payments/7
 		// cannot step around a route's settings (ServeMux would redirect
 		// them, and many upstreams clean paths themselves).
@@ -195,7 +208,7 @@ func (p *proxy) find(r *http.Request) *route {
 			rc.URL = &u
 			r = &rc
 		}
-		if h, _ := p.mux.Handler(r); h != nil {
+		if h, _ := mux.Handler(r); h != nil {
 			if rt, ok := h.(*route); ok {
 				return rt
 			}
@@ -228,7 +241,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	info := &reqInfo{}
 	if !rt.covered[r.Method] {
 		info.outcome = outcomeNotCovered
-		p.metrics.requests.WithLabelValues(outcomeNotCovered).Inc()
+		p.metrics.Requests.WithLabelValues(outcomeNotCovered).Inc()
 	}
 	sw := &statusWriter{ResponseWriter: w, ctx: r.Context()}
 	defer func() {

@@ -3,12 +3,12 @@ package main
 import (
 	"errors"
 	"flag"
-	"net/http"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // Per-tenant quotas (idemhttp.Quota): the flags, their defaults, which
@@ -33,26 +33,13 @@ func (q *quotaFlags) register(fs *flag.FlagSet) {
 // defaults, which are on only where the proxy knows the store's size
 // (--store memory with a --memory-limit).
 func (q *quotaFlags) resolve(s *routeSettings, memoryBytes int64) error {
-	def := idemhttp.DefaultQuota(memoryBytes)
-	if def == nil {
-		def = idemhttp.NoQuota
-	}
-	s.quotaInFlight = int(q.inFlight.or(int64(def.InFlight)))
-	s.quotaRecords = int(q.records.or(int64(def.Records)))
-	s.quotaBytes = q.bytes.or(def.Bytes)
+	def := sidecar.DefaultQuota(memoryBytes)
+	s.SetQuota(sidecar.QuotaLimits{InFlight: int(q.inFlight.or(int64(def.InFlight))),
+		Records: int(q.records.or(int64(def.Records))), Bytes: q.bytes.or(def.Bytes)})
 	if q.tenants < 1 {
 		return usageError{"--quota-tenants " + strconv.Itoa(q.tenants) + ": want at least 1"}
 	}
 	return nil
-}
-
-// quotaOf is the idemhttp.Quota of a route's limits: NoQuota when it
-// limits nothing.
-func quotaOf(s routeSettings, tenants int) *idemhttp.Quota {
-	if s.quotaInFlight == 0 && s.quotaRecords == 0 && s.quotaBytes == 0 {
-		return idemhttp.NoQuota
-	}
-	return &idemhttp.Quota{InFlight: s.quotaInFlight, Records: s.quotaRecords, Bytes: s.quotaBytes, Tenants: tenants}
 }
 
 // optCount is a count flag that knows whether it was given.
@@ -112,33 +99,16 @@ func (o *optSize) or(def int64) int64 {
 	return def
 }
 
-// newQuotaExceeded is idem_quota_exceeded_total{limit}, its series at zero.
-func newQuotaExceeded() *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "idem_quota_exceeded_total",
-		Help: "Requests with a new key refused 429 (urn:idem:problem:quota-exceeded) because their tenant was at a limit: in_flight (--quota-in-flight), records (--quota-records), bytes (--quota-bytes). Nothing was forwarded or claimed. Also counted as quota_exceeded in idem_requests_total.",
-	}, []string{"limit"})
-	for _, l := range []string{idemhttp.QuotaInFlight, idemhttp.QuotaRecords, idemhttp.QuotaBytes} {
-		c.WithLabelValues(l)
-	}
-	return c
-}
-
 // registerQuotaTenants adds idem_quota_tenants, over the proxy's quotas.
-func (m *proxyMetrics) registerQuotaTenants(quotas []*idemhttp.Quota) {
+func (m *proxyMetrics) registerQuotaTenants(quotas func() []*idemhttp.Quota) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idem_quota_tenants",
 		Help: "Tenants whose quota is counted one by one (at most about --quota-tenants per quota: the routes of the flags share one, a --config route with quota_* settings has its own).",
 	}, func() float64 {
 		n := 0
-		for _, q := range quotas {
+		for _, q := range quotas() {
 			n += q.Stats().Tenants
 		}
 		return float64(n)
 	}))
-}
-
-// onQuotaExceeded is idemhttp.Config.OnQuotaExceeded.
-func (m *proxyMetrics) onQuotaExceeded(_ *http.Request, limit string) {
-	m.quotaExceeded.WithLabelValues(limit).Inc()
 }
