@@ -197,6 +197,9 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		return err
 	}
 	metrics.registerQuotaTenants(p.quotas)
+	if o.configFile != "" {
+		sidecar.ReloadOnHangup(ctx, logger, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
+	}
 	if blobs != nil && o.blobSweep > 0 {
 		sweepCtx, stopSweep := context.WithCancel(context.Background())
 		defer stopSweep()
@@ -253,7 +256,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
 	}
 	logger.Info("idem proxy listening", "listen", listenAddr, "admin", adminAddr,
-		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
+		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", p.routes.Load().n,
 		"methods", o.settings.Methods, "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String())
 
 	select {

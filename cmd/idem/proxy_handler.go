@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -38,7 +39,8 @@ type proxy struct {
 	upstream http.Handler
 	store    idem.Store
 	blob     blobOptions
-	v1Scopes time.Duration // every route's idemhttp Config.V1Scopes (--v1-scopes)
+	v1Scopes time.Duration // --v1-scopes, counted from started (v1ScopesLeft)
+	started  time.Time
 	// quota is the per-tenant quota of the routes whose quota settings
 	// are the flags': made once, so that its counts outlive reloads.
 	quota        *idemhttp.Quota
@@ -86,7 +88,7 @@ type reqInfoKey struct{}
 func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
 	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
 	p := &proxy{logger: logger, metrics: metrics, upstream: newUpstream(target, metrics, logger), store: store,
-		blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes}
+		blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes, started: time.Now()}
 	p.quota = defaults.Quota().New(quotaTenants)
 	p.stop, p.stopWork = context.WithCancel(context.Background())
 	var err error
@@ -120,6 +122,31 @@ func (p *proxy) setRoutes(routes []routeConfig) error {
 	}
 	p.routes.Store(t)
 	return nil
+}
+
+// v1ScopesLeft is idemhttp Config.V1Scopes for a route made now with
+// retention: what is left of --v1-scopes since the proxy started, so that
+// a reload does not start the look-ups of v1.0's keys again.
+func (p *proxy) v1ScopesLeft(retention time.Duration) time.Duration {
+	if p.v1Scopes < 0 {
+		return -1
+	}
+	if d := cmp.Or(p.v1Scopes, retention) - time.Since(p.started); d > 0 {
+		return d
+	}
+	return -1
+}
+
+// reload reads the --config file at path again and puts its routes in
+// place of the running ones (sidecar.Reload's Do): requests under way keep
+// the route they started with. A file that does not load is refused, and
+// the running routes kept.
+func (p *proxy) reload(path string, defaults routeSettings) error {
+	routes, err := loadProxyConfig(path, defaults)
+	if err != nil {
+		return errors.New("--config " + err.Error())
+	}
+	return p.setRoutes(routes)
 }
 
 // quota is the quota t keeps under name; nil for none (or a nil t).
@@ -168,7 +195,7 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 		return rt, nil // nothing covered: straight to the upstream
 	}
 	env := sidecar.Env{Metrics: p.metrics.Metrics, Logger: p.logger, Stop: p.stop, Quota: p.quota,
-		BlobTimeout: p.blob.timeout, V1Scopes: p.v1Scopes,
+		BlobTimeout: p.blob.timeout, V1Scopes: p.v1ScopesLeft(s.Retention),
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)

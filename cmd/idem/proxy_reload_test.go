@@ -1,0 +1,192 @@
+package main
+
+// SIGHUP re-reads --config, from outside: the built binary, its file
+// rewritten and the signal sent, and its answers and log lines read.
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// hangup sends SIGHUP to the proxy and waits for the n-th log line that
+// holds text (a reload's "reloaded" or "reload refused").
+func (p *proxyProc) hangup(t *testing.T, text string, n int) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(p.logText(), text) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("after SIGHUP: fewer than %d log lines with %s within 10s:\n%s", n, text, p.logText())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// errorLines are the proxy's log lines at ERROR.
+func (p *proxyProc) errorLines() []string {
+	var out []string
+	for line := range strings.Lines(p.logText()) {
+		if strings.Contains(line, `"level":"ERROR"`) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// TestProxyReloadConfig: a SIGHUP that finds a changed --config puts its
+// routes in place (a route gains require_key, a new route appears) while
+// the flags' routes keep their records; a file that does not load (a
+// syntax error, an unknown field, a bad value) is refused with one ERROR
+// line each, and the running routes are kept.
+func TestProxyReloadConfig(t *testing.T) {
+	t.Parallel()
+	up := newTestUpstream(t)
+	cfg := filepath.Join(t.TempDir(), "routes.yaml")
+	writeFile(t, cfg, "routes:\n  - match: \"POST /a/\"\n    methods: [POST]\n")
+	p := startProxy(t, nil, "--upstream", up.URL, "--config", cfg)
+
+	wantStatus(t, "/a/ without a key, before", mustSend(t, "POST", p.url("/a/1"), "", `{}`), http.StatusCreated, "")
+	wantStatus(t, "/c/ without a key, before", mustSend(t, "POST", p.url("/c/1"), "", `{}`), http.StatusCreated, "")
+	first := mustSend(t, "POST", p.url("/flags/1"), "flags-1", `{"n":1}`)
+	wantStatus(t, "the flags' route", first, http.StatusCreated, "")
+
+	writeFile(t, cfg, "routes:\n  - match: \"POST /a/\"\n    methods: [POST]\n    require_key: true\n"+
+		"  - match: \"POST /c/\"\n    methods: [POST]\n    require_key: true\n")
+	p.hangup(t, `"msg":"reloaded","what":"config"`, 1)
+	wantStatus(t, "/a/ without a key, after the reload", mustSend(t, "POST", p.url("/a/1"), "", `{}`), http.StatusBadRequest, "")
+	wantStatus(t, "/c/ (a new route) without a key", mustSend(t, "POST", p.url("/c/1"), "", `{}`), http.StatusBadRequest, "")
+	again := mustSend(t, "POST", p.url("/flags/1"), "flags-1", `{"n":1}`)
+	if again.status != http.StatusCreated || !again.replayed() || string(again.body) != string(first.body) {
+		t.Errorf("the flags' route after the reload: got %d replayed %v %s, want the replay of %s", again.status, again.replayed(), again.body, first.body)
+	}
+	if n := up.runsOf("flags-1"); n != 1 {
+		t.Errorf("upstream ran flags-1 %d times, want 1", n)
+	}
+
+	for i, bad := range []struct{ file, want string }{
+		{"routes:\n  - match: \"POST /a/\"\n   methods: [POST]\n", "line 3"},              // mis-indented
+		{"routes:\n  - match: \"POST /a/\"\n    methods: [POST]\n    colour: red\n", "colour"}, // unknown field
+		{"routes:\n  - match: \"POST /a/\"\n    methods: [POST]\n    lease: 1ms\n", "lease 1ms: want at least 10ms"},
+	} {
+		writeFile(t, cfg, bad.file)
+		p.hangup(t, "reload refused", i+1)
+		lines := p.errorLines()
+		if len(lines) != i+1 {
+			t.Fatalf("after bad file %d: %d ERROR lines, want %d:\n%s", i, len(lines), i+1, strings.Join(lines, ""))
+		}
+		if last := lines[i]; !strings.Contains(last, `"what":"config"`) || !strings.Contains(last, "--config "+cfg) || !strings.Contains(last, bad.want) {
+			t.Errorf("bad file %d: ERROR line %s, want what=config and the file's error saying %q", i, last, bad.want)
+		}
+		wantStatus(t, "/a/ without a key, after a refused reload", mustSend(t, "POST", p.url("/a/1"), "", `{}`), http.StatusBadRequest, "")
+		wantStatus(t, "/c/ without a key, after a refused reload", mustSend(t, "POST", p.url("/c/1"), "", `{}`), http.StatusBadRequest, "")
+	}
+	if n := strings.Count(p.logText(), `"msg":"reloaded"`); n != 1 {
+		t.Errorf("%d reloaded lines, want the one good reload's", n)
+	}
+}
+
+// TestProxyReloadUnderLoad: keyed and unkeyed clients run while SIGHUPs
+// swap the route table again and again, a slow keyed request among them
+// from before the first reload to after the last: no request fails, and
+// each key runs once (its copies, sent at once, get one execution, whether
+// or not a reload came between them).
+func TestProxyReloadUnderLoad(t *testing.T) {
+	t.Parallel()
+	up := newTestUpstream(t)
+	cfg := filepath.Join(t.TempDir(), "routes.yaml")
+	// The files differ in settings and in a route the load does not use:
+	// a route that comes or goes moves its paths' keys to another scope
+	// (its pattern, or the path), as a restart with the other file would.
+	files := []string{
+		"routes:\n  - match: \"POST /r/\"\n    methods: [POST]\n    wait: 10s\n  - match: \"POST /s/\"\n    methods: [POST]\n    wait: 10s\n",
+		"routes:\n  - match: \"POST /r/\"\n    methods: [POST]\n    wait: 10s\n    retention: 1h\n    max_body: 64KiB\n" +
+			"  - match: \"POST /s/\"\n    methods: [POST]\n    wait: 10s\n    quota_in_flight: 100\n  - match: \"POST /t/\"\n    methods: [POST]\n    require_key: true\n",
+	}
+	writeFile(t, cfg, files[0])
+	p := startProxy(t, nil, "--upstream", up.URL, "--config", cfg, "--wait", "10s")
+
+	slow := make(chan result, 1)
+	go func() {
+		r, _ := send("POST", p.url("/r/slow"), "slow", `{}`, "X-Test-Delay: 1500ms")
+		slow <- r
+	}()
+	up.awaitStarted(t, 1, "slow")
+
+	var stop atomic.Bool
+	var failures atomic.Int64
+	var mu sync.Mutex
+	var keys []string
+	var failed []string
+	fail := func(what string) {
+		failures.Add(1)
+		mu.Lock()
+		if len(failed) < 10 {
+			failed = append(failed, what)
+		}
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for c := range 4 {
+		wg.Go(func() { // keyed: each key sent twice at once
+			for i := 0; !stop.Load(); i++ {
+				key := fmt.Sprintf("load-%d-%d", c, i)
+				path := []string{"/r/", "/s/", "/other/"}[i%3] + key
+				mu.Lock()
+				keys = append(keys, key)
+				mu.Unlock()
+				var pair sync.WaitGroup
+				for range 2 {
+					pair.Go(func() {
+						r, err := send("POST", p.url(path), key, `{"k":"`+key+`"}`)
+						if err != nil || r.status != http.StatusCreated {
+							fail(fmt.Sprintf("keyed %s: %d %v %s", path, r.status, err, r.body))
+						}
+					})
+				}
+				pair.Wait()
+			}
+		})
+		wg.Go(func() { // unkeyed
+			for i := 0; !stop.Load(); i++ {
+				r, err := send("POST", p.url(fmt.Sprintf("/r/plain-%d-%d", c, i)), "", `{}`)
+				if err != nil || r.status != http.StatusCreated {
+					fail(fmt.Sprintf("unkeyed: %d %v %s", r.status, err, r.body))
+				}
+			}
+		})
+	}
+	const reloads = 6
+	for i := range reloads {
+		writeFile(t, cfg, files[(i+1)%2])
+		p.hangup(t, `"msg":"reloaded","what":"config"`, i+1)
+	}
+	stop.Store(true)
+	wg.Wait()
+
+	if r := <-slow; r.status != http.StatusCreated {
+		t.Errorf("the slow keyed request across the reloads: got %d %s, want 201", r.status, r.body)
+	}
+	if n := failures.Load(); n > 0 {
+		t.Errorf("%d requests failed during the reloads, the first: %s", n, strings.Join(failed, "\n"))
+	}
+	if len(keys) < 8 {
+		t.Errorf("only %d keys sent during %d reloads: the load did not overlap them", len(keys), reloads)
+	}
+	for _, k := range append(keys, "slow") {
+		if n := up.runsOf(k); n != 1 {
+			t.Errorf("upstream ran %s %d times, want 1", k, n)
+		}
+	}
+	if lines := p.errorLines(); len(lines) > 0 {
+		t.Errorf("ERROR lines: %s", strings.Join(lines, ""))
+	}
+}
