@@ -30,8 +30,6 @@ const (
 	// DefaultReapInterval is ReapInterval's default: idem proxy's
 	// --reap-interval.
 	DefaultReapInterval = time.Minute
-	// reapBatch is the most records one statement of the reaper deletes.
-	reapBatch = 1000
 )
 
 // Handler is the idempotency handler, module http.handlers.idempotency.

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -165,8 +164,8 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	slog.SetLogLoggerLevel(slog.LevelWarn)
 
 	storeStats := newStoreMetrics(logger)
-	rawStore, closeStore, err := openStoreWith(ctx, o.store, o.prefix, storeOptions{maxBytes: int64(o.memoryLimit),
-		reapEvery: cmp.Or(o.reapInterval, -1), onReap: storeStats.onReap, logger: logger})
+	rawStore, closeStore, err := openStoreWith(ctx, o.store, o.prefix, storeOptions{MaxBytes: int64(o.memoryLimit),
+		ReapEvery: cmp.Or(o.reapInterval, -1), OnReap: storeStats.onReap, Logger: logger})
 	if errors.As(err, new(usageError)) {
 		return err
 	} else if err != nil {
@@ -306,7 +305,7 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.upstream == "" {
 		return nil, usageError{"--upstream is required (or IDEM_UPSTREAM): the URL of the service behind the proxy"}
 	}
-	if hostPort.MatchString(o.upstream) { // 127.0.0.1:9000: no scheme
+	if sidecar.IsHostPort(o.upstream) { // 127.0.0.1:9000: no scheme
 		return nil, usageError{fmt.Sprintf("--upstream %s: want a URL: http://%s (or https://)", o.upstream, o.upstream)}
 	}
 	target, err := url.Parse(o.upstream)
@@ -383,25 +382,8 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewJSONHandler(w, opts)), nil
 }
 
-// storeForLog names the store without credentials or query: its scheme,
-// host and path (a Redis database index, a PostgreSQL database); for the
-// tiered store, both URLs so.
-func storeForLog(spec string) string {
-	if spec == "" || spec == "memory" {
-		return "memory"
-	}
-	if f := strings.Fields(spec); len(f) > 1 {
-		for i := range f {
-			f[i] = storeForLog(f[i])
-		}
-		return strings.Join(f, " ")
-	}
-	u, err := url.Parse(spec)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
-}
+// storeForLog names the store without credentials (sidecar.StoreForLog).
+func storeForLog(spec string) string { return sidecar.StoreForLog(spec) }
 
 // blobStoreOrNil is b as an idem.BlobStore, nil (not a nil *Bucket in an
 // interface) when b is nil.

@@ -73,7 +73,7 @@ func TestProxyReloadConfig(t *testing.T) {
 	}
 
 	for i, bad := range []struct{ file, want string }{
-		{"routes:\n  - match: \"POST /a/\"\n   methods: [POST]\n", "line 3"},              // mis-indented
+		{"routes:\n  - match: \"POST /a/\"\n   methods: [POST]\n", "line 3"},                   // mis-indented
 		{"routes:\n  - match: \"POST /a/\"\n    methods: [POST]\n    colour: red\n", "colour"}, // unknown field
 		{"routes:\n  - match: \"POST /a/\"\n    methods: [POST]\n    lease: 1ms\n", "lease 1ms: want at least 10ms"},
 	} {
