@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -9,9 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -85,7 +82,8 @@ func (v *v1Scopes) Set(s string) error {
 	return nil
 }
 
-func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// parseProxyFlags parses the proxy's flags (and their IDEM_ forms).
+func parseProxyFlags(args []string, stderr io.Writer) (*proxyOptions, error) {
 	var o proxyOptions
 	o.maxBody, o.maxResponse = idemhttp.DefaultMaxBodySize, idemhttp.DefaultMaxResponseSize
 	o.memoryLimit = defaultMemoryLimit
@@ -136,6 +134,14 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.DurationVar(&o.readTimeout, "read-timeout", time.Minute, "longest time to read a whole request, body included (0: none)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	if err := parseFlags(fs, args, stderr); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseProxyFlags(args, stderr)
+	if err != nil {
 		return err
 	}
 	target, err := o.validate()
@@ -153,151 +159,36 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	// not a write(2) each.
 	logOut := logwriter.New(stderr)
 	defer logOut.Close() // before the caller prints the error returned
-	logger, err := newLogger(logOut, o.logFormat, o.logLevel)
+	logger, err := startLogger(logOut, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
 	}
-	// What net/http writes with the log package (its Transport's
-	// "Unsolicited response received on idle HTTP channel", for one) goes
-	// to the structured log too, at WARN, never as raw text beside it.
-	slog.SetDefault(logger)
-	slog.SetLogLoggerLevel(slog.LevelWarn)
-
-	storeStats := newStoreMetrics(logger)
-	rawStore, closeStore, err := openStoreWith(ctx, o.store, o.prefix, storeOptions{MaxBytes: int64(o.memoryLimit),
-		ReapEvery: cmp.Or(o.reapInterval, -1), OnReap: storeStats.onReap, Logger: logger})
-	if errors.As(err, new(usageError)) {
-		return err
-	} else if err != nil {
-		return fmt.Errorf("--store %s: %w", storeForLog(o.store), err)
-	}
-	defer closeStore() // stops the reaper, then closes the connections
-	metrics := newProxyMetrics()
-	storeStats.register(metrics.reg, rawStore)
-	store := newTimedStore(rawStore, metrics.store)
-
-	var blobs *blobstore.Bucket
-	if o.blob != "" {
-		if blobs, err = openBlobs(ctx, o.blob); err != nil {
-			return err
-		}
-		defer blobs.Close()
-		metrics.initBlobSeries()
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := blobs.Check(cctx); err != nil {
-			// Not fatal: the store may come up later. Meanwhile new
-			// keyed requests get 503 (or run, with --fail-open).
-			logger.Warn("the blob store does not answer", "blob", blobs.String(), "error", err)
-		}
-		cancel()
-	}
-	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
+	b, err := o.openBackends(ctx, logger)
 	if err != nil {
 		return err
 	}
-	metrics.registerQuotaTenants(p.quotas)
+	defer b.close() // the sweep, the blob store, then the store (its reaper first)
+	p, err := newProxy(target, b.store, o.settings, routes, b.metrics, logger, blobOptions{blobs: b.blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
+	if err != nil {
+		return err
+	}
+	b.metrics.registerQuotaTenants(p.quotas)
 	if o.configFile != "" {
 		sidecar.ReloadOnHangup(ctx, logger, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
 	}
-	if blobs != nil && o.blobSweep > 0 {
-		sweepCtx, stopSweep := context.WithCancel(context.Background())
-		defer stopSweep()
-		go sweepLoop(sweepCtx, blobs, rawStore, o.blobSweep, o.blobSweepMinAge, metrics, logger)
-	}
-	srv := &http.Server{
-		Handler:           p,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       o.readTimeout,
-		IdleTimeout:       o.idleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
-	// HTTP/1.1 and, on the same listener, cleartext HTTP/2 by prior
-	// knowledge (h2c: a connection that opens with HTTP/2's preface).
-	srv.Protocols = new(http.Protocols)
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	ln, listenAddr, err := listenProxy(o.listen)
+	b.startSweep(o, logger)
+	srv, err := o.serve(p, b, logger)
 	if err != nil {
 		return err
 	}
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
-
-	var draining atomic.Bool
-	var admin *http.Server
-	adminAddr := ""
-	if o.adminListen != "" {
-		aln, err := net.Listen("tcp", o.adminListen)
-		if err != nil {
-			srv.Close()
-			return err
-		}
-		admin = &http.Server{
-			Handler:           adminHandler(metrics, rawStore, blobStoreOrNil(blobs), &draining),
-			ReadHeaderTimeout: readHeaderTimeout,
-			ReadTimeout:       10 * time.Second,
-			WriteTimeout:      30 * time.Second,
-			IdleTimeout:       o.idleTimeout,
-			MaxHeaderBytes:    maxHeaderBytes,
-			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		}
-		adminAddr = aln.Addr().String()
-		go func() { serveErr <- admin.Serve(aln) }()
-	}
-	blobName, blobNS := "", ""
-	if blobs != nil {
-		blobName = blobs.String()
-		// The namespace in the names of its blobs, for idem gc's report.
-		blobNS = idem.BlobNamespace(store.Namespace()) + " (" + store.Namespace() + ")"
-	}
-	if o.store == "" || o.store == "memory" { // once every setting was found good
-		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
-	}
-	logger.Info("idem proxy listening", "listen", listenAddr, "admin", adminAddr,
-		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", p.routes.Load().n,
-		"methods", o.settings.Methods, "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String())
-
+	o.logStart(logger, target, srv, b, p)
 	select {
-	case err := <-serveErr:
-		srv.Close()
-		if admin != nil {
-			admin.Close()
-		}
+	case err := <-srv.errs:
+		srv.close()
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}
-
-	// Stop accepting, let in-flight requests finish (their handlers
-	// complete or release their keys), then close the store.
-	draining.Store(true)
-	logger.Info("shutting down: finishing in-flight requests", "timeout", o.shutdownTimeout.String(), "in_flight", p.inFlight.Load())
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer cancel()
-	shutdownErr := srv.Shutdown(sctx)
-	if shutdownErr != nil {
-		logger.Warn("in-flight requests did not finish in time; cancelling their upstream requests and closing their connections",
-			"in_flight", p.inFlight.Load())
-		p.stopWork()
-		srv.Close()
-	}
-	// Handlers outlive Shutdown when it times out, and hijacked
-	// connections are not waited for: give them a moment to release
-	// their leases before the store goes.
-	if !p.wait(drainGrace) {
-		logger.Warn("handlers still running at exit (upgraded connections, or keyed requests whose keys stay blocked until their leases end)",
-			"in_flight", p.inFlight.Load())
-	}
-	if admin != nil {
-		actx, acancel := context.WithTimeout(context.Background(), time.Second)
-		admin.Shutdown(actx)
-		acancel()
-	}
-	if shutdownErr != nil {
-		return fmt.Errorf("shutdown: in-flight requests cut off after %v", o.shutdownTimeout)
-	}
-	logger.Info("idem proxy stopped")
-	return nil
+	return srv.shutdown(p, o.shutdownTimeout, logger)
 }
 
 // validate checks the flags and returns the upstream URL.

@@ -1,0 +1,211 @@
+package main
+
+// The steps of runProxy: the logger, the store and blob store with their
+// metrics, the servers, the start-up line and the shutdown.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/blobstore"
+)
+
+// startLogger makes the proxy's logger and the process's default one.
+func startLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	logger, err := newLogger(w, format, level)
+	if err != nil {
+		return nil, err
+	}
+	// What net/http writes with the log package (its Transport's
+	// "Unsolicited response received on idle HTTP channel", for one) goes
+	// to the structured log too, at WARN, never as raw text beside it.
+	slog.SetDefault(logger)
+	slog.SetLogLoggerLevel(slog.LevelWarn)
+	return logger, nil
+}
+
+// backends are the proxy's store (rawStore as opened, store timed by the
+// metrics) and blob store (nil without --blob), and its metrics.
+type backends struct {
+	rawStore idem.Store
+	store    *timedStore
+	blobs    *blobstore.Bucket
+	metrics  *proxyMetrics
+	closers  []func() // in the order they run
+}
+
+// close stops what the backends run and closes them, the last opened
+// first.
+func (b *backends) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+}
+
+// openBackends opens the store and the blob store, and makes the metrics
+// of both. A blob store that does not answer yet is not fatal: it may
+// come up later, and meanwhile new keyed requests get 503 (or run, with
+// --fail-open).
+func (o *proxyOptions) openBackends(ctx context.Context, logger *slog.Logger) (*backends, error) {
+	b := &backends{metrics: newProxyMetrics()}
+	storeStats := newStoreMetrics(logger)
+	rawStore, closeStore, err := openStoreWith(ctx, o.store, o.prefix, storeOptions{MaxBytes: int64(o.memoryLimit),
+		ReapEvery: cmp.Or(o.reapInterval, -1), OnReap: storeStats.onReap, Logger: logger})
+	if errors.As(err, new(usageError)) {
+		return nil, err
+	} else if err != nil {
+		return nil, fmt.Errorf("--store %s: %w", storeForLog(o.store), err)
+	}
+	b.closers = append(b.closers, closeStore) // stops the reaper, then closes the connections
+	storeStats.register(b.metrics.reg, rawStore)
+	b.rawStore, b.store = rawStore, newTimedStore(rawStore, b.metrics.store)
+	if o.blob == "" {
+		return b, nil
+	}
+	if b.blobs, err = openBlobs(ctx, o.blob); err != nil {
+		b.close()
+		return nil, err
+	}
+	b.closers = append(b.closers, func() { b.blobs.Close() })
+	b.metrics.initBlobSeries()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := b.blobs.Check(cctx); err != nil {
+		logger.Warn("the blob store does not answer", "blob", b.blobs.String(), "error", err)
+	}
+	return b, nil
+}
+
+// startSweep runs the blob sweep (--blob-sweep) until the backends close.
+func (b *backends) startSweep(o *proxyOptions, logger *slog.Logger) {
+	if b.blobs == nil || o.blobSweep <= 0 {
+		return
+	}
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	b.closers = append(b.closers, stopSweep)
+	go sweepLoop(sweepCtx, b.blobs, b.rawStore, o.blobSweep, o.blobSweepMinAge, b.metrics, logger)
+}
+
+// servers are the proxy's server and its admin server (nil without
+// --admin-listen); errs receives what their Serve returns.
+type servers struct {
+	srv, admin            *http.Server
+	listenAddr, adminAddr string
+	draining              atomic.Bool // /readyz answers 503 once set
+	errs                  chan error
+}
+
+// serve starts serving the proxied traffic on --listen and, with
+// --admin-listen, /metrics, /healthz and /readyz.
+func (o *proxyOptions) serve(p *proxy, b *backends, logger *slog.Logger) (*servers, error) {
+	s := &servers{errs: make(chan error, 2)}
+	s.srv = &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       o.readTimeout,
+		IdleTimeout:       o.idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	// HTTP/1.1 and, on the same listener, cleartext HTTP/2 by prior
+	// knowledge (h2c: a connection that opens with HTTP/2's preface).
+	s.srv.Protocols = new(http.Protocols)
+	s.srv.Protocols.SetHTTP1(true)
+	s.srv.Protocols.SetUnencryptedHTTP2(true)
+	ln, listenAddr, err := listenProxy(o.listen)
+	if err != nil {
+		return nil, err
+	}
+	s.listenAddr = listenAddr
+	go func() { s.errs <- s.srv.Serve(ln) }()
+	if o.adminListen == "" {
+		return s, nil
+	}
+	aln, err := net.Listen("tcp", o.adminListen)
+	if err != nil {
+		s.srv.Close()
+		return nil, err
+	}
+	s.admin = &http.Server{
+		Handler:           adminHandler(b.metrics, b.rawStore, blobStoreOrNil(b.blobs), &s.draining),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       o.idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	s.adminAddr = aln.Addr().String()
+	go func() { s.errs <- s.admin.Serve(aln) }()
+	return s, nil
+}
+
+// close closes both servers at once.
+func (s *servers) close() {
+	s.srv.Close()
+	if s.admin != nil {
+		s.admin.Close()
+	}
+}
+
+// logStart logs the start-up line (and the memory store's warning), once
+// every setting was found good.
+func (o *proxyOptions) logStart(logger *slog.Logger, target *url.URL, s *servers, b *backends, p *proxy) {
+	blobName, blobNS := "", ""
+	if b.blobs != nil {
+		blobName = b.blobs.String()
+		// The namespace in the names of its blobs, for idem gc's report.
+		ns := b.store.Namespace()
+		blobNS = idem.BlobNamespace(ns) + " (" + ns + ")"
+	}
+	if o.store == "" || o.store == "memory" {
+		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
+	}
+	logger.Info("idem proxy listening", "listen", s.listenAddr, "admin", s.adminAddr,
+		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", p.routes.Load().n,
+		"methods", o.settings.Methods, "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String())
+}
+
+// shutdown stops accepting, lets in-flight requests finish (their
+// handlers complete or release their keys) within timeout, then cuts
+// the rest off; the caller closes the store after.
+func (s *servers) shutdown(p *proxy, timeout time.Duration, logger *slog.Logger) error {
+	s.draining.Store(true)
+	logger.Info("shutting down: finishing in-flight requests", "timeout", timeout.String(), "in_flight", p.inFlight.Load())
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	shutdownErr := s.srv.Shutdown(sctx)
+	if shutdownErr != nil {
+		logger.Warn("in-flight requests did not finish in time; cancelling their upstream requests and closing their connections",
+			"in_flight", p.inFlight.Load())
+		p.stopWork()
+		s.srv.Close()
+	}
+	// Handlers outlive Shutdown when it times out, and hijacked
+	// connections are not waited for: give them a moment to release
+	// their leases before the store goes.
+	if !p.wait(drainGrace) {
+		logger.Warn("handlers still running at exit (upgraded connections, or keyed requests whose keys stay blocked until their leases end)",
+			"in_flight", p.inFlight.Load())
+	}
+	if s.admin != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		s.admin.Shutdown(actx)
+		acancel()
+	}
+	if shutdownErr != nil {
+		return fmt.Errorf("shutdown: in-flight requests cut off after %v", timeout)
+	}
+	logger.Info("idem proxy stopped")
+	return nil
+}
