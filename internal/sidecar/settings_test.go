@@ -1,0 +1,96 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// TestSettingsValidate: each bad setting is one error that names it as
+// the front end spells it, with what it wants; the defaults are good.
+func TestSettingsValidate(t *testing.T) {
+	if err := DefaultSettings().Validate(Underscored); err != nil {
+		t.Fatalf("DefaultSettings: %v, want valid", err)
+	}
+	flag := func(n string) string { return "--" + n }
+	for _, tc := range []struct {
+		set  func(*Settings)
+		flag string // the error with flag names
+		file string // with Underscored
+	}{
+		{func(s *Settings) { s.Lease = time.Millisecond }, "--lease 1ms: want at least 10ms", "lease 1ms"},
+		{func(s *Settings) { s.Wait = -time.Second }, "--wait -1s: must not be negative (0: no wait, 409 at once)", "wait -1s"},
+		{func(s *Settings) { s.ClientWriteTimeout = -1 }, "--client-write-timeout -1ns: must not be negative", "client_write_timeout -1ns"},
+		{func(s *Settings) { s.QuotaBytes = -1 }, "--quota-bytes -1: must not be negative", "quota_bytes -1"},
+		{func(s *Settings) { s.MaxBody = 0 }, "--max-body 0: want at least 1 byte", "max_body 0"},
+		{func(s *Settings) { s.Methods = []string{"PO ST"} }, `--methods: "PO ST" is not an HTTP method`, `methods: "PO ST"`},
+		{func(s *Settings) { s.TenantHeader, s.TenantCookie = "X-T", "sid" }, `--tenant-header "X-T" and --tenant-cookie "sid": set one`, `tenant_header "X-T" and tenant_cookie "sid"`},
+		{func(s *Settings) { s.StoreStatuses = []int{99} }, "--store-statuses: 99 is not a final HTTP status", "store_statuses: 99"},
+	} {
+		s := DefaultSettings()
+		tc.set(&s)
+		if err := s.Validate(flag); err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("got %v, want %q", err, tc.flag)
+		}
+		if err := s.Validate(Underscored); err == nil || !strings.HasPrefix(err.Error(), tc.file) {
+			t.Errorf("got %v, want it to start %q", err, tc.file)
+		}
+	}
+}
+
+// TestSettingsConfig: the sidecars' 0 (no wait, no limit) is idemhttp's
+// negative; an unset quota is NoQuota, not idemhttp's default; the
+// store statuses are the only ones stored.
+func TestSettingsConfig(t *testing.T) {
+	s := DefaultSettings()
+	s.Wait, s.ClientWriteTimeout, s.StoreStatuses = 0, 0, []int{201}
+	cfg := s.Config(nil, nil, Env{Metrics: NewMetrics(Underscored)})
+	if cfg.Wait != -1 || cfg.ClientWriteTimeout != -1 {
+		t.Errorf("Wait %v, ClientWriteTimeout %v: want -1 each (none)", cfg.Wait, cfg.ClientWriteTimeout)
+	}
+	if cfg.Quota != idemhttp.NoQuota {
+		t.Errorf("Quota %v, want NoQuota", cfg.Quota)
+	}
+	if !cfg.ShouldStore(nil, 201) || cfg.ShouldStore(nil, 200) {
+		t.Errorf("ShouldStore: want 201 alone stored")
+	}
+	if got := DefaultSettings().Config(nil, nil, Env{}).Wait; got != idemhttp.DefaultWait {
+		t.Errorf("default Wait %v, want idemhttp.DefaultWait", got)
+	}
+}
+
+// TestQuota: the memory store's default quota, and none for a store of
+// unknown size.
+func TestQuota(t *testing.T) {
+	if q := DefaultQuota(0); !q.None() || q.New(0) != idemhttp.NoQuota {
+		t.Errorf("DefaultQuota(0) = %+v, want none", q)
+	}
+	q := DefaultQuota(128 << 20)
+	if q.InFlight != idemhttp.DefaultQuotaInFlight || q.Bytes != 16<<20 || q.Records != 0 {
+		t.Errorf("DefaultQuota(128 MiB) = %+v, want in flight %d, bytes 16 MiB", q, idemhttp.DefaultQuotaInFlight)
+	}
+	if n := q.New(7); n.InFlight != q.InFlight || n.Bytes != q.Bytes || n.Tenants != 7 {
+		t.Errorf("New(7) = %+v", n)
+	}
+}
+
+// TestOpenStoreErrors: an error in the URL is a BadStore that names the
+// setting as the front end does, without the URL.
+func TestOpenStoreErrors(t *testing.T) {
+	for _, name := range []string{"--store", "store"} {
+		_, _, err := OpenStore(context.Background(), "mongodb://u:s3cret@h/db", "", StoreOptions{Name: name})
+		var bad BadStore
+		if !errors.As(err, &bad) || !strings.HasPrefix(bad.Msg, name+`: unknown scheme "mongodb"`) || strings.Contains(bad.Msg, "s3cret") {
+			t.Errorf("%s: got %v, want a BadStore %q… without the password", name, err, name+": unknown scheme")
+		}
+	}
+	s, closeStore, err := OpenStore(context.Background(), "memory", "", StoreOptions{})
+	if err != nil || s == nil {
+		t.Fatalf("memory: %v", err)
+	}
+	closeStore()
+}
