@@ -190,3 +190,30 @@ func TestProxyReloadUnderLoad(t *testing.T) {
 		t.Errorf("ERROR lines: %s", strings.Join(lines, ""))
 	}
 }
+
+// TestProxyReloadQuota: a reload keeps the counts of the flags' quota, and
+// of a route's own quota while its pattern and limits stay; a route whose
+// limits change starts new counts.
+func TestProxyReloadQuota(t *testing.T) {
+	t.Parallel()
+	up := newTestUpstream(t)
+	cfg := filepath.Join(t.TempDir(), "routes.yaml")
+	route := "routes:\n  - match: \"POST /own/\"\n    methods: [POST]\n    quota_records: 1\n"
+	writeFile(t, cfg, route)
+	p := startProxy(t, nil, "--upstream", up.URL, "--config", cfg, "--quota-records", "1")
+	wantStatus(t, "the flags' route, first key", mustSend(t, "POST", p.url("/flags/1"), "f1", `{}`), http.StatusCreated, "")
+	wantStatus(t, "the own route, first key", mustSend(t, "POST", p.url("/own/1"), "o1", `{}`), http.StatusCreated, "")
+
+	writeFile(t, cfg, route+"    require_key: true\n") // the same pattern and limits
+	p.hangup(t, `"msg":"reloaded","what":"config"`, 1)
+	wantStatus(t, "the flags' route, a second key after the reload", mustSend(t, "POST", p.url("/flags/2"), "f2", `{}`),
+		http.StatusTooManyRequests, "urn:idem:problem:quota-exceeded")
+	wantStatus(t, "the own route, a second key after the reload", mustSend(t, "POST", p.url("/own/2"), "o2", `{}`),
+		http.StatusTooManyRequests, "urn:idem:problem:quota-exceeded")
+
+	writeFile(t, cfg, "routes:\n  - match: \"POST /own/\"\n    methods: [POST]\n    quota_records: 2\n")
+	p.hangup(t, `"msg":"reloaded","what":"config"`, 2)
+	wantStatus(t, "the own route with new limits: new counts", mustSend(t, "POST", p.url("/own/3"), "o3", `{}`), http.StatusCreated, "")
+	wantStatus(t, "the flags' route, still counted", mustSend(t, "POST", p.url("/flags/3"), "f3", `{}`),
+		http.StatusTooManyRequests, "urn:idem:problem:quota-exceeded")
+}
