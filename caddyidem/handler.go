@@ -301,7 +301,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Route: idemhttp's default, the path the upstream will see
 	// (sidecar.Route), as idem proxy's without --config, so that a Caddy
 	// and a proxy on the same store and prefix share their records.
-	h.mw, err = idemhttp.NewMiddleware(store, s.Config(h.tenant, nil, env))
+	h.mw, err = s.Middleware(store, h.tenant, nil, env)
 	return err
 }
 

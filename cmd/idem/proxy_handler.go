@@ -207,7 +207,7 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 	if p.blob.blobs != nil {
 		env.Blobs = p.blob.blobs
 	}
-	mw, err := idemhttp.NewMiddleware(p.store, s.Config(rt.tenant, routeFunc(pattern, rt.routeOf), env))
+	mw, err := s.Middleware(p.store, rt.tenant, routeFunc(pattern, rt.routeOf), env)
 	if err != nil {
 		where := "the flags"
 		if pattern != "" {

@@ -86,3 +86,9 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 	}
 	return cfg
 }
+
+// Middleware is the idemhttp middleware of a route with settings s (see
+// Config), in front of the upstream's handler.
+func (s Settings) Middleware(store idem.Store, tenant, route func(*http.Request) string, env Env) (func(http.Handler) http.Handler, error) {
+	return idemhttp.NewMiddleware(store, s.Config(tenant, route, env))
+}
