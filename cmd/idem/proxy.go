@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/logwriter"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 func init() {
@@ -60,7 +61,17 @@ type proxyOptions struct {
 	reapInterval                    time.Duration // --reap-interval; 0: no reaper
 	v1Scopes                        v1Scopes      // --v1-scopes
 	quota                           quotaFlags    // --quota-*; resolved into settings by validate
+
+	tls         sidecar.TLSFiles // --tls-cert, --tls-key, --tls-client-ca
+	upstreamTLS sidecar.TLSFiles // --upstream-cert, --upstream-key, --upstream-ca
+	tlsWatch    time.Duration    // --tls-watch; 0: on SIGHUP only
 }
+
+// The flags of the TLS files, as errors name them.
+var (
+	tlsFlags         = sidecar.TLSFiles{Cert: "--tls-cert", Key: "--tls-key", CA: "--tls-client-ca"}
+	upstreamTLSFlags = sidecar.TLSFiles{Cert: "--upstream-cert", Key: "--upstream-key", CA: "--upstream-ca"}
+)
 
 // v1Scopes is --v1-scopes: how long after start the keys v1.0 derived are
 // looked up too (idemhttp Config.V1Scopes): "" (the default) as long as
@@ -128,6 +139,13 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.DurationVar(&o.blobTimeout, "blob-timeout", idemhttp.DefaultBlobTimeout, "give up a blob write or read that makes no progress for this long (a write: the key completes without its body; a replay: 503 or an aborted response)")
 	fs.DurationVar(&o.blobSweep, "blob-sweep", 0, "with --blob: delete orphaned and expired blobs this often (as idem gc does); 0: never (use idem gc or an S3 lifecycle rule)")
 	fs.DurationVar(&o.blobSweepMinAge, "blob-sweep-min-age", blobstore.DefaultMinAge, "with --blob-sweep: leave blobs younger than this (0: none)")
+	fs.StringVar(&o.tls.Cert, "tls-cert", "", "serve TLS (HTTP/1.1 and HTTP/2 by ALPN) with this PEM certificate (its chain, leaf first), with --tls-key; re-read when the file changes and on SIGHUP")
+	fs.StringVar(&o.tls.Key, "tls-key", "", "the PEM private key of --tls-cert (unencrypted)")
+	fs.StringVar(&o.tls.CA, "tls-client-ca", "", "with --tls-cert: require a client certificate signed by a CA of this PEM file (mTLS); the certificate is the tenant when no credential or --tenant-header/--tenant-cookie names the client")
+	fs.DurationVar(&o.tlsWatch, "tls-watch", sidecar.CertWatchInterval, "with --tls-cert: look at the TLS files this often, and load them when their contents changed; 0: only on SIGHUP")
+	fs.StringVar(&o.upstreamTLS.CA, "upstream-ca", "", "with an https:// upstream: trust the CAs of this PEM file instead of the system's")
+	fs.StringVar(&o.upstreamTLS.Cert, "upstream-cert", "", "with an https:// upstream: present this PEM client certificate to it, with --upstream-key")
+	fs.StringVar(&o.upstreamTLS.Key, "upstream-key", "", "the PEM private key of --upstream-cert (unencrypted)")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -162,6 +180,18 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	// to the structured log too, at WARN, never as raw text beside it.
 	slog.SetDefault(logger)
 	slog.SetLogLoggerLevel(slog.LevelWarn)
+	// The TLS files are read before anything opens: one that does not
+	// load is a usage error, as a bad flag is.
+	var certs *sidecar.CertSource
+	if o.tls.Cert != "" {
+		if certs, err = sidecar.NewCertSource(o.tls, tlsFlags, logger); err != nil {
+			return usageError{err.Error()}
+		}
+	}
+	upstreamTLS, err := sidecar.UpstreamTLS(o.upstreamTLS, upstreamTLSFlags)
+	if err != nil {
+		return usageError{err.Error()}
+	}
 
 	storeStats := newStoreMetrics(logger)
 	rawStore, closeStore, err := openStoreWith(ctx, o.store, o.prefix, storeOptions{maxBytes: int64(o.memoryLimit),
@@ -191,7 +221,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		}
 		cancel()
 	}
-	p, err := newProxy(target, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
+	p, err := newProxy(target, upstreamTLS, store, o.settings, routes, metrics, logger, blobOptions{blobs: blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
 	if err != nil {
 		return err
 	}
@@ -209,17 +239,30 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	// HTTP/1.1 and, on the same listener, cleartext HTTP/2 by prior
-	// knowledge (h2c: a connection that opens with HTTP/2's preface).
+	// HTTP/1.1 and, on the same listener, HTTP/2: by ALPN over TLS, else
+	// cleartext by prior knowledge (h2c: a connection that opens with
+	// HTTP/2's preface).
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv.Protocols.SetHTTP2(certs != nil)
+	srv.Protocols.SetUnencryptedHTTP2(certs == nil)
 	ln, listenAddr, err := listenProxy(o.listen)
 	if err != nil {
 		return err
 	}
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
+	var reloads []sidecar.Reload
+	if certs != nil {
+		srv.TLSConfig = certs.Config()
+		if o.tlsWatch > 0 {
+			certs.Watch(ctx, o.tlsWatch)
+		}
+		reloads = append(reloads, sidecar.Reload{What: "certificates", Do: certs.Reload})
+		go func() { serveErr <- srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- srv.Serve(ln) }()
+	}
+	sidecar.ReloadOnHangup(ctx, logger, reloads...)
 
 	var draining atomic.Bool
 	var admin *http.Server
@@ -251,7 +294,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	if o.store == "" || o.store == "memory" { // once every setting was found good
 		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
 	}
-	logger.Info("idem proxy listening", "listen", listenAddr, "admin", adminAddr,
+	logger.Info("idem proxy listening", "listen", listenAddr, "tls", tlsMode(o.tls), "admin", adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", len(routes),
 		"methods", o.settings.methods, "require_key", o.settings.requireKey, "lease", o.settings.lease.String(), "quota", p.quota.String())
 
@@ -323,6 +366,21 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.listen == "" {
 		return nil, usageError{"--listen is empty"}
 	}
+	if (o.tls.Cert == "") != (o.tls.Key == "") {
+		return nil, usageError{"--tls-cert and --tls-key go together: want both (a PEM certificate and its key) or neither"}
+	}
+	if o.tls.CA != "" && o.tls.Cert == "" {
+		return nil, usageError{"--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in a TLS handshake"}
+	}
+	if o.tlsWatch < 0 {
+		return nil, usageError{fmt.Sprintf("--tls-watch %v: must not be negative (0: only on SIGHUP)", o.tlsWatch)}
+	}
+	if (o.upstreamTLS.Cert == "") != (o.upstreamTLS.Key == "") {
+		return nil, usageError{"--upstream-cert and --upstream-key go together: want both (a PEM certificate and its key) or neither"}
+	}
+	if o.upstreamTLS != (sidecar.TLSFiles{}) && target.Scheme != "https" {
+		return nil, usageError{fmt.Sprintf("--upstream-ca, --upstream-cert and --upstream-key need an https:// upstream; --upstream is %s://", target.Scheme)}
+	}
 	if _, isUnix, err := listenUnixURL(o.listen); err != nil {
 		return nil, err
 	} else if _, _, err := net.SplitHostPort(o.listen); !isUnix && err != nil {
@@ -377,6 +435,18 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}
+
+// tlsMode is the listener's TLS for the start's log line: off, tls, or
+// mtls (client certificates required).
+func tlsMode(f sidecar.TLSFiles) string {
+	switch {
+	case f.CA != "":
+		return "mtls"
+	case f.Cert != "":
+		return "tls"
+	}
+	return "off"
 }
 
 // storeForLog names the store without credentials or query: its scheme,

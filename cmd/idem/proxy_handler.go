@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -70,9 +71,9 @@ type reqInfoKey struct{}
 
 // newProxy builds the proxy's handler: a route for the defaults and one
 // per --config route, each a middleware in front of the same upstream.
-func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
+func newProxy(target *url.URL, upstreamTLS *tls.Config, store idem.Store, defaults routeSettings, routes []routeConfig,
 	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
-	upstream := newUpstream(target, metrics, logger)
+	upstream := newUpstream(target, upstreamTLS, metrics, logger)
 	p := &proxy{logger: logger, metrics: metrics, blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes}
 	p.quota = quotaOf(defaults, quotaTenants)
 	p.quotas = []*idemhttp.Quota{p.quota}
