@@ -113,7 +113,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 `)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on (HTTP/1.1 and h2c): host:port, or unix:///path/idem.sock (a unix socket of mode 0660, removed on exit)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on (HTTP/1.1 and h2c; with --tls-cert, TLS with HTTP/1.1 and HTTP/2): host:port, or unix:///path/idem.sock (a unix socket of mode 0660, removed on exit)")
 	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy (required): http://host:port[/path], https://, h2c://host:port[/path] (cleartext HTTP/2), unix:///path/app.sock (HTTP/1.1 on a unix socket) or h2c+unix:///path/app.sock")
 	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")

@@ -219,8 +219,8 @@ func TestProxyTLS(t *testing.T) {
 	if r := runCurl(t, "--http1.1", base+"/"); r.code == 0 {
 		t.Errorf("curl without --cacert: exit 0, want a verification failure")
 	}
-	if r := runCurl(t, "http://"+p.addr+"/"); r.code == 0 && r.status != http.StatusBadRequest {
-		t.Errorf("plain HTTP on the TLS listener: %s %d, want it refused", r.proto, r.status)
+	if r := runCurl(t, "http://"+p.addr+"/"); r.status != http.StatusBadRequest {
+		t.Errorf("plain HTTP on the TLS listener: exit %d, %s %d, want 400", r.code, r.proto, r.status)
 	}
 
 	// Python's urllib, twice with one key: run once, replayed.
@@ -607,8 +607,7 @@ func TestProxyTLSMistakes(t *testing.T) {
 	dir := t.TempDir()
 	ca := newTestCA(t, dir, "ca")
 	cert, key := ca.issue("server", "localhost", 10, false)
-	otherCert, otherKey := ca.issue("other", "localhost", 11, false)
-	_ = otherCert
+	_, otherKey := ca.issue("other", "localhost", 11, false)
 	junk := filepath.Join(dir, "junk.pem")
 	os.WriteFile(junk, []byte("not PEM at all\n"), 0o600)
 	missing := filepath.Join(dir, "missing.pem")
