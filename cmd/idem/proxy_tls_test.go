@@ -191,7 +191,7 @@ func (p *proxyProc) awaitLogCount(s string, n int) {
 
 // TestProxyTLS: with --tls-cert and --tls-key the listener serves TLS,
 // HTTP/2 and HTTP/1.1 by ALPN; a keyed POST runs once and is replayed
-// over either, and to Python's urllib.
+// over either, and to Python's urllib; on TCP and on a unix socket.
 func TestProxyTLS(t *testing.T) {
 	requireTool(t, "curl")
 	dir := t.TempDir()
@@ -237,6 +237,19 @@ func TestProxyTLS(t *testing.T) {
 	}
 	if !strings.Contains(p.logText(), `"tls":"tls"`) {
 		t.Errorf("the start's line does not say tls")
+	}
+
+	// TLS on a unix socket listener.
+	sock := filepath.Join(t.TempDir(), "idem.sock")
+	startProxy(t, nil, "--upstream", u.URL, "--tls-cert", cert, "--tls-key", key, "--listen", "unix://"+sock)
+	for i, flag := range []string{"--http2", "--http1.1"} {
+		r := runCurl(t, "--unix-socket", sock, "--cacert", ca.file, flag, "-H", "Idempotency-Key: tls-sock", "-d", "amount=1", "https://localhost/charges")
+		if r.status != http.StatusCreated || (r.header.Get(idemhttp.HeaderReplayed) == "true") != (i == 1) {
+			t.Errorf("curl --unix-socket %s over TLS: exit %d, %s %d replayed %q", flag, r.code, r.proto, r.status, r.header.Get(idemhttp.HeaderReplayed))
+		}
+	}
+	if n := u.runsOf("tls-sock"); n != 1 {
+		t.Errorf("upstream ran tls-sock %d times, want 1", n)
 	}
 }
 
