@@ -94,9 +94,6 @@ func NewCertSource(files, names TLSFiles, logger *slog.Logger) (*CertSource, err
 // handshake served from the files in place.
 func (s *CertSource) Config() *tls.Config { return s.base }
 
-// Leaf is the certificate in place (its leaf).
-func (s *CertSource) Leaf() *x509.Certificate { return s.cur.Load().leaf }
-
 // Reload reads the files again and puts them in place, or returns an
 // error that says in one line what is wrong with them and keeps the
 // running ones (the sidecar's SIGHUP, ReloadOnHangup, logs it).
@@ -149,6 +146,10 @@ func (s *CertSource) poll() {
 	}
 	s.pending = [32]byte{}
 	st, err := s.load()
+	if err != nil && st.sum != sum {
+		s.pending = st.sum // changed again since the look: judge it at the next
+		return
+	}
 	if err != nil {
 		s.refused = st.sum
 		s.logger.Error("reload refused; the running configuration is kept", "what", "certificates", "cause", "files changed", "error", err)
