@@ -142,9 +142,9 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.StringVar(&o.tls.Cert, "tls-cert", "", "serve TLS (HTTP/1.1 and HTTP/2 by ALPN) with this PEM certificate (its chain, leaf first), with --tls-key; re-read when the file changes and on SIGHUP")
 	fs.StringVar(&o.tls.Key, "tls-key", "", "the PEM private key of --tls-cert (unencrypted)")
 	fs.StringVar(&o.tls.CA, "tls-client-ca", "", "with --tls-cert: require a client certificate signed by a CA of this PEM file (mTLS); the certificate is the tenant when no credential or --tenant-header/--tenant-cookie names the client")
-	fs.DurationVar(&o.tlsWatch, "tls-watch", sidecar.CertWatchInterval, "with --tls-cert: look at the TLS files this often, and load them when their contents changed; 0: only on SIGHUP")
+	fs.DurationVar(&o.tlsWatch, "tls-watch", sidecar.CertWatchInterval, "look at the files of --tls-cert, --tls-key, --tls-client-ca, --upstream-cert and --upstream-key this often, and load them when their contents changed; 0: only on SIGHUP")
 	fs.StringVar(&o.upstreamTLS.CA, "upstream-ca", "", "with an https:// upstream: trust the CAs of this PEM file instead of the system's")
-	fs.StringVar(&o.upstreamTLS.Cert, "upstream-cert", "", "with an https:// upstream: present this PEM client certificate to it, with --upstream-key")
+	fs.StringVar(&o.upstreamTLS.Cert, "upstream-cert", "", "with an https:// upstream: present this PEM client certificate to it, with --upstream-key; re-read when the file changes and on SIGHUP")
 	fs.StringVar(&o.upstreamTLS.Key, "upstream-key", "", "the PEM private key of --upstream-cert (unencrypted)")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
@@ -188,7 +188,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 			return usageError{err.Error()}
 		}
 	}
-	upstreamTLS, err := sidecar.UpstreamTLS(o.upstreamTLS, upstreamTLSFlags)
+	upstreamTLS, upstreamCerts, err := sidecar.UpstreamTLS(o.upstreamTLS, upstreamTLSFlags, logger)
 	if err != nil {
 		return usageError{err.Error()}
 	}
@@ -251,13 +251,9 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		return err
 	}
 	serveErr := make(chan error, 2)
-	var reloads []sidecar.Reload
+	reloads := sidecar.WatchCerts(ctx, o.tlsWatch, certs, upstreamCerts)
 	if certs != nil {
 		srv.TLSConfig = certs.Config()
-		if o.tlsWatch > 0 {
-			certs.Watch(ctx, o.tlsWatch)
-		}
-		reloads = append(reloads, sidecar.Reload{What: "certificates", Do: certs.Reload})
 		go func() { serveErr <- srv.ServeTLS(ln, "", "") }()
 	} else {
 		go func() { serveErr <- srv.Serve(ln) }()

@@ -554,19 +554,28 @@ func TestProxyTLSRotation(t *testing.T) {
 // name.
 func tlsUpstream(t *testing.T, ca *testCA, requireClient bool) (*httptest.Server, func(string) int) {
 	t.Helper()
+	srv, runs, _ := tlsUpstreamClients(t, ca, requireClient)
+	return srv, runs
+}
+
+// tlsUpstreamClients is tlsUpstream, and also returns the name of the
+// client certificate each key came with.
+func tlsUpstreamClients(t *testing.T, ca *testCA, requireClient bool) (*httptest.Server, func(string) int, func(string) string) {
+	t.Helper()
 	cert, key := ca.issue("upstream", "localhost", 50, false)
 	var mu sync.Mutex
-	runs := map[string]int{}
+	runs, clients := map[string]int{}, map[string]string{}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k := r.Header.Get(idemhttp.HeaderKey)
-		mu.Lock()
-		runs[k]++
-		n := runs[k]
-		mu.Unlock()
 		peer := ""
 		if len(r.TLS.PeerCertificates) > 0 {
 			peer = r.TLS.PeerCertificates[0].Subject.CommonName
 		}
+		mu.Lock()
+		runs[k]++
+		n := runs[k]
+		clients[k] = peer
+		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 		json.NewEncoder(w).Encode(map[string]any{"run": n, "client": peer, "proto": r.Proto, "nonce": rand.Text()})
 	}))
@@ -577,13 +586,16 @@ func tlsUpstream(t *testing.T, ca *testCA, requireClient bool) (*httptest.Server
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return srv, func(k string) int { mu.Lock(); defer mu.Unlock(); return runs[k] }
+	return srv, func(k string) int { mu.Lock(); defer mu.Unlock(); return runs[k] },
+		func(k string) string { mu.Lock(); defer mu.Unlock(); return clients[k] }
 }
 
 // TestProxyTLSUpstream: an https:// upstream is verified against
 // --upstream-ca instead of the system's CAs (without it: 502), and one
 // that requires a client certificate gets --upstream-cert (without it:
-// 502); a keyed request runs there once and is replayed.
+// 502); a keyed request runs there once and is replayed. The client
+// certificate's files replaced and SIGHUP: new upstream connections
+// present the new one; a bad new pair is refused, the old one kept.
 func TestProxyTLSUpstream(t *testing.T) {
 	dir := t.TempDir()
 	ca := newTestCA(t, dir, "upstream-ca")
@@ -600,12 +612,27 @@ func TestProxyTLSUpstream(t *testing.T) {
 		}
 	})
 	t.Run("client-cert", func(t *testing.T) {
-		srv, runs := tlsUpstream(t, ca, true)
+		srv, runs, clientOf := tlsUpstreamClients(t, ca, true)
 		cert, key := ca.issue("proxy-client", "idem-proxy", 60, true)
-		p := startProxy(t, nil, "--upstream", srv.URL, "--upstream-ca", ca.file, "--upstream-cert", cert, "--upstream-key", key)
+		p := startProxy(t, nil, "--upstream", srv.URL, "--upstream-ca", ca.file, "--upstream-cert", cert, "--upstream-key", key, "--tls-watch", "0")
 		got := keyedTwice(t, "http://"+p.addr, "up-3", "n=1")
 		if runs("up-3") != 1 || !strings.Contains(got, `"client":"idem-proxy"`) {
 			t.Errorf("upstream ran up-3 %d times, answered %s; want once, to the client idem-proxy", runs("up-3"), got)
+		}
+		ca.issueTo(cert, key, "idem-proxy-2", 61, true)
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		p.awaitLogCount(`"msg":"reloaded","what":"upstream certificate"`, 1)
+		srv.CloseClientConnections() // the proxy's next request opens a new connection
+		if r := mustSend(t, http.MethodPost, p.url("/x"), "up-5", "n=1"); r.status != http.StatusCreated || clientOf("up-5") != "idem-proxy-2" {
+			t.Errorf("after the rotation: %d, the upstream saw client %q, want 201 from idem-proxy-2", r.status, clientOf("up-5"))
+		}
+		kder, _ := x509.MarshalPKCS8PrivateKey(newKey(t))
+		writePEM(t, key, "PRIVATE KEY", kder)
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		p.awaitLogCount(`"msg":"reload refused; the running configuration is kept","what":"upstream certificate"`, 1)
+		srv.CloseClientConnections()
+		if r := mustSend(t, http.MethodPost, p.url("/x"), "up-6", "n=1"); r.status != http.StatusCreated || clientOf("up-6") != "idem-proxy-2" {
+			t.Errorf("after a bad pair: %d, the upstream saw client %q, want 201 from idem-proxy-2 (kept)", r.status, clientOf("up-6"))
 		}
 		q := startProxy(t, nil, "--upstream", srv.URL, "--upstream-ca", ca.file)
 		if r := mustSend(t, http.MethodPost, q.url("/x"), "up-4", "n=1"); r.status != http.StatusBadGateway || runs("up-4") != 0 {

@@ -49,6 +49,7 @@ const CertWatchInterval = 2 * time.Second
 // chain against the config of the handshake), so a CA taken out of the
 // file stops admitting its clients at the next handshake, resumed or not.
 type CertSource struct {
+	what         string // what the log calls it: "certificates", "upstream certificate"
 	files, names TLSFiles
 	logger       *slog.Logger
 	base         *tls.Config // what ServeTLS is given; its session ticket keys are shared by every state
@@ -71,9 +72,13 @@ type certState struct {
 // listener. names are what to call each file in errors, such as
 // "--tls-cert" (the error then reads "--tls-cert /etc/idem/tls.crt: ...").
 // The logger gets a line for each certificate put in place, and the
-// watcher's reloads and refusals.
+// watcher's reloads and refusals, under "what": "certificates".
 func NewCertSource(files, names TLSFiles, logger *slog.Logger) (*CertSource, error) {
-	s := &CertSource{files: files, names: names, logger: logger}
+	return newCertSource("certificates", files, names, logger)
+}
+
+func newCertSource(what string, files, names TLSFiles, logger *slog.Logger) (*CertSource, error) {
+	s := &CertSource{what: what, files: files, names: names, logger: logger}
 	s.base = &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
@@ -131,6 +136,22 @@ func (s *CertSource) Watch(ctx context.Context, interval time.Duration) {
 	}()
 }
 
+// WatchCerts starts Watch on each source that is not nil, every interval
+// (0: none), and returns their Reloads for ReloadOnHangup.
+func WatchCerts(ctx context.Context, interval time.Duration, sources ...*CertSource) []Reload {
+	var reloads []Reload
+	for _, s := range sources {
+		if s == nil {
+			continue
+		}
+		if interval > 0 {
+			s.Watch(ctx, interval)
+		}
+		reloads = append(reloads, Reload{What: s.what, Do: s.Reload})
+	}
+	return reloads
+}
+
 // poll is one look of Watch.
 func (s *CertSource) poll() {
 	sum := s.digest()
@@ -152,22 +173,22 @@ func (s *CertSource) poll() {
 	}
 	if err != nil {
 		s.refused = st.sum
-		s.logger.Error("reload refused; the running configuration is kept", "what", "certificates", "cause", "files changed", "error", err)
+		s.logger.Error("reload refused; the running configuration is kept", "what", s.what, "cause", "files changed", "error", err)
 		return
 	}
 	s.install(st)
-	s.logger.Info("reloaded", "what", "certificates", "cause", "files changed")
+	s.logger.Info("reloaded", "what", s.what, "cause", "files changed")
 }
 
 // install puts st in place and logs what is served now.
 func (s *CertSource) install(st certState) {
 	s.cur.Store(&st)
-	attrs := []any{"serial", st.leaf.SerialNumber.Text(16), "subject", st.leaf.Subject.String(),
+	attrs := []any{"what", s.what, "serial", st.leaf.SerialNumber.Text(16), "subject", st.leaf.Subject.String(),
 		"dns_names", st.leaf.DNSNames, "not_after", st.leaf.NotAfter.UTC().Format(time.RFC3339)}
 	if st.config.ClientCAs != nil {
 		attrs = append(attrs, "client_ca", s.files.CA)
 	}
-	s.logger.Info("serving TLS certificate", attrs...)
+	s.logger.Info("TLS certificate in place", attrs...)
 	if now := time.Now(); now.After(st.leaf.NotAfter) || now.Before(st.leaf.NotBefore) {
 		s.logger.Warn("the TLS certificate is not valid now: clients will refuse it", "serial", st.leaf.SerialNumber.Text(16),
 			"not_before", st.leaf.NotBefore.UTC().Format(time.RFC3339), "not_after", st.leaf.NotAfter.UTC().Format(time.RFC3339))
@@ -234,36 +255,37 @@ func (s *CertSource) load() (certState, error) {
 
 // UpstreamTLS is the client side's tls.Config for an https:// upstream:
 // TLS 1.2 at least, the upstream verified against the CAs of files.CA
-// (instead of the system's) when it is set, and the certificate of
-// files.Cert and files.Key presented when the upstream asks for one.
-// names are what to call each file in errors. The files are read once.
-func UpstreamTLS(files, names TLSFiles) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+// (instead of the system's) when it is set, read once; and, with
+// files.Cert and files.Key, the certificate presented when the upstream
+// asks for one, from certs (nil without them): a CertSource that Reload
+// and Watch replace as a listener's ("what": "upstream certificate"), so
+// that a short-lived client certificate can be rotated without a restart
+// (connections open to the upstream keep the one they were made with).
+// names are what to call each file in errors.
+func UpstreamTLS(files, names TLSFiles, logger *slog.Logger) (cfg *tls.Config, certs *CertSource, err error) {
+	cfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	if files.CA != "" {
 		b, err := os.ReadFile(files.CA)
 		if err != nil {
-			return nil, fileError(names.CA, files.CA, err)
+			return nil, nil, fileError(names.CA, files.CA, err)
 		}
 		if cfg.RootCAs, err = parsePool(b, names.CA, files.CA); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if files.Cert != "" || files.Key != "" {
-		certPEM, err := os.ReadFile(files.Cert)
+		certs, err = newCertSource("upstream certificate", TLSFiles{Cert: files.Cert, Key: files.Key}, names, logger)
 		if err != nil {
-			return nil, fileError(names.Cert, files.Cert, err)
+			return nil, nil, err
 		}
-		keyPEM, err := os.ReadFile(files.Key)
-		if err != nil {
-			return nil, fileError(names.Key, files.Key, err)
+		// Sent whatever CAs the upstream names (crypto/tls would send
+		// nothing from Certificates when none matches): its refusal then
+		// names the CA, which helps more than "no certificate".
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &certs.cur.Load().config.Certificates[0], nil
 		}
-		cert, err := loadPair(certPEM, keyPEM, files, names)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Certificates = []tls.Certificate{cert}
 	}
-	return cfg, nil
+	return cfg, certs, nil
 }
 
 // fileError is an error about the file at path, which callers call name.
