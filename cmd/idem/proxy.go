@@ -251,14 +251,19 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 		return err
 	}
 	serveErr := make(chan error, 2)
-	reloads := sidecar.WatchCerts(ctx, o.tlsWatch, certs, upstreamCerts)
+	// Reloads last until the proxy returns, not until SIGTERM: a SIGHUP
+	// while it drains must not take SIGHUP's default action (exit) and
+	// cut the requests it is finishing.
+	reloadCtx, stopReloads := context.WithCancel(context.Background())
+	defer stopReloads()
+	reloads := sidecar.WatchCerts(reloadCtx, o.tlsWatch, certs, upstreamCerts)
 	if certs != nil {
 		srv.TLSConfig = certs.Config()
 		go func() { serveErr <- srv.ServeTLS(ln, "", "") }()
 	} else {
 		go func() { serveErr <- srv.Serve(ln) }()
 	}
-	sidecar.ReloadOnHangup(ctx, logger, reloads...)
+	sidecar.ReloadOnHangup(reloadCtx, logger, reloads...)
 
 	var draining atomic.Bool
 	var admin *http.Server

@@ -303,7 +303,7 @@ func pythonPost(t *testing.T, url, key, ca, cert, keyFile string) pyAnswer {
 // certificates runs twice, and each replays its own answer (to curl and
 // to Python). A credential names the client before its certificate.
 // SIGHUP re-reads the CA file: the clients of a CA taken out of it are
-// refused from the next handshake on.
+// refused from the next handshake on; while draining, it still reloads.
 func TestProxyMTLS(t *testing.T) {
 	requireTool(t, "curl")
 	dir := t.TempDir()
@@ -376,6 +376,24 @@ func TestProxyMTLS(t *testing.T) {
 	}
 	if n := u.runsOf("m-3"); n != 1 {
 		t.Errorf("upstream ran m-3 %d times, want 1 (the new CA's client)", n)
+	}
+
+	// A SIGHUP while the proxy drains after SIGTERM reloads; it does not
+	// end the process (SIGHUP's default) under the request it finishes.
+	done := make(chan curlResult, 1)
+	go func() { done <- post(dCert, dKey, "m-4", "-H", "X-Test-Delay: 1s") }()
+	u.awaitStarted(t, 1, "m-4")
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.awaitLogCount(`"msg":"shutting down: finishing in-flight requests"`, 1)
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	if r := <-done; r.status != http.StatusCreated {
+		t.Errorf("keyed request in flight at SIGTERM, then SIGHUP: exit %d, %s %d, want 201", r.code, r.proto, r.status)
+	}
+	if code := p.awaitExit(15 * time.Second); code != 0 {
+		t.Errorf("exit %d after SIGTERM and SIGHUP, want 0", code)
+	}
+	if n := strings.Count(p.logText(), `"msg":"reloaded","what":"certificates"`); n != 2 {
+		t.Errorf("%d reloads logged, want 2 (the SIGHUP while draining included)", n)
 	}
 }
 

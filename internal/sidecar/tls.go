@@ -35,8 +35,9 @@ type TLSFiles struct {
 const CertWatchInterval = 2 * time.Second
 
 // CertSource is the certificate of a TLS listener and, with a CA file, the
-// pool its clients' certificates must verify against, read from PEM files
-// and replaced while the listener serves: by Reload (on SIGHUP) and by
+// pool its clients' certificates must verify against (or the client
+// certificate of UpstreamTLS), read from PEM files and replaced while the
+// listener serves: by Reload (on SIGHUP) and by
 // Watch when the files' contents change. Connections already open keep
 // the certificate they were handshaken with; each new handshake gets the
 // one in place (tls.Config.GetConfigForClient reads it behind an atomic
