@@ -40,10 +40,7 @@ type curlResult struct {
 // runCurl runs curl -sS -i with args and parses its answer.
 func runCurl(t *testing.T, args ...string) curlResult {
 	t.Helper()
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("curl not installed")
-	}
-	cmd := exec.Command("curl", append([]string{"-sS", "-i", "--max-time", "20"}, args...)...)
+	cmd := exec.Command(requireTool(t, "curl"), append([]string{"-sS", "-i", "--max-time", "20"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
