@@ -257,11 +257,8 @@ func TestProxyH2CUpstream(t *testing.T) {
 // directory and returns the socket's path.
 func startUnixPython(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
 	sock := filepath.Join(t.TempDir(), "app.sock")
-	cmd := exec.Command("python3", "testdata/unix_upstream.py", sock)
+	cmd := exec.Command(requireTool(t, "python3"), "testdata/unix_upstream.py", sock)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
