@@ -302,7 +302,13 @@ func TestProxyGRPC(t *testing.T) {
 	for name, start := range grpcPeers(t) {
 		t.Run(name, func(t *testing.T) {
 			peer, deadlines := start(t)
-			p := startProxy(t, nil, "--upstream", "h2c://"+peer.addr, "--wait", "30s")
+			// Chat, bidirectional, is on a route that covers no method:
+			// it passes through even with a key.
+			conf := filepath.Join(t.TempDir(), "routes.yaml")
+			if err := os.WriteFile(conf, []byte("routes:\n  - match: \"/idem.Test/Chat\"\n    methods: []\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := startProxy(t, nil, "--upstream", "h2c://"+peer.addr, "--wait", "30s", "--config", conf)
 			noWait := startProxy(t, nil, "--upstream", "h2c://"+peer.addr, "--wait", "0")
 			call := func(px *proxyProc, c grpcSpec) grpcResult { return peer.call(t, px.addr, c) }
 
@@ -406,8 +412,10 @@ func TestProxyGRPC(t *testing.T) {
 					t.Errorf("the upstream saw a deadline on %d keyed calls, want none (grpc-timeout dropped)", n)
 				}
 			}
-			// Bidirectional streaming passes through, message by message.
-			testChat(t, p.addr)
+			// Bidirectional streaming passes through, message by message,
+			// without a key and, on its route, with one.
+			testChat(t, p.addr, "")
+			testChat(t, p.addr, "chat-key")
 		})
 	}
 }
@@ -415,7 +423,7 @@ func TestProxyGRPC(t *testing.T) {
 // testChat runs an interactive bidi call with grpc-go: each message is
 // answered before the next is sent, so a proxy that held the stream
 // would stall it.
-func testChat(t *testing.T, addr string) {
+func testChat(t *testing.T, addr, key string) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
 	if err != nil {
@@ -424,6 +432,9 @@ func testChat(t *testing.T, addr string) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if key != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "idempotency-key", key)
+	}
 	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/idem.Test/Chat")
 	if err != nil {
 		t.Fatal(err)
@@ -435,7 +446,7 @@ func testChat(t *testing.T, addr string) {
 		}
 		var in []byte
 		if err := stream.RecvMsg(&in); err != nil || string(in) != "chat:"+m {
-			t.Fatalf("bidi: sent %q, got %q, %v; want chat:%s", m, in, err, m)
+			t.Fatalf("bidi (key %q): sent %q, got %q, %v; want chat:%s", key, m, in, err, m)
 		}
 	}
 	stream.CloseSend()
