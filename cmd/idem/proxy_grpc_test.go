@@ -352,7 +352,11 @@ func TestProxyGRPC(t *testing.T) {
 			}
 
 			// In flight: with --wait the copy gets the answer; with
-			// --wait 0, Aborted at once.
+			// --wait 0, Aborted at once. (With --wait, the gate may open
+			// before the copy reaches the proxy, nothing tells the test
+			// that it waits: it then gets the replay, one execution and
+			// the same answer all the same. --wait 0 proves the copy met
+			// the key in flight.)
 			for _, c := range []struct {
 				px        *proxyProc
 				key, gate string
