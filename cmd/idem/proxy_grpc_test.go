@@ -135,7 +135,7 @@ func (s *goGRPCServer) handle(_ any, stream grpc.ServerStream) error {
 	}
 	s.mu.Unlock()
 	stream.SetHeader(metadata.Pairs("x-server", "go"))
-	stream.SetTrailer(metadata.Pairs("x-run", fmt.Sprint(n)))
+	stream.SetTrailer(metadata.Pairs("x-run", fmt.Sprint(n), "x-deadline", map[bool]string{true: "yes", false: "no"}[deadline]))
 	if name, ok := strings.CutPrefix(msg, "hold:"); ok {
 		<-s.gate(name)
 	}
@@ -344,8 +344,8 @@ func TestProxyGRPC(t *testing.T) {
 			}
 			call(p, grpcSpec{Method: "/idem.Test/Open", Msg: "g2"})
 			retry := call(p, grpcSpec{Method: do, Key: "k2", Msg: "hold:g2"})
-			if retry.Code != 0 || len(retry.Msgs) != 1 || string(retry.Msgs[0]) != "reply:hold:g2:1" {
-				t.Errorf("retry after the deadline: got %v, want reply:hold:g2:1", retry)
+			if retry.Code != 0 || len(retry.Msgs) != 1 || string(retry.Msgs[0]) != "reply:hold:g2:1" || retry.Trailer["x-deadline"] != "no" {
+				t.Errorf("retry after the deadline: got %v, want reply:hold:g2:1, the upstream without a deadline (x-deadline no)", retry)
 			}
 			if n := peer.runs("k2"); n != 1 {
 				t.Errorf("k2 ran %d times, want 1", n)
@@ -406,10 +406,16 @@ func TestProxyGRPC(t *testing.T) {
 				}
 			}
 
-			// Server streaming passes through (no key).
+			// Server streaming passes through (no key); with a key, its
+			// whole answer is stored and replayed.
 			w := call(p, grpcSpec{Method: "/idem.Test/Watch", Msg: "w"})
 			if w.Code != 0 || len(w.Msgs) != 3 || string(w.Msgs[2]) != "w:2" {
 				t.Errorf("server streaming: got %v, want w:0, w:1, w:2", w)
+			}
+			kw := call(p, grpcSpec{Method: "/idem.Test/Watch", Key: "kw", Msg: "w"})
+			kw2 := call(p, grpcSpec{Method: "/idem.Test/Watch", Key: "kw", Msg: "w"})
+			if kw.Code != 0 || kw2.Code != 0 || len(kw2.Msgs) != 3 || string(kw2.Msgs[2]) != "w:2" || kw2.Header["idempotent-replayed"] != "true" {
+				t.Errorf("keyed server streaming: got %v then %v, want w:0, w:1, w:2 and its replay", kw, kw2)
 			}
 			if deadlines != nil {
 				if n := deadlines(); n != 0 {

@@ -41,6 +41,7 @@ function serve() {
       call.sendMetadata(header);
       const trailer = new grpc.Metadata();
       trailer.set('x-run', String(n));
+      trailer.set('x-deadline', call.getDeadline() === Infinity ? 'no' : 'yes');
       if (msg.startsWith('hold:')) await gate(msg.slice(5)).p;
       if (msg.startsWith('status:')) {
         callback({ code: Number(msg.slice(7)), details: 'failed ' + msg, metadata: trailer });

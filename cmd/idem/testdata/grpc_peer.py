@@ -10,7 +10,8 @@ generated stubs: generic handlers and multi-callables on raw bytes.
 idem.Test/Do, unary: a message "hold:G" waits until Open is called with
 "G"; "status:N" fails with code N; any other message is answered
 "reply:MSG:RUN" (RUN counts the executions of the key), with header
-metadata x-server and trailing metadata x-run. Watch (server streaming)
+metadata x-server and trailing metadata x-run and x-deadline (whether the
+call had a deadline). Watch (server streaming)
 answers 3 messages; Chat (bidi) answers each message as it comes.
 """
 import base64
@@ -39,7 +40,10 @@ def do(request, context):
         n = runs[key]
     print(json.dumps({"key": key, "msg": msg}), flush=True)
     context.send_initial_metadata([("x-server", "python")])
-    context.set_trailing_metadata([("x-run", str(n))])
+    # grpcio gives a call without a deadline an infinite one (not None).
+    left = context.time_remaining()
+    deadline = "yes" if left is not None and left < 1e9 else "no"
+    context.set_trailing_metadata([("x-run", str(n)), ("x-deadline", deadline)])
     if msg.startswith("hold:"):
         gate(msg[5:]).wait()
     if msg.startswith("status:"):
