@@ -293,7 +293,8 @@ func awaitRuns(t *testing.T, p grpcPeer, key string, n int) {
 // and its replay is the same message and metadata; another message under
 // the key gets FailedPrecondition; a client deadline shorter than the work
 // does not cancel it, and the retry gets the stored answer; a copy in
-// flight waits for the answer, or past --wait gets Aborted; a stored error
+// flight waits for the answer, or past --wait gets Aborted; past
+// --max-execution the work is cut and its key released; a stored error
 // status replays and a released one runs again; streaming calls pass
 // through. With grpc-go, Python grpcio and Node grpc-js, client and
 // server of one language each.
@@ -385,6 +386,20 @@ func TestProxyGRPC(t *testing.T) {
 				if n := peer.runs(c.key); n != 1 {
 					t.Errorf("%s ran %d times, want 1", c.key, n)
 				}
+			}
+
+			// --max-execution cuts the work (DEADLINE_EXCEEDED when the
+			// upstream has not answered yet; a reset stream when it sent
+			// its header metadata) and releases the key: the retry runs.
+			cut := startProxy(t, nil, "--upstream", "h2c://"+peer.addr, "--max-execution", "200ms")
+			// (grpc-go's server sends its header metadata with the first
+			// message: the proxy answers it.)
+			if c := call(cut, grpcSpec{Method: do, Key: "k7", Msg: "hold:g7"}); c.Code == 0 || (name == "go" && c.Code != int(codes.DeadlineExceeded)) {
+				t.Errorf("call past --max-execution: got %v, want an error (DEADLINE_EXCEEDED from grpc-go)", c)
+			}
+			call(p, grpcSpec{Method: "/idem.Test/Open", Msg: "g7"})
+			if c := call(cut, grpcSpec{Method: do, Key: "k7", Msg: "hold:g7"}); c.Code != 0 || peer.runs("k7") != 2 {
+				t.Errorf("retry after --max-execution: got %v after %d runs, want OK after 2", c, peer.runs("k7"))
 			}
 
 			// Stored and released statuses (idemgrpc.DefaultShouldStore).
