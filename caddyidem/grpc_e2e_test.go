@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idem/idemgrpc"
 )
 
 // rawCodec passes messages as raw bytes (*[]byte), under the name "proto"
@@ -99,6 +101,7 @@ func TestGRPC(t *testing.T) {
 		msg            string
 		replayed, xrun string
 		statusMessage  string
+		reason         string // idemgrpc.ErrorReason
 	}
 	call := func(key, msg string) result {
 		t.Helper()
@@ -118,18 +121,18 @@ func TestGRPC(t *testing.T) {
 		// A trailers-only answer (an error status, no header metadata)
 		// has all its metadata in the trailer, idempotent-replayed too.
 		replayed := first(header, "idempotent-replayed") + first(trailer, "idempotent-replayed")
-		return result{st.Code(), string(resp), replayed, first(trailer, "x-run"), st.Message()}
+		return result{st.Code(), string(resp), replayed, first(trailer, "x-run"), st.Message(), idemgrpc.ErrorReason(err)}
 	}
 	key := "grpc-" + runID
 	first, again := call(key, "pay"), call(key, "pay")
 	if first.code != codes.OK || first.msg != "reply:pay:1" || first.xrun != "1" || first.replayed != "" {
 		t.Fatalf("first call: got %+v, want reply:pay:1 with x-run 1", first)
 	}
-	if again != (result{codes.OK, first.msg, "true", "1", ""}) {
+	if again != (result{codes.OK, first.msg, "true", "1", "", ""}) {
 		t.Errorf("repeat: got %+v, want the replay of %+v", again, first)
 	}
-	if other := call(key, "refund"); other.code != codes.FailedPrecondition {
-		t.Errorf("another message under the key: got %+v, want FailedPrecondition", other)
+	if other := call(key, "refund"); other.code != codes.FailedPrecondition || other.reason != idemgrpc.ReasonMismatch {
+		t.Errorf("another message under the key: got %+v, want FailedPrecondition, reason %s", other, idemgrpc.ReasonMismatch)
 	}
 	if n := up.count(key); n != 1 {
 		t.Errorf("the key ran %d times, want 1", n)
