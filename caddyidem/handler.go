@@ -329,7 +329,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		cfg.OnBlobError = m.onBlobError
 		m.initBlobSeries()
 	}
-	mw, err := idemhttp.NewMiddleware(store, cfg)
+	mw, err := sidecar.GRPCMiddleware(store, cfg) // gRPC calls answered and stored as gRPC
 	if err != nil {
 		return err
 	}

@@ -168,7 +168,7 @@ func newRoute(pattern string, s routeSettings, upstream http.Handler, store idem
 		}
 		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
 	}
-	mw, err := idemhttp.NewMiddleware(store, cfg)
+	mw, err := sidecar.GRPCMiddleware(store, cfg) // gRPC calls answered and stored as gRPC
 	if err != nil {
 		where := "the flags"
 		if pattern != "" {

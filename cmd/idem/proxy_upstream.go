@@ -33,7 +33,8 @@ const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
 // newUpstream is the handler every route forwards to: a ReverseProxy to
 // target over sendOnce, which answers 502 (ProblemBadGateway) or, past a
 // route's --max-execution, 504 (ProblemUpstreamTimeout) when the upstream
-// fails, and times each request for idem_upstream_duration_seconds.
+// fails (a gRPC call gets a gRPC status: sidecar.WriteProblem), and times
+// each request for idem_upstream_duration_seconds.
 func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
 	dest, transport := upstreamDest(target, tlsConfig) // h2c://, unix://: an http:// URL and a transport to reach it
 	rp := &httputil.ReverseProxy{
@@ -48,7 +49,7 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 			cause := context.Cause(r.Context())
 			if errors.Is(cause, idem.ErrMaxExecution) {
 				logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request cut off by --max-execution", slog.String("method", r.Method), slog.Any("error", err))
-				idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
+				sidecar.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
 					Status: http.StatusGatewayTimeout, Detail: "The upstream service did not answer within the route's maximum execution time."})
 				return
 			}
@@ -61,7 +62,7 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 				attrs = append(attrs, slog.Any("cause", cause))
 			}
 			logger.LogAttrs(r.Context(), level, "upstream request failed", attrs...)
-			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
+			sidecar.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
 				Status: http.StatusBadGateway, Detail: "The upstream service could not be reached or did not answer."})
 		},
 	}
