@@ -92,11 +92,17 @@ func (c *counter) count(key string) int {
 // port; site is the site block's body. It returns the base URL.
 func startCaddy(t *testing.T, site string) string {
 	t.Helper()
+	return startCaddyGlobal(t, "", site)
+}
+
+// startCaddyGlobal is startCaddy with more global options.
+func startCaddyGlobal(t *testing.T, global, site string) string {
+	t.Helper()
 	port, err := nettest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cf := fmt.Sprintf("{\n\tadmin off\n\tstorage file_system %s\n\tpersist_config off\n\tauto_https off\n\tmetrics\n\tlog {\n\t\tlevel WARN\n\t}\n}\nhttp://127.0.0.1:%d {\n%s\n}\n", storageDir, port, site)
+	cf := fmt.Sprintf("{\n\tadmin off\n\tstorage file_system %s\n\tpersist_config off\n\tauto_https off\n\tmetrics\n\tlog {\n\t\tlevel WARN\n\t}\n%s}\nhttp://127.0.0.1:%d {\n%s\n}\n", storageDir, global, port, site)
 	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
 	if err != nil {
 		t.Fatalf("adapting the Caddyfile: %v\n%s", err, cf)

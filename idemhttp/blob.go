@@ -326,7 +326,10 @@ func (m *middleware) replayBlob(w http.ResponseWriter, r *http.Request, key idem
 		if !sent {
 			sent = true
 			m.replayHeader(w, resp)
-			w.Header().Set("Content-Length", strconv.FormatInt(resp.Blob.Size, 10))
+			if !hasTrailers(resp.Header) {
+				// With trailers, HTTP/1.1 must send the body chunked.
+				w.Header().Set("Content-Length", strconv.FormatInt(resp.Blob.Size, 10))
+			}
 			w.WriteHeader(resp.Status)
 		}
 		if len(p) == 0 {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -279,7 +280,7 @@ func (c *capture) Unwrap() http.ResponseWriter { return c.w }
 // finish settles the response once the handler has returned: a handler
 // that wrote nothing gets 200 with the header as it left it. It returns
 // the header to store: what the handler set, without what outer middleware
-// had set before it ran (unless the handler changed it).
+// had set before it ran (unless the handler changed it), and its trailers.
 func (c *capture) finish() http.Header {
 	if c.status == 0 {
 		c.status, c.header = http.StatusOK, c.w.Header().Clone()
@@ -290,5 +291,46 @@ func (c *capture) finish() http.Header {
 			delete(c.header, name)
 		}
 	}
+	c.trailers()
 	return c.header
+}
+
+// trailers adds the handler's trailers to the stored header, each under
+// http.TrailerPrefix and its canonical name: the form that makes net/http
+// send a replay's entry as a trailer, on HTTP/2 and on a chunked HTTP/1.1
+// response alike (gRPC's grpc-status lives there). They are read from the
+// header map now that the handler has returned, as net/http reads them:
+// the names the handler announced in its Trailer header (ReverseProxy
+// announces the upstream's), and the keys it set with the prefix.
+func (c *capture) trailers() {
+	live := c.w.Header()
+	for name := range c.header {
+		if strings.HasPrefix(name, http.TrailerPrefix) {
+			delete(c.header, name) // set before the status: re-added below, canonical
+		}
+	}
+	for _, v := range c.header["Trailer"] {
+		for name := range strings.SplitSeq(v, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if vs := live[name]; name != "" && len(vs) > 0 {
+				c.header[http.TrailerPrefix+name] = slices.Clone(vs)
+			}
+		}
+	}
+	for key, vs := range live {
+		if name, ok := strings.CutPrefix(key, http.TrailerPrefix); ok && name != "" && len(vs) > 0 {
+			key = http.TrailerPrefix + http.CanonicalHeaderKey(name)
+			c.header[key] = append(c.header[key], vs...)
+		}
+	}
+}
+
+// hasTrailers reports whether a stored header holds trailers.
+func hasTrailers(h http.Header) bool {
+	for name := range h {
+		if strings.HasPrefix(name, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
 }

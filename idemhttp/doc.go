@@ -109,8 +109,17 @@
 // not stored, and a replay leaves the new request's values in place. Never
 // stored: Set-Cookie, the hop-by-hop headers (Connection and the headers it
 // names, Keep-Alive, Transfer-Encoding, Upgrade, TE, Trailer, Proxy-*) and
-// Config.ReplayHeaderDenylist. Trailers and 1xx informational responses are
-// not stored.
+// Config.ReplayHeaderDenylist. 1xx informational responses are not stored.
+//
+// Trailers are stored with the header, each under http.TrailerPrefix and
+// its name ("Trailer:Grpc-Status"): those the handler announced in its
+// Trailer header and set once it had written the body (ReverseProxy does
+// so for an upstream's trailers), and those it set under the prefix. A
+// replay sends them as trailers, after the body (HTTP/2 trailers; on
+// HTTP/1.1 the replay is chunked). gRPC's grpc-status, grpc-message and
+// trailing metadata live there. A denied name is dropped as a trailer too.
+// A v1.0 process replaying such a record hands the entries to net/http
+// under the same names, which sends them as trailers as well.
 //
 // When the handler set no Content-Type, net/http sniffs one from the first
 // bytes, or sends none if the handler flushed before writing any; the

@@ -797,11 +797,18 @@ func (m *middleware) storable(h http.Header) http.Header {
 		}
 	}
 	for name := range h {
-		if c := http.CanonicalHeaderKey(name); m.deny[c] || named[c] {
+		if c := trailerless(name); m.deny[c] || named[c] {
 			delete(h, name)
 		}
 	}
 	return h
+}
+
+// trailerless is the canonical name of a stored header or trailer
+// (http.TrailerPrefix and its name): a trailer is denied as the header of
+// its name is.
+func trailerless(name string) string {
+	return http.CanonicalHeaderKey(strings.TrimPrefix(name, http.TrailerPrefix))
 }
 
 // clientWrites bounds the writes to r's client by ClientWriteTimeout,
@@ -839,13 +846,15 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key id
 func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
-		if name == headerCallerCookies || m.deny[http.CanonicalHeaderKey(name)] {
+		if name == headerCallerCookies || m.deny[trailerless(name)] {
 			// Denied headers again, whatever their case: a record stored
 			// before a name was denied (v1.0 stored h["set-cookie"]).
 			continue
 		}
 		// Clipped: requests handed the same stored response share its
-		// slices, and an Add after this must not write into them.
+		// slices, and an Add after this must not write into them. A
+		// trailer (http.TrailerPrefix) goes out after the body: net/http
+		// sends such keys as trailers once the handler has returned.
 		h[name] = slices.Clip(vs)
 	}
 	if _, ok := h["Content-Type"]; !ok {

@@ -10,7 +10,8 @@
 #     (and starts them when they do not answer);
 #   - with go install: versitygw (S3), aws-lambda-rie (the Lambda runtime
 #     interface emulator), apidiff (scripts/apicheck.sh);
-#   - with npm, into $(go env GOPATH): dynalite (DynamoDB), fauxqs (SQS)
+#   - with npm, into $(go env GOPATH): dynalite (DynamoDB), @grpc/grpc-js
+#     (a Node gRPC client and server), fauxqs (SQS)
 #     and the Node 22 it needs;
 #   - from Debian's source packages (scripts/build-redis-servers.sh, into
 #     $(go env GOPATH)/idem-servers): Valkey 9.1 and Redis 8.6;
@@ -64,6 +65,16 @@ if [ ! -f "$dynalite/node_modules/dynalite/cli.js" ]; then
 	npm install --prefix "$dynalite" --no-audit --no-fund --loglevel=error dynalite@4.0.0 >/dev/null
 fi
 export AWS_EC2_METADATA_DISABLED=true
+
+# The gRPC tests of idem proxy (cmd/idem, TestProxyGRPC) run a Node gRPC
+# client and server (@grpc/grpc-js, on raw bytes: no generated code),
+# beside grpc-go and Python's grpcio. Install it from npm when it is
+# missing, into $(go env GOPATH)/idem-grpc-js, where the tests look.
+grpcjs="$(go env GOPATH | cut -d: -f1)/idem-grpc-js"
+if [ ! -f "$grpcjs/node_modules/@grpc/grpc-js/package.json" ]; then
+	echo "test.sh: installing @grpc/grpc-js 1.14.3 (npm, into $grpcjs)" >&2
+	npm install --prefix "$grpcjs" --no-audit --no-fund --loglevel=error @grpc/grpc-js@1.14.3 >/dev/null
+fi
 
 # The Lambda tests (idemlambda) run their function under the Lambda
 # runtime interface emulator, aws-lambda-rie, on free loopback ports. Build

@@ -57,7 +57,17 @@ type proxyOptions struct {
 	reapInterval                    time.Duration // --reap-interval; 0: no reaper
 	v1Scopes                        v1Scopes      // --v1-scopes
 	quota                           quotaFlags    // --quota-*; resolved into settings by validate
+
+	tls         sidecar.TLSFiles // --tls-cert, --tls-key, --tls-client-ca
+	upstreamTLS sidecar.TLSFiles // --upstream-cert, --upstream-key, --upstream-ca
+	tlsWatch    time.Duration    // --tls-watch; 0: on SIGHUP only
 }
+
+// The flags of the TLS files, as errors name them.
+var (
+	tlsFlags         = sidecar.TLSFiles{Cert: "--tls-cert", Key: "--tls-key", CA: "--tls-client-ca"}
+	upstreamTLSFlags = sidecar.TLSFiles{Cert: "--upstream-cert", Key: "--upstream-key", CA: "--upstream-ca"}
+)
 
 // v1Scopes is --v1-scopes: how long after start the keys v1.0 derived are
 // looked up too (idemhttp Config.V1Scopes): "" (the default) as long as
@@ -100,7 +110,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 `)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on (HTTP/1.1 and h2c): host:port, or unix:///path/idem.sock (a unix socket of mode 0660, removed on exit)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the proxied traffic on (HTTP/1.1 and h2c; with --tls-cert, TLS with HTTP/1.1 and HTTP/2): host:port, or unix:///path/idem.sock (a unix socket of mode 0660, removed on exit)")
 	fs.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the proxy (required): http://host:port[/path], https://, h2c://host:port[/path] (cleartext HTTP/2), unix:///path/app.sock (HTTP/1.1 on a unix socket) or h2c+unix:///path/app.sock")
 	fs.StringVar(&o.store, "store", "memory", storeFlagHelp)
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix (Redis) or namespace (PostgreSQL) of the records; default the store's own")
@@ -126,6 +136,13 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.DurationVar(&o.blobTimeout, "blob-timeout", idemhttp.DefaultBlobTimeout, "give up a blob write or read that makes no progress for this long (a write: the key completes without its body; a replay: 503 or an aborted response)")
 	fs.DurationVar(&o.blobSweep, "blob-sweep", 0, "with --blob: delete orphaned and expired blobs this often (as idem gc does); 0: never (use idem gc or an S3 lifecycle rule)")
 	fs.DurationVar(&o.blobSweepMinAge, "blob-sweep-min-age", blobstore.DefaultMinAge, "with --blob-sweep: leave blobs younger than this (0: none)")
+	fs.StringVar(&o.tls.Cert, "tls-cert", "", "serve TLS (HTTP/1.1 and HTTP/2 by ALPN) with this PEM certificate (its chain, leaf first), with --tls-key; re-read when the file changes and on SIGHUP")
+	fs.StringVar(&o.tls.Key, "tls-key", "", "the PEM private key of --tls-cert (unencrypted)")
+	fs.StringVar(&o.tls.CA, "tls-client-ca", "", "with --tls-cert: require a client certificate signed by a CA of this PEM file (mTLS); the certificate is the tenant when no credential or --tenant-header/--tenant-cookie names the client")
+	fs.DurationVar(&o.tlsWatch, "tls-watch", sidecar.CertWatchInterval, "look at the files of --tls-cert, --tls-key, --tls-client-ca, --upstream-cert and --upstream-key this often, and load them when their contents changed; 0: only on SIGHUP")
+	fs.StringVar(&o.upstreamTLS.CA, "upstream-ca", "", "with an https:// upstream: trust the CAs of this PEM file instead of the system's")
+	fs.StringVar(&o.upstreamTLS.Cert, "upstream-cert", "", "with an https:// upstream: present this PEM client certificate to it, with --upstream-key; re-read when the file changes and on SIGHUP")
+	fs.StringVar(&o.upstreamTLS.Key, "upstream-key", "", "the PEM private key of --upstream-cert (unencrypted)")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -154,12 +171,13 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageError{"--config " + err.Error()}
 		}
 	}
-	// A line per request: written by one goroutine, the lines logged while
-	// a write is under way go together in the next (internal/logwriter),
-	// not a write(2) each.
-	logOut := logwriter.New(stderr)
+	logOut := logwriter.New(stderr) // one goroutine writes; lines logged meanwhile go together (internal/logwriter)
 	defer logOut.Close() // before the caller prints the error returned
 	logger, err := startLogger(logOut, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	t, err := o.loadTLS(logger)
 	if err != nil {
 		return err
 	}
@@ -168,19 +186,25 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer b.close() // the sweep, the blob store, then the store (its reaper first)
-	p, err := newProxy(target, b.store, o.settings, routes, b.metrics, logger, blobOptions{blobs: b.blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
+	p, err := newProxy(target, t.upstream, b.store, o.settings, routes, b.metrics, logger, blobOptions{blobs: b.blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
 	if err != nil {
 		return err
 	}
 	b.metrics.registerQuotaTenants(p.quotas)
-	if o.configFile != "" {
-		sidecar.ReloadOnHangup(ctx, logger, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
-	}
 	b.startSweep(o, logger)
-	srv, err := o.serve(p, b, logger)
+	srv, err := o.serve(p, b, t.certs, logger)
 	if err != nil {
 		return err
 	}
+	// Reloads last until the proxy returns, not until SIGTERM: a SIGHUP while it drains must
+	// not take SIGHUP's default action (exit) and cut the requests it is finishing.
+	reloadCtx, stopReloads := context.WithCancel(context.Background())
+	defer stopReloads()
+	reloads := sidecar.WatchCerts(reloadCtx, o.tlsWatch, t.certs, t.upstreamCerts)
+	if o.configFile != "" {
+		reloads = append(reloads, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
+	}
+	sidecar.ReloadOnHangup(reloadCtx, logger, reloads...)
 	o.logStart(logger, target, srv, b, p)
 	select {
 	case err := <-srv.errs:
@@ -216,6 +240,21 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	}
 	if o.listen == "" {
 		return nil, usageError{"--listen is empty"}
+	}
+	if (o.tls.Cert == "") != (o.tls.Key == "") {
+		return nil, usageError{"--tls-cert and --tls-key go together: want both (a PEM certificate and its key) or neither"}
+	}
+	if o.tls.CA != "" && o.tls.Cert == "" {
+		return nil, usageError{"--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in a TLS handshake"}
+	}
+	if o.tlsWatch < 0 {
+		return nil, usageError{fmt.Sprintf("--tls-watch %v: must not be negative (0: only on SIGHUP)", o.tlsWatch)}
+	}
+	if (o.upstreamTLS.Cert == "") != (o.upstreamTLS.Key == "") {
+		return nil, usageError{"--upstream-cert and --upstream-key go together: want both (a PEM certificate and its key) or neither"}
+	}
+	if o.upstreamTLS != (sidecar.TLSFiles{}) && target.Scheme != "https" {
+		return nil, usageError{fmt.Sprintf("--upstream-ca, --upstream-cert and --upstream-key need an https:// upstream; --upstream is %s://", target.Scheme)}
 	}
 	if _, isUnix, err := listenUnixURL(o.listen); err != nil {
 		return nil, err
@@ -271,6 +310,18 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}
+
+// tlsMode is the listener's TLS for the start's log line: off, tls, or
+// mtls (client certificates required).
+func tlsMode(f sidecar.TLSFiles) string {
+	switch {
+	case f.CA != "":
+		return "mtls"
+	case f.Cert != "":
+		return "tls"
+	}
+	return "off"
 }
 
 // storeForLog names the store without credentials (sidecar.StoreForLog).

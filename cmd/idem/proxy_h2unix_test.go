@@ -40,10 +40,7 @@ type curlResult struct {
 // runCurl runs curl -sS -i with args and parses its answer.
 func runCurl(t *testing.T, args ...string) curlResult {
 	t.Helper()
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("curl not installed")
-	}
-	cmd := exec.Command("curl", append([]string{"-sS", "-i", "--max-time", "20"}, args...)...)
+	cmd := exec.Command(requireTool(t, "curl"), append([]string{"-sS", "-i", "--max-time", "20"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -260,11 +257,8 @@ func TestProxyH2CUpstream(t *testing.T) {
 // directory and returns the socket's path.
 func startUnixPython(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
 	sock := filepath.Join(t.TempDir(), "app.sock")
-	cmd := exec.Command("python3", "testdata/unix_upstream.py", sock)
+	cmd := exec.Command(requireTool(t, "python3"), "testdata/unix_upstream.py", sock)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -85,9 +86,9 @@ type reqInfoKey struct{}
 
 // newProxy builds the proxy's handler: a route for the defaults and one
 // per --config route, each a middleware in front of the same upstream.
-func newProxy(target *url.URL, store idem.Store, defaults routeSettings, routes []routeConfig,
+func newProxy(target *url.URL, upstreamTLS *tls.Config, store idem.Store, defaults routeSettings, routes []routeConfig,
 	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
-	p := &proxy{logger: logger, metrics: metrics, upstream: newUpstream(target, metrics, logger), store: store,
+	p := &proxy{logger: logger, metrics: metrics, upstream: newUpstream(target, upstreamTLS, metrics, logger), store: store,
 		blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes, started: time.Now()}
 	p.quota = defaults.Quota().New(quotaTenants)
 	p.stop, p.stopWork = context.WithCancel(context.Background())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -70,8 +71,8 @@ func checkUpstreamURL(u *url.URL) (ok bool, err error) {
 // upgrade); for a unix socket http://localhost (the request's path is the
 // client's, as for an http:// upstream without a path) over a Transport
 // that dials the socket.
-func upstreamDest(target *url.URL) (*url.URL, *http.Transport) {
-	t := newTransport()
+func upstreamDest(target *url.URL, tlsConfig *tls.Config) (*url.URL, *http.Transport) {
+	t := newTransport(tlsConfig)
 	dest := *target
 	switch target.Scheme {
 	case schemeH2C:

@@ -6,6 +6,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // startLogger makes the proxy's logger and the process's default one.
@@ -32,6 +34,30 @@ func startLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	slog.SetDefault(logger)
 	slog.SetLogLoggerLevel(slog.LevelWarn)
 	return logger, nil
+}
+
+// proxyTLS is the TLS of the listener (certs, nil without --tls-cert) and
+// of an https:// upstream (upstream, nil for the Transport's default; its
+// client certificate from upstreamCerts, nil without --upstream-cert).
+type proxyTLS struct {
+	certs, upstreamCerts *sidecar.CertSource
+	upstream             *tls.Config
+}
+
+// loadTLS reads the TLS files before anything opens: one that does not
+// load is a usage error, as a bad flag is.
+func (o *proxyOptions) loadTLS(logger *slog.Logger) (proxyTLS, error) {
+	var t proxyTLS
+	var err error
+	if o.tls.Cert != "" {
+		if t.certs, err = sidecar.NewCertSource(o.tls, tlsFlags, logger); err != nil {
+			return t, usageError{err.Error()}
+		}
+	}
+	if t.upstream, t.upstreamCerts, err = sidecar.UpstreamTLS(o.upstreamTLS, upstreamTLSFlags, logger); err != nil {
+		return t, usageError{err.Error()}
+	}
+	return t, nil
 }
 
 // backends are the proxy's store (rawStore as opened, store timed by the
@@ -105,9 +131,9 @@ type servers struct {
 	errs                  chan error
 }
 
-// serve starts serving the proxied traffic on --listen and, with
-// --admin-listen, /metrics, /healthz and /readyz.
-func (o *proxyOptions) serve(p *proxy, b *backends, logger *slog.Logger) (*servers, error) {
+// serve starts serving the proxied traffic on --listen (over TLS with
+// certs) and, with --admin-listen, /metrics, /healthz and /readyz.
+func (o *proxyOptions) serve(p *proxy, b *backends, certs *sidecar.CertSource, logger *slog.Logger) (*servers, error) {
 	s := &servers{errs: make(chan error, 2)}
 	s.srv = &http.Server{
 		Handler:           p,
@@ -117,17 +143,24 @@ func (o *proxyOptions) serve(p *proxy, b *backends, logger *slog.Logger) (*serve
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	// HTTP/1.1 and, on the same listener, cleartext HTTP/2 by prior
-	// knowledge (h2c: a connection that opens with HTTP/2's preface).
+	// HTTP/1.1 and, on the same listener, HTTP/2: by ALPN over TLS, else
+	// cleartext by prior knowledge (h2c: a connection that opens with
+	// HTTP/2's preface).
 	s.srv.Protocols = new(http.Protocols)
 	s.srv.Protocols.SetHTTP1(true)
-	s.srv.Protocols.SetUnencryptedHTTP2(true)
+	s.srv.Protocols.SetHTTP2(certs != nil)
+	s.srv.Protocols.SetUnencryptedHTTP2(certs == nil)
 	ln, listenAddr, err := listenProxy(o.listen)
 	if err != nil {
 		return nil, err
 	}
 	s.listenAddr = listenAddr
-	go func() { s.errs <- s.srv.Serve(ln) }()
+	if certs != nil {
+		s.srv.TLSConfig = certs.Config()
+		go func() { s.errs <- s.srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { s.errs <- s.srv.Serve(ln) }()
+	}
 	if o.adminListen == "" {
 		return s, nil
 	}
@@ -171,7 +204,7 @@ func (o *proxyOptions) logStart(logger *slog.Logger, target *url.URL, s *servers
 	if o.store == "" || o.store == "memory" {
 		logger.Warn(memoryStoreWarning, "memory_limit", o.memoryLimit.String())
 	}
-	logger.Info("idem proxy listening", "listen", s.listenAddr, "admin", s.adminAddr,
+	logger.Info("idem proxy listening", "listen", s.listenAddr, "tls", tlsMode(o.tls), "admin", s.adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", p.routes.Load().n,
 		"methods", o.settings.Methods, "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String())
 }

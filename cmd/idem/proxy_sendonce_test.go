@@ -114,7 +114,7 @@ func TestInlineBodyOneWrite(t *testing.T) {
 	t.Cleanup(up.Close)
 	target, _ := url.Parse(up.URL)
 	var writes atomic.Int64
-	tr := newTransport()
+	tr := newTransport(nil)
 	t.Cleanup(tr.CloseIdleConnections)
 	dialer := &net.Dialer{}
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -33,9 +33,10 @@ const ProblemUpstreamTimeout = "urn:idem:problem:upstream-timeout"
 // newUpstream is the handler every route forwards to: a ReverseProxy to
 // target over sendOnce, which answers 502 (ProblemBadGateway) or, past a
 // route's --max-execution, 504 (ProblemUpstreamTimeout) when the upstream
-// fails, and times each request for idem_upstream_duration_seconds.
-func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
-	dest, transport := upstreamDest(target) // h2c://, unix://: an http:// URL and a transport to reach it
+// fails (a gRPC call gets a gRPC status: sidecar.WriteProblem), and times
+// each request for idem_upstream_duration_seconds.
+func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, logger *slog.Logger) http.Handler {
+	dest, transport := upstreamDest(target, tlsConfig) // h2c://, unix://: an http:// URL and a transport to reach it
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(dest)
@@ -48,7 +49,7 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 			cause := context.Cause(r.Context())
 			if errors.Is(cause, idem.ErrMaxExecution) {
 				logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request cut off by --max-execution", slog.String("method", r.Method), slog.Any("error", err))
-				idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
+				sidecar.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemUpstreamTimeout, Title: "Gateway Timeout",
 					Status: http.StatusGatewayTimeout, Detail: "The upstream service did not answer within the route's maximum execution time."})
 				return
 			}
@@ -61,7 +62,7 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 				attrs = append(attrs, slog.Any("cause", cause))
 			}
 			logger.LogAttrs(r.Context(), level, "upstream request failed", attrs...)
-			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
+			sidecar.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemBadGateway, Title: "Bad Gateway",
 				Status: http.StatusBadGateway, Detail: "The upstream service could not be reached or did not answer."})
 		},
 	}
@@ -83,14 +84,19 @@ func newUpstream(target *url.URL, metrics *proxyMetrics, logger *slog.Logger) ht
 	})
 }
 
-// newTransport is the proxy's transport to the upstream (under sendOnce).
-func newTransport() *http.Transport {
+// newTransport is the proxy's transport to the upstream (under sendOnce),
+// with tlsConfig for an https:// upstream (sidecar.UpstreamTLS's; nil:
+// TLS 1.2 at least, the system's CAs).
+func newTransport(tlsConfig *tls.Config) *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = 256
 	// Room for a header and an inlined body (sendOnce) in one write; the
 	// default, 4 KiB, splits a larger request into several.
 	t.WriteBufferSize = 2 * inlineBodySize
-	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	t.TLSClientConfig = tlsConfig
+	if tlsConfig == nil {
+		t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
 	return t
 }
 

@@ -88,7 +88,8 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 }
 
 // Middleware is the idemhttp middleware of a route with settings s (see
-// Config), in front of the upstream's handler.
+// Config), in front of the upstream's handler, gRPC calls answered and
+// stored as gRPC (GRPCMiddleware).
 func (s Settings) Middleware(store idem.Store, tenant, route func(*http.Request) string, env Env) (func(http.Handler) http.Handler, error) {
-	return idemhttp.NewMiddleware(store, s.Config(tenant, route, env))
+	return GRPCMiddleware(store, s.Config(tenant, route, env))
 }

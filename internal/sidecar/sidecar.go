@@ -1,8 +1,10 @@
 // Package sidecar holds what idem proxy (cmd/idem) and the Caddy handler
 // (caddyidem) do alike in front of an upstream, so that the two stay the
 // same: the tenant and route of a request and its stored key for the log,
-// the headers that would let net/http's Transport resend a request, and
-// the form of a mysql:// store URL.
+// the headers that would let net/http's Transport resend a request, the
+// form of a mysql:// store URL, the TLS of the listener (CertSource: its
+// certificate reloaded from the files) and of an https:// upstream, and
+// the SIGHUP reload.
 package sidecar
 
 import (
