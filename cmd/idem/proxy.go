@@ -172,7 +172,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	logOut := logwriter.New(stderr) // one goroutine writes; lines logged meanwhile go together (internal/logwriter)
-	defer logOut.Close() // before the caller prints the error returned
+	defer logOut.Close()            // before the caller prints the error returned
 	logger, err := startLogger(logOut, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
