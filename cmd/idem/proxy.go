@@ -146,7 +146,7 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&o.configFile, "config", "", "YAML (or JSON) file with per-route overrides (see docs/proxy.md)")
+	fs.StringVar(&o.configFile, "config", "", "YAML (or JSON) file with per-route overrides (see docs/proxy.md); re-read on SIGHUP (a file that does not load is refused and the running routes kept)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM or SIGINT, how long in-flight requests may take to finish")
 	fs.DurationVar(&o.readTimeout, "read-timeout", time.Minute, "longest time to read a whole request, body included (0: none)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
