@@ -179,8 +179,9 @@ print("%.0f" % r["rps"])' "$dir/ghz.json" "$addr"
 # https URL: req/s over DURATION, after checking that every answer was a
 # 2xx and no socket failed.
 https() {
-	local out
-	out=$(wrk -t2 -c"$conns" -d"${warm:+3s}${warm:-$duration}" "$1")
+	local out d=$duration
+	[ -n "${warm:-}" ] && d=3s
+	out=$(wrk -t2 -c"$conns" -d"$d" "$1")
 	if grep -q 'Non-2xx\|Socket errors' <<<"$out"; then
 		echo "$out" >&2
 		echo "error: answers other than 2xx, or socket errors, at $1" >&2
