@@ -239,6 +239,6 @@ for i in "${!cmds[@]}"; do
 import statistics, sys
 v = [float(x) for x in sys.argv[2].split()]
 q = [float(x) for x in sys.argv[3].split()]
-print("| %s | %d | %d–%d | %.2f (%.2f–%.2f) |" % (sys.argv[1], statistics.median(v), min(v), max(v), statistics.median(q), min(q), max(q)))' \
+print("| %s | %d | %d–%d | %.3f (%.3f–%.3f) |" % (sys.argv[1], statistics.median(v), min(v), max(v), statistics.median(q), min(q), max(q)))' \
 		"${names[$i]}" "$vals" "$ratios"
 done
