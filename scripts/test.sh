@@ -5,7 +5,8 @@
 # never use a server that happens to be running. On a fresh Debian machine
 # this script installs, when missing (each block below says why):
 #   - with apt-get: redis-server, redis-tools, nats-server, nginx, haproxy,
-#     python3-requests, python3-grpcio, nodejs, npm, curl;
+#     python3-requests, python3-grpcio, nodejs, npm, curl, python3-uvicorn,
+#     gunicorn;
 #     mariadb-server-core (a private mariadbd); PostgreSQL and RabbitMQ
 #     (and starts them when they do not answer);
 #   - with go install: versitygw (S3), aws-lambda-rie (the Lambda runtime
@@ -36,6 +37,12 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+# idem proxy in front of third-party servers bound to unix sockets, as
+# they are deployed (cmd/idem TestProxyUvicornUnix, TestProxyGunicornUnix):
+# uvicorn serving an ASGI app and gunicorn a WSGI app, Debian's packages
+# (uvicorn for Debian's /usr/bin/python3, which the tests run it with).
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import uvicorn' >/dev/null 2>&1 || missing+=(python3-uvicorn)
+command -v gunicorn >/dev/null 2>&1 || missing+=(gunicorn)
 if ((${#missing[@]})); then
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"
