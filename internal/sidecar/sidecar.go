@@ -1,10 +1,17 @@
-// Package sidecar holds what idem proxy (cmd/idem) and the Caddy handler
-// (caddyidem) do alike in front of an upstream, so that the two stay the
-// same: the tenant and route of a request and its stored key for the log,
-// the headers that would let net/http's Transport resend a request, the
-// form of a mysql:// store URL, the TLS of the listener (CertSource: its
-// certificate reloaded from the files) and of an https:// upstream, and
-// the SIGHUP reload.
+// Package sidecar is the library of idem's sidecars, idem proxy
+// (cmd/idem) and the Caddy handler (caddyidem): what they do alike in
+// front of an upstream, so that they differ only in their syntax (flags
+// and a YAML file; a Caddyfile or JSON) and each capability is written
+// once. A front end turns its syntax into Settings (DefaultSettings, then
+// what was given; Settings.Validate names each setting as it spells
+// them), opens its store (OpenStore) and makes each route's middleware
+// (Settings.Middleware, with the Env its routes share: Metrics, the
+// quota, the blob store). Beside that: the tenant and route of a request
+// and its stored key for the log, the headers that would let net/http's
+// Transport resend a request, gRPC calls answered and stored as gRPC, the
+// TLS of the listener (CertSource: its certificate reloaded from the
+// files) and of an https:// upstream, and the one SIGHUP loop
+// (ReloadOnHangup).
 package sidecar
 
 import (
