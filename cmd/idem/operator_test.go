@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -166,6 +167,12 @@ var opBadByName = map[string]opBad{
 	"proxy quota-records":   {"x", "want a whole number, 0 or more (0: no limit)"},
 	"proxy quota-bytes":     {"lots", "want a size in bytes"},
 	"proxy v1-scopes":       {"0", "want a positive duration, such as 24h, or off"},
+	"proxy tls-cert":        {"/nonexistent/tls.crt", "want both (a PEM certificate and its key) or neither"},
+	"proxy tls-key":         {"/nonexistent/tls.key", "want both (a PEM certificate and its key) or neither"},
+	"proxy tls-client-ca":   {"/nonexistent/ca.pem", "needs --tls-cert and --tls-key"},
+	"proxy upstream-ca":     {"/nonexistent/ca.pem", "need an https:// upstream"},
+	"proxy upstream-cert":   {"/nonexistent/c.crt", "want both (a PEM certificate and its key) or neither"},
+	"proxy upstream-key":    {"/nonexistent/c.key", "want both (a PEM certificate and its key) or neither"},
 	"demo store":            {"ftp://x", `unknown scheme "ftp"`},
 	"demo blob":             {"ftp://x", `unknown scheme "ftp"`},
 	"inspect store":         {"ftp://x", `unknown scheme "ftp"`},
@@ -473,6 +480,12 @@ func opUpstream(t *testing.T) string {
 // Idempotent-Replayed header and the body.
 func opPost(t *testing.T, url, key string, pad int) (int, string, []byte) {
 	t.Helper()
+	return opPostWith(t, http.DefaultClient, url, key, pad)
+}
+
+// opPostWith is opPost through client (one that trusts a test CA).
+func opPostWith(t *testing.T, client *http.Client, url, key string, pad int) (int, string, []byte) {
+	t.Helper()
 	req, err := http.NewRequest("POST", url, strings.NewReader(`{"amount":100}`))
 	if err != nil {
 		t.Fatal(err)
@@ -480,7 +493,7 @@ func opPost(t *testing.T, url, key string, pad int) (int, string, []byte) {
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Pad", fmt.Sprint(pad))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -791,7 +804,8 @@ func freePort(t *testing.T) string {
 // The idem commands of the shell blocks of the README and every guide
 // under docs/, run as written but for their ports (a private redis-server for
 // 6379, a Python upstream for 9000, free ports for the proxy's own) and
-// the blob directory: each proxy serves a keyed POST of the guide's
+// the blob directory and TLS files (made here, under /etc/idem/tls/ in the
+// guides): each proxy serves a keyed POST of the guide's
 // example (order-1042 on /payments) and replays it; inspect, purge and gc
 // find what it stored and exit 0.
 func TestOperatorDocCommands(t *testing.T) {
@@ -804,11 +818,19 @@ func TestOperatorDocCommands(t *testing.T) {
 		t.Fatalf("docs/*.md: %v, %d files", err, len(guides))
 	}
 	lines := docCommands(t, append([]string{"../../README.md"}, guides...)...)
+	tlsDir := t.TempDir()
+	ca := newTestCA(t, tlsDir, "clients-ca")
+	serverCert, serverKey := ca.issue("tls", "127.0.0.1", 2, false)
+	clientCert, clientKey := ca.issue("client", "client", 3, true)
+	tlsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool,
+		Certificates: []tls.Certificate{pair(t, clientCert, clientKey)}}}}
+	files := strings.NewReplacer("file:///var/lib/idem/blobs", "file://"+blobDir,
+		"/etc/idem/tls/tls.crt", serverCert, "/etc/idem/tls/tls.key", serverKey, "/etc/idem/tls/clients-ca.crt", ca.file)
 	seen := map[string]int{}
 	for _, line := range lines {
-		line = strings.ReplaceAll(line, "file:///var/lib/idem/blobs", "file://"+blobDir)
+		line = files.Replace(line)
 		ports := map[string]string{"9000": upstream[strings.LastIndexByte(upstream, ':')+1:],
-			"6379": fmt.Sprint(redis.Port()), "8080": freePort(t), "9090": freePort(t)}
+			"6379": fmt.Sprint(redis.Port()), "8080": freePort(t), "8443": freePort(t), "9090": freePort(t)}
 		if strings.Contains(line, "s3://") {
 			// It would reach AWS (or, without credentials, the EC2
 			// metadata address): tests send traffic to loopback only.
@@ -820,9 +842,13 @@ func TestOperatorDocCommands(t *testing.T) {
 		switch words[0] {
 		case "proxy":
 			p := opStartLine(t, line, ports)
-			url := "http://" + p.Addr + "/payments"
-			status, _, first := opPost(t, url, "order-1042", 0)
-			_, replayed, again := opPost(t, url, "order-1042", 0)
+			url, client := "http://"+p.Addr+"/payments", http.DefaultClient
+			if strings.Contains(line, "--tls-cert") {
+				_, port, _ := net.SplitHostPort(p.Addr) // [::]:port for --listen :8443: dial loopback
+				url, client = "https://127.0.0.1:"+port+"/payments", tlsClient
+			}
+			status, _, first := opPostWith(t, client, url, "order-1042", 0)
+			_, replayed, again := opPostWith(t, client, url, "order-1042", 0)
 			if status != http.StatusCreated || replayed != "true" || !bytes.Equal(first, again) {
 				t.Errorf("%s\n: got %d, then replayed=%q (same bytes %v); want 201 and its replay", line, status, replayed, bytes.Equal(first, again))
 			}

@@ -241,8 +241,8 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.listen == "" {
 		return nil, usageError{"--listen is empty"}
 	}
-	if (o.tls.Cert == "") != (o.tls.Key == "") {
-		return nil, usageError{"--tls-cert and --tls-key go together: want both (a PEM certificate and its key) or neither"}
+	if err := pairOfFiles("tls-cert", o.tls.Cert, "tls-key", o.tls.Key); err != nil {
+		return nil, err
 	}
 	if o.tls.CA != "" && o.tls.Cert == "" {
 		return nil, usageError{"--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in a TLS handshake"}
@@ -250,8 +250,8 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if o.tlsWatch < 0 {
 		return nil, usageError{fmt.Sprintf("--tls-watch %v: must not be negative (0: only on SIGHUP)", o.tlsWatch)}
 	}
-	if (o.upstreamTLS.Cert == "") != (o.upstreamTLS.Key == "") {
-		return nil, usageError{"--upstream-cert and --upstream-key go together: want both (a PEM certificate and its key) or neither"}
+	if err := pairOfFiles("upstream-cert", o.upstreamTLS.Cert, "upstream-key", o.upstreamTLS.Key); err != nil {
+		return nil, err
 	}
 	if o.upstreamTLS != (sidecar.TLSFiles{}) && target.Scheme != "https" {
 		return nil, usageError{fmt.Sprintf("--upstream-ca, --upstream-cert and --upstream-key need an https:// upstream; --upstream is %s://", target.Scheme)}
@@ -298,6 +298,19 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 		return nil, usageError{err.Error()}
 	}
 	return target, nil
+}
+
+// pairOfFiles checks that a certificate flag and its key flag are set
+// together; the error starts with the flag that is set (so that it names
+// IDEM_<FLAG> when that came from the environment).
+func pairOfFiles(certFlag, cert, keyFlag, key string) error {
+	switch {
+	case cert != "" && key == "":
+		return usageError{fmt.Sprintf("--%s needs --%s: want both (a PEM certificate and its key) or neither", certFlag, keyFlag)}
+	case key != "" && cert == "":
+		return usageError{fmt.Sprintf("--%s needs --%s: want both (a PEM certificate and its key) or neither", keyFlag, certFlag)}
+	}
+	return nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {

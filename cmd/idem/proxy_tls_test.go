@@ -674,8 +674,8 @@ func TestProxyTLSMistakes(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--upstream", up, "--tls-cert", cert}, "--tls-cert and --tls-key go together"},
-		{[]string{"--upstream", up, "--tls-key", key}, "--tls-cert and --tls-key go together"},
+		{[]string{"--upstream", up, "--tls-cert", cert}, "--tls-cert needs --tls-key"},
+		{[]string{"--upstream", up, "--tls-key", key}, "--tls-key needs --tls-cert"},
 		{[]string{"--upstream", up, "--tls-client-ca", ca.file}, "--tls-client-ca needs --tls-cert and --tls-key"},
 		{[]string{"--upstream", up, "--tls-cert", missing, "--tls-key", key}, "--tls-cert " + missing + ": no such file or directory"},
 		{[]string{"--upstream", up, "--tls-cert", cert, "--tls-key", dir}, "--tls-key " + dir + ": is a directory"},
@@ -686,7 +686,7 @@ func TestProxyTLSMistakes(t *testing.T) {
 		{[]string{"--upstream", up, "--tls-cert", cert, "--tls-key", key, "--tls-watch", "-1s"}, "--tls-watch -1s: must not be negative"},
 		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-ca", junk}, "--upstream-ca " + junk + ": no certificate in it"},
 		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-ca", missing}, "--upstream-ca " + missing + ": no such file"},
-		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-cert", cert}, "--upstream-cert and --upstream-key go together"},
+		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-cert", cert}, "--upstream-cert needs --upstream-key"},
 		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-cert", cert, "--upstream-key", otherKey}, "--upstream-key " + otherKey + ": the key does not match"},
 		{[]string{"--upstream", up, "--upstream-ca", ca.file}, "need an https:// upstream; --upstream is http://"},
 	} {
