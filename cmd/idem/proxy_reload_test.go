@@ -217,3 +217,20 @@ func TestProxyReloadQuota(t *testing.T) {
 	wantStatus(t, "the flags' route, still counted", mustSend(t, "POST", p.url("/flags/3"), "f3", `{}`),
 		http.StatusTooManyRequests, "urn:idem:problem:quota-exceeded")
 }
+
+// TestProxyHangupNothingToReload: without --config and TLS files, a
+// SIGHUP (sent to every sidecar by habit, or by a closed terminal) is
+// logged and the proxy goes on serving, its records kept; it does not end
+// the process, SIGHUP's default action.
+func TestProxyHangupNothingToReload(t *testing.T) {
+	t.Parallel()
+	up := newTestUpstream(t)
+	p := startProxy(t, nil, "--upstream", up.URL)
+	first := mustSend(t, "POST", p.url("/payments"), "hup-1", `{"n":1}`)
+	wantStatus(t, "before SIGHUP", first, http.StatusCreated, "")
+	p.hangup(t, `"msg":"SIGHUP: nothing to reload"`, 1)
+	again := mustSend(t, "POST", p.url("/payments"), "hup-1", `{"n":1}`)
+	if again.status != http.StatusCreated || !again.replayed() || string(again.body) != string(first.body) {
+		t.Errorf("after SIGHUP: got %d replayed %v %s, want the replay of %s", again.status, again.replayed(), again.body, first.body)
+	}
+}

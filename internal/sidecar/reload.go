@@ -20,12 +20,11 @@ type Reload struct {
 // ReloadOnHangup runs every reload in turn on each SIGHUP until ctx is
 // done, and logs each: INFO "reloaded" when it took, ERROR "reload
 // refused; the running configuration is kept" with the error when not.
-// A failed part does not stop the others. Without reloads it does nothing
-// (and SIGHUP keeps its default action).
+// A failed part does not stop the others. Without reloads a SIGHUP is
+// logged as having nothing to reload: it never ends the process (its
+// default action), so that one sent to every sidecar by habit, or by a
+// closed terminal, does not cut off the keyed requests in flight.
 func ReloadOnHangup(ctx context.Context, logger *slog.Logger, reloads ...Reload) {
-	if len(reloads) == 0 {
-		return
-	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -35,6 +34,9 @@ func ReloadOnHangup(ctx context.Context, logger *slog.Logger, reloads ...Reload)
 			case <-ctx.Done():
 				return
 			case <-hup:
+				if len(reloads) == 0 {
+					logger.Info("SIGHUP: nothing to reload")
+				}
 				for _, r := range reloads {
 					if err := r.Do(); err != nil {
 						logger.Error("reload refused; the running configuration is kept", "what", r.What, "error", err)
