@@ -157,6 +157,8 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	hup, stopHangups := sidecar.CatchHangups() // before anything that takes time: see ReloadOnHangup
+	defer stopHangups()
 	o, err := parseProxyFlags(args, stderr)
 	if err != nil {
 		return err
@@ -204,7 +206,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.configFile != "" {
 		reloads = append(reloads, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
 	}
-	sidecar.ReloadOnHangup(reloadCtx, logger, reloads...)
+	sidecar.ReloadOnHangup(reloadCtx, hup, logger, reloads...)
 	o.logStart(logger, target, srv, b, p)
 	select {
 	case err := <-srv.errs:

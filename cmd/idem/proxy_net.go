@@ -70,7 +70,8 @@ func checkUpstreamURL(u *url.URL) (ok bool, err error) {
 // Transport that speaks only cleartext HTTP/2 (prior knowledge, no
 // upgrade); for a unix socket http://localhost (the request's path is the
 // client's, as for an http:// upstream without a path) over a Transport
-// that dials the socket.
+// that dials the socket. Every other upstream, https:// included, is
+// reached over HTTP/1.1 only (below).
 func upstreamDest(target *url.URL, tlsConfig *tls.Config) (*url.URL, *http.Transport) {
 	t := newTransport(tlsConfig)
 	dest := *target
@@ -85,9 +86,18 @@ func upstreamDest(target *url.URL, tlsConfig *tls.Config) (*url.URL, *http.Trans
 			return d.DialContext(ctx, "unix", path)
 		}
 	}
-	if target.Scheme == schemeH2C || target.Scheme == schemeH2CUnix {
-		t.Protocols = new(http.Protocols)
+	t.Protocols = new(http.Protocols)
+	switch target.Scheme {
+	case schemeH2C, schemeH2CUnix:
 		t.Protocols.SetUnencryptedHTTP2(true)
+	default:
+		// HTTP/1.1 only, https:// too: with HTTP/2 negotiated by ALPN a
+		// leased request without a body would need sendOnce's empty
+		// body (net/http's HTTP/2 client resends a bodiless request
+		// after some stream errors, golang/go#47635), which HTTP/1.1
+		// sends chunked; which protocol a request will go over is not
+		// known when sendOnce frames it. An HTTP/2 upstream is h2c://.
+		t.Protocols.SetHTTP1(true)
 	}
 	return &dest, t
 }

@@ -4,8 +4,13 @@ package main
 // rewritten and the signal sent, and its answers and log lines read.
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -233,4 +238,112 @@ func TestProxyHangupNothingToReload(t *testing.T) {
 	if again.status != http.StatusCreated || !again.replayed() || string(again.body) != string(first.body) {
 		t.Errorf("after SIGHUP: got %d replayed %v %s, want the replay of %s", again.status, again.replayed(), again.body, first.body)
 	}
+}
+
+// TestProxyHangupWhileStarting: a SIGHUP that comes while the proxy
+// starts (here: while it waits for its store, held by a relay that only
+// passes bytes to the real redis-server once the signal was sent) does
+// not end it, SIGHUP's default action: it starts and serves.
+func TestProxyHangupWhileStarting(t *testing.T) {
+	t.Parallel()
+	redis := proxyRedis(t)
+	up := newTestUpstream(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	release := make(chan struct{})
+	go func() {
+		first := true
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if first {
+				accepted <- c
+				first = false
+			}
+			go func() {
+				<-release
+				r, err := net.Dial("tcp", redis.Addr())
+				if err != nil {
+					c.Close()
+					return
+				}
+				go func() { io.Copy(r, c); r.Close() }()
+				io.Copy(c, r)
+				c.Close()
+			}()
+		}
+	}()
+	var stderr syncBuffer
+	cmd := exec.Command(idemBinary(t), "proxy", "--listen", "127.0.0.1:0", "--log-format", "json",
+		"--upstream", up.URL, "--store", "redis://"+ln.Addr().String()+"/0")
+	cmd.Env = proxyEnv(nil)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("idem proxy log:\n%s", stderr.String())
+		}
+	})
+	select {
+	case <-accepted: // the proxy is opening its store: past its start
+	case err := <-exited:
+		t.Fatalf("idem proxy exited before it reached its store: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("idem proxy did not reach its store within 10s")
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(stderr.String(), `"msg":"idem proxy listening"`) {
+		select {
+		case err := <-exited:
+			t.Fatalf("idem proxy exited after a SIGHUP at start: %v; want it to start", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("idem proxy did not listen within 10s of its store answering")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var rec struct{ Listen string }
+	for line := range strings.Lines(stderr.String()) {
+		if strings.Contains(line, `"msg":"idem proxy listening"`) {
+			json.Unmarshal([]byte(line), &rec)
+		}
+	}
+	r := mustSend(t, "POST", "http://"+rec.Listen+"/payments", "hup-start", `{"n":1}`)
+	wantStatus(t, "a keyed POST after a SIGHUP at start", r, http.StatusCreated, "")
+}
+
+// syncBuffer is a bytes.Buffer that a process writes and a test reads at
+// once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -621,8 +621,8 @@ func TestProxyTLSUpstream(t *testing.T) {
 		srv, runs := tlsUpstream(t, ca, false)
 		p := startProxy(t, nil, "--upstream", srv.URL, "--upstream-ca", ca.file)
 		got := keyedTwice(t, "http://"+p.addr, "up-1", "n=1")
-		if runs("up-1") != 1 || !strings.Contains(got, `"proto":"HTTP/2.0"`) {
-			t.Errorf("upstream ran up-1 %d times, answered %s; want once, over HTTP/2", runs("up-1"), got)
+		if runs("up-1") != 1 || !strings.Contains(got, `"proto":"HTTP/1.1"`) {
+			t.Errorf("upstream ran up-1 %d times, answered %s; want once, over HTTP/1.1 (https:// upstreams are HTTP/1.1 only)", runs("up-1"), got)
 		}
 		q := startProxy(t, nil, "--upstream", srv.URL)
 		if r := mustSend(t, http.MethodPost, q.url("/x"), "up-2", "n=1"); r.status != http.StatusBadGateway || runs("up-2") != 0 {
@@ -640,7 +640,8 @@ func TestProxyTLSUpstream(t *testing.T) {
 		ca.issueTo(cert, key, "idem-proxy-2", 61, true)
 		p.cmd.Process.Signal(syscall.SIGHUP)
 		p.awaitLogCount(`"msg":"reloaded","what":"upstream certificate"`, 1)
-		srv.CloseClientConnections() // the proxy's next request opens a new connection
+		srv.CloseClientConnections()                     // the proxy's next request opens a new connection
+		mustSend(t, http.MethodGet, p.url("/x"), "", "") // (a GET first: see below)
 		if r := mustSend(t, http.MethodPost, p.url("/x"), "up-5", "n=1"); r.status != http.StatusCreated || clientOf("up-5") != "idem-proxy-2" {
 			t.Errorf("after the rotation: %d, the upstream saw client %q, want 201 from idem-proxy-2", r.status, clientOf("up-5"))
 		}
@@ -649,6 +650,10 @@ func TestProxyTLSUpstream(t *testing.T) {
 		p.cmd.Process.Signal(syscall.SIGHUP)
 		p.awaitLogCount(`"msg":"reload refused; the running configuration is kept","what":"upstream certificate"`, 1)
 		srv.CloseClientConnections()
+		// A GET first: the proxy's Transport may not have seen the close of
+		// its idle connection yet; a GET it resends on a new one, a keyed
+		// POST it never resends (502, the key released).
+		mustSend(t, http.MethodGet, p.url("/x"), "", "")
 		if r := mustSend(t, http.MethodPost, p.url("/x"), "up-6", "n=1"); r.status != http.StatusCreated || clientOf("up-6") != "idem-proxy-2" {
 			t.Errorf("after a bad pair: %d, the upstream saw client %q, want 201 from idem-proxy-2 (kept)", r.status, clientOf("up-6"))
 		}

@@ -42,7 +42,7 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 			pr.SetURL(dest)
 			pr.SetXForwarded()
 		},
-		Transport:  sendOnce{base: transport, h2: transport.Protocols != nil && transport.Protocols.UnencryptedHTTP2()},
+		Transport:  sendOnce{base: transport, h2: transport.Protocols.UnencryptedHTTP2()},
 		BufferPool: copyBuffers,
 		ErrorLog:   slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -57,9 +57,9 @@ func IsGRPC(r *http.Request) bool {
 
 // GRPCMiddleware is idemhttp.NewMiddleware(store, cfg) with gRPC calls
 // answered and stored as gRPC (see above): cfg's ErrorHandler and
-// ShouldStore still decide for every other request, and for a gRPC answer
-// that carries no grpc-status (the proxy's own 502 when the upstream
-// cannot be reached).
+// ShouldStore still decide for every other request, and for an answer to
+// a gRPC call that carries no grpc-status (an upstream that is not gRPC;
+// Caddy's own 502 when the upstream cannot be reached).
 func GRPCMiddleware(store idem.Store, cfg idemhttp.Config) (func(http.Handler) http.Handler, error) {
 	problem, shouldStore := cfg.ErrorHandler, cfg.ShouldStore
 	if problem == nil {

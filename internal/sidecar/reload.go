@@ -17,18 +17,25 @@ type Reload struct {
 	Do   func() error
 }
 
-// ReloadOnHangup runs every reload in turn on each SIGHUP until ctx is
-// done, and logs each: INFO "reloaded" when it took, ERROR "reload
-// refused; the running configuration is kept" with the error when not.
-// A failed part does not stop the others. Without reloads a SIGHUP is
-// logged as having nothing to reload: it never ends the process (its
-// default action), so that one sent to every sidecar by habit, or by a
-// closed terminal, does not cut off the keyed requests in flight.
-func ReloadOnHangup(ctx context.Context, logger *slog.Logger, reloads ...Reload) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+// CatchHangups catches SIGHUP from now on, for ReloadOnHangup: called
+// first thing, a SIGHUP sent while the sidecar starts (it may wait seconds
+// for its store) waits for the reloads instead of ending the process,
+// SIGHUP's default action. stop gives the signal back.
+func CatchHangups() (hup <-chan os.Signal, stop func()) {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGHUP)
+	return c, func() { signal.Stop(c) }
+}
+
+// ReloadOnHangup runs every reload in turn on each SIGHUP from hup
+// (CatchHangups) until ctx is done, and logs each: INFO "reloaded" when it
+// took, ERROR "reload refused; the running configuration is kept" with
+// the error when not. A failed part does not stop the others. Without
+// reloads a SIGHUP is logged as having nothing to reload: it never ends
+// the process, so that one sent to every sidecar by habit, or by a closed
+// terminal, does not cut off the keyed requests in flight.
+func ReloadOnHangup(ctx context.Context, hup <-chan os.Signal, logger *slog.Logger, reloads ...Reload) {
 	go func() {
-		defer signal.Stop(hup)
 		for {
 			select {
 			case <-ctx.Done():

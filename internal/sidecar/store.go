@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -41,14 +42,7 @@ func (e BadStore) Error() string { return e.Msg }
 
 // badStore is a BadStore whose message names the setting as o does.
 func badStore(o StoreOptions, msg string) error {
-	return BadStore{strings.Replace(msg, "--store", cmpOr(o.Name, "--store"), 1)}
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
+	return BadStore{strings.Replace(msg, "--store", cmp.Or(o.Name, "--store"), 1)}
 }
 
 // StoreOptions are what the sidecars and the commands that read set on
