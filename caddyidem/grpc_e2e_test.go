@@ -16,18 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/upstreamtest"
 )
-
-// rawCodec passes messages as raw bytes (*[]byte), under the name "proto"
-// so that calls go as application/grpc.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
-func (rawCodec) Unmarshal(b []byte, v any) error {
-	*v.(*[]byte) = append([]byte(nil), b...)
-	return nil
-}
-func (rawCodec) Name() string { return "proto" }
 
 // grpcUpstream is a grpc-go server on h2c: every method counts an
 // execution per idempotency key; "status:N" fails with code N, anything
@@ -40,7 +30,7 @@ type grpcUpstream struct {
 
 func startGRPCUpstream(t *testing.T) (*grpcUpstream, string) {
 	u := &grpcUpstream{runs: map[string]int{}}
-	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}), grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
+	srv := grpc.NewServer(grpc.ForceServerCodec(upstreamtest.RawCodec{}), grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
 		var req []byte
 		if err := stream.RecvMsg(&req); err != nil {
 			return err
@@ -91,7 +81,7 @@ func TestGRPC(t *testing.T) {
 	base := startCaddyGlobal(t, "\tservers {\n\t\tprotocols h1 h2 h2c\n\t}\n",
 		fmt.Sprintf("\troute {\n\t\tidempotency {\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy %s {\n\t\t\ttransport http {\n\t\t\t\tversions h2c\n\t\t\t}\n\t\t}\n\t}", addr))
 	conn, err := grpc.NewClient(strings.TrimPrefix(base, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(upstreamtest.RawCodec{})))
 	if err != nil {
 		t.Fatal(err)
 	}

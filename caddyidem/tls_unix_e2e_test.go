@@ -5,29 +5,23 @@ package caddyidem
 // certificate) and Go's net/http against a site served with Caddy's own
 // `tls` and `client_auth`, where idemhttp.DefaultTenant takes the
 // verified client certificate for the tenant; `reverse_proxy unix//…` to
-// Python's http.server on a unix socket (testdata/unix_upstream.py, a copy
-// of cmd/idem's); and a site on `bind unix//…` driven by curl
-// --unix-socket. Every certificate is made here, with crypto/x509, in
-// t.TempDir().
+// Python's http.server on a unix socket (internal/upstreamtest's
+// unix_upstream.py, the one cmd/idem's tests run); and a site on
+// `bind unix//…` driven by curl --unix-socket. Every certificate is made
+// by internal/tlstest, with crypto/x509, in t.TempDir().
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -44,18 +38,10 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/nettest"
+	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/tlstest"
+	"github.com/idemkit/idem/internal/upstreamtest"
 )
-
-// requireTool fails the test (scripts/test.sh installs the tool) when
-// name is not installed, and returns its path.
-func requireTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s is not installed (scripts/test.sh installs it): %v", name, err)
-	}
-	return p
-}
 
 // loadCaddyfile loads sites (whole site blocks, addresses included) under
 // startCaddyGlobal's global options and more: startCaddyGlobal names its
@@ -96,87 +82,21 @@ type clientCert struct {
 func makeCerts(t *testing.T) *certs {
 	t.Helper()
 	dir := t.TempDir()
-	caCert, caKey := newCA(t, "idem test CA")
-	c := &certs{ca: filepath.Join(dir, "ca.pem"), pool: x509.NewCertPool()}
-	c.pool.AddCert(caCert)
-	writePEM(t, c.ca, "CERTIFICATE", caCert.Raw)
-	c.serverCert, c.serverKey, _ = issue(t, dir, "server", caCert, caKey, 2, false)
-	c.a = newClientCert(t, dir, "tenant-a", caCert, caKey, 3)
-	c.b = newClientCert(t, dir, "tenant-b", caCert, caKey, 4)
-	otherCert, otherKey := newCA(t, "another CA")
-	c.stranger = newClientCert(t, dir, "stranger", otherCert, otherKey, 5)
+	ca := tlstest.NewCA(t, dir, "ca")
+	c := &certs{ca: ca.File, pool: ca.Pool}
+	c.serverCert, c.serverKey = ca.Issue("server", "localhost", 2, false)
+	c.a = newClientCert(t, ca, "tenant-a", 3)
+	c.b = newClientCert(t, ca, "tenant-b", 4)
+	c.stranger = newClientCert(t, tlstest.NewCA(t, dir, "another-ca"), "stranger", 5)
 	return c
 }
 
-func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
+// newClientCert issues a client certificate of ca for name.
+func newClientCert(t *testing.T, ca *tlstest.CA, name string, serial int64) clientCert {
 	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// issue writes a certificate signed by ca to name.crt and its key to
-// name.key in dir: a server certificate for 127.0.0.1 and localhost, or a
-// client certificate. It returns the files and the certificate's DER.
-func issue(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, client bool) (certFile, keyFile string, der []byte) {
-	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	if client {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	} else {
-		tmpl.DNSNames, tmpl.IPAddresses = []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "PRIVATE KEY", kder)
-	return certFile, keyFile, der
-}
-
-func newClientCert(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64) clientCert {
-	t.Helper()
-	certFile, keyFile, der := issue(t, dir, name, ca, caKey, serial, true)
-	p, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(der)
+	certFile, keyFile := ca.Issue(name, name, serial, true)
+	p := tlstest.Pair(t, certFile, keyFile)
+	sum := sha256.Sum256(p.Certificate[0])
 	return clientCert{cert: certFile, key: keyFile, pair: p, fp: hex.EncodeToString(sum[:])}
 }
 
@@ -243,7 +163,7 @@ func curlPost(t *testing.T, url, key, body string, args ...string) reply {
 	t.Helper()
 	args = append([]string{"-sS", "-i", "--max-time", "20", "-X", "POST", "-H", "Content-Type: application/json",
 		"-H", idemhttp.HeaderKey + ": " + key, "--data-binary", body}, args...)
-	cmd := exec.Command(requireTool(t, "curl"), append(args, url)...)
+	cmd := exec.Command(proctest.RequireTool(t, "curl"), append(args, url)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -445,38 +365,6 @@ func TestTLSClientCertRequired(t *testing.T) {
 	}
 }
 
-// startUnixPython runs testdata/unix_upstream.py on a socket in a fresh
-// directory and returns the socket's path.
-func startUnixPython(t *testing.T) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "app.sock")
-	cmd := exec.Command(requireTool(t, "python3"), "testdata/unix_upstream.py", sock)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		ready <- sc.Scan() && sc.Text() == "ready"
-		io.Copy(io.Discard, out)
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("unix_upstream.py did not start")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("unix_upstream.py not ready within 10s")
-	}
-	return sock
-}
-
 // checkOnceAndReplay asserts that first was the upstream's first
 // execution of the key (unix_upstream.py counts them) and again its
 // byte-identical replay (the body carries a random nonce).
@@ -495,7 +383,7 @@ func checkOnceAndReplay(t *testing.T, first, again reply, body string) {
 // byte for byte, and the same key with another body gets 422 without
 // reaching the upstream.
 func TestUnixUpstream(t *testing.T) {
-	sock := startUnixPython(t)
+	sock := upstreamtest.StartUnixPython(t)
 	base := startCaddy(t, fmt.Sprintf("\tidempotency {\n\t\tprefix unixup:%s:\n\t}\n\treverse_proxy unix/%s", runID, sock))
 	key := "unix-up-" + runID
 	first := goPost(t, http.DefaultClient, base+"/pay", key, "amount=7")
@@ -519,7 +407,7 @@ func upstreamRuns(t *testing.T, url, key string, curlArgs ...string) int {
 	t.Helper()
 	var body string
 	if curlArgs != nil {
-		cmd := exec.Command(requireTool(t, "curl"), append([]string{"-sS", "--max-time", "20", "-H", idemhttp.HeaderKey + ": " + key}, append(curlArgs, url)...)...)
+		cmd := exec.Command(proctest.RequireTool(t, "curl"), append([]string{"-sS", "--max-time", "20", "-H", idemhttp.HeaderKey + ": " + key}, append(curlArgs, url)...)...)
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("curl GET %s: %v", url, err)
@@ -550,7 +438,7 @@ func upstreamRuns(t *testing.T, url, key string, curlArgs ...string) int {
 // socket (both ends on sockets, as gunicorn behind a socket-bound
 // Caddy): a keyed POST runs once and is replayed byte for byte.
 func TestUnixListen(t *testing.T) {
-	up := startUnixPython(t)
+	up := upstreamtest.StartUnixPython(t)
 	front := filepath.Join(t.TempDir(), "caddy.sock")
 	loadCaddyfile(t, "", fmt.Sprintf("http:// {\n\tbind unix/%s\n\tidempotency {\n\t\tprefix unixlisten:%s:\n\t}\n\treverse_proxy unix/%s\n}", front, runID, up))
 	if fi, err := os.Stat(front); err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/idemkit/idem/internal/nettest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/tlstest"
 )
 
 // opResult is how a finished idem command ended.
@@ -819,13 +820,13 @@ func TestOperatorDocCommands(t *testing.T) {
 	}
 	lines := docCommands(t, append([]string{"../../README.md"}, guides...)...)
 	tlsDir := t.TempDir()
-	ca := newTestCA(t, tlsDir, "clients-ca")
-	serverCert, serverKey := ca.issue("tls", "127.0.0.1", 2, false)
-	clientCert, clientKey := ca.issue("client", "client", 3, true)
-	tlsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool,
-		Certificates: []tls.Certificate{pair(t, clientCert, clientKey)}}}}
+	ca := tlstest.NewCA(t, tlsDir, "clients-ca")
+	serverCert, serverKey := ca.Issue("tls", "127.0.0.1", 2, false)
+	clientCert, clientKey := ca.Issue("client", "client", 3, true)
+	tlsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool,
+		Certificates: []tls.Certificate{tlstest.Pair(t, clientCert, clientKey)}}}}
 	files := strings.NewReplacer("file:///var/lib/idem/blobs", "file://"+blobDir,
-		"/etc/idem/tls/tls.crt", serverCert, "/etc/idem/tls/tls.key", serverKey, "/etc/idem/tls/clients-ca.crt", ca.file)
+		"/etc/idem/tls/tls.crt", serverCert, "/etc/idem/tls/tls.key", serverKey, "/etc/idem/tls/clients-ca.crt", ca.File)
 	seen := map[string]int{}
 	for _, line := range lines {
 		line = files.Replace(line)

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/upstreamtest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -62,17 +63,6 @@ type grpcPeer struct {
 	runs func(key string) int
 	call func(t *testing.T, addr string, c grpcSpec) grpcResult
 }
-
-// rawCodec passes messages as raw bytes (*[]byte), under the name
-// "proto" so that calls go as application/grpc.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
-func (rawCodec) Unmarshal(b []byte, v any) error {
-	*v.(*[]byte) = append([]byte(nil), b...)
-	return nil
-}
-func (rawCodec) Name() string { return "proto" }
 
 // goGRPCServer serves idem.Test with grpc-go as testdata/grpc_peer.py
 // does; deadlines counts the executions of Do that saw a deadline.
@@ -149,7 +139,7 @@ func (s *goGRPCServer) handle(_ any, stream grpc.ServerStream) error {
 
 func startGoGRPC(t *testing.T) (*goGRPCServer, string) {
 	s := &goGRPCServer{runs: map[string]int{}, gates: map[string]chan struct{}{}}
-	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}), grpc.UnknownServiceHandler(s.handle))
+	srv := grpc.NewServer(grpc.ForceServerCodec(upstreamtest.RawCodec{}), grpc.UnknownServiceHandler(s.handle))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +152,7 @@ func startGoGRPC(t *testing.T) (*goGRPCServer, string) {
 // goGRPCCall makes c with grpc-go.
 func goGRPCCall(t *testing.T, addr string, c grpcSpec) grpcResult {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(upstreamtest.RawCodec{})))
 	if err != nil {
 		t.Error(err)
 		return grpcResult{Code: -1}
@@ -450,7 +440,7 @@ func TestProxyGRPC(t *testing.T) {
 // would stall it.
 func testChat(t *testing.T, addr, key string) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodec(upstreamtest.RawCodec{})))
 	if err != nil {
 		t.Fatal(err)
 	}

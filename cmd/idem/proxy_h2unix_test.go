@@ -3,10 +3,9 @@ package main
 // idem proxy over HTTP/2 cleartext (h2c) and unix sockets, from outside:
 // curl --http2-prior-knowledge and curl --unix-socket against the built
 // binary; an h2c upstream (Go's net/http, HTTP/2 only); a unix-socket
-// upstream on Python's http.server (testdata/unix_upstream.py).
+// upstream on Python's http.server (internal/upstreamtest's unix_upstream.py).
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -26,6 +25,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/upstreamtest"
 )
 
 // curlResult is one answer curl printed with -i.
@@ -40,7 +41,7 @@ type curlResult struct {
 // runCurl runs curl -sS -i with args and parses its answer.
 func runCurl(t *testing.T, args ...string) curlResult {
 	t.Helper()
-	cmd := exec.Command(requireTool(t, "curl"), append([]string{"-sS", "-i", "--max-time", "20"}, args...)...)
+	cmd := exec.Command(proctest.RequireTool(t, "curl"), append([]string{"-sS", "-i", "--max-time", "20"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -253,44 +254,12 @@ func TestProxyH2CUpstream(t *testing.T) {
 	})
 }
 
-// startUnixPython runs testdata/unix_upstream.py on a socket in a fresh
-// directory and returns the socket's path.
-func startUnixPython(t *testing.T) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "app.sock")
-	cmd := exec.Command(requireTool(t, "python3"), "testdata/unix_upstream.py", sock)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		ready <- sc.Scan() && sc.Text() == "ready"
-		io.Copy(io.Discard, out)
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("unix_upstream.py did not start")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("unix_upstream.py not ready within 10s")
-	}
-	return sock
-}
-
 // TestProxyUnixUpstream: --upstream unix:///path reaches Python's
 // http.server on a unix socket; the upstream sees the client's path and
 // query, Host localhost (the client's in X-Forwarded-Host); a keyed POST
 // runs once and is replayed byte for byte.
 func TestProxyUnixUpstream(t *testing.T) {
-	sock := startUnixPython(t)
+	sock := upstreamtest.StartUnixPython(t)
 	p := startProxy(t, nil, "--upstream", "unix://"+sock)
 	got := keyedTwice(t, "http://"+p.addr, "unix-a", "amount=7")
 	for _, want := range []string{`"executions": 1`, `"path": "/orders?x=1"`, `"host": "localhost"`, `"forwarded_host": "` + p.addr + `"`, `"body": "amount=7"`} {

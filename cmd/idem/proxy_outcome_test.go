@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 // requestLine is a request's log line.
@@ -147,10 +148,7 @@ func (p *proxyProc) awaitLines(t *testing.T, n int) {
 // stays at zero.
 func TestProxyWholeResponseReadIsNotClientGone(t *testing.T) {
 	t.Parallel()
-	curl, err := exec.LookPath("curl")
-	if err != nil {
-		t.Fatalf("curl is not installed (scripts/test.sh installs it): %v", err)
-	}
+	curl := proctest.RequireTool(t, "curl")
 	const size = 5 << 20
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 // debianPython is Debian's interpreter, which python3-uvicorn installs
@@ -146,9 +147,7 @@ func TestProxyGunicornUnix(t *testing.T) { testProxyPythonServerUnix(t, "gunicor
 // byte; another body under the key gets 422 and does not run; and with
 // --listen unix:///path too, curl --unix-socket gets the same guarantee.
 func testProxyPythonServerUnix(t *testing.T, server string) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Fatalf("curl is not installed (scripts/test.sh installs it): %v", err)
-	}
+	proctest.RequireTool(t, "curl")
 	sock := startSockServer(t, server)
 	p := startProxy(t, nil, "--upstream", "unix://"+sock)
 	base := "http://" + p.addr

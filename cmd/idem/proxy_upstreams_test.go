@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 // scriptUpstream is an upstream written in another language
@@ -31,10 +32,7 @@ type scriptUpstream struct {
 
 func startScriptUpstream(t *testing.T, name string, args ...string) *scriptUpstream {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s is not installed (scripts/test.sh installs it): %v", name, err)
-	}
+	path := proctest.RequireTool(t, name)
 	u := &scriptUpstream{runs: map[string]int{}}
 	cmd := exec.Command(path, args...)
 	cmd.Stderr = &lockedWriter{mu: &u.mu, w: &u.stderr}

@@ -265,3 +265,15 @@ func Pause(p *os.Process, timeout time.Duration) error {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// RequireTool is the path of the installed tool name, or it fails the
+// test: scripts/test.sh installs every tool a test runs, so a missing one
+// is a broken machine, not a reason to skip.
+func RequireTool(t TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s is not installed (scripts/test.sh installs it): %v", name, err)
+	}
+	return p
+}
