@@ -139,8 +139,8 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.StringVar(&o.tls.Cert, "tls-cert", "", "serve TLS (HTTP/1.1 and HTTP/2 by ALPN) with this PEM certificate (its chain, leaf first), with --tls-key; re-read when the file changes and on SIGHUP")
 	fs.StringVar(&o.tls.Key, "tls-key", "", "the PEM private key of --tls-cert (unencrypted)")
 	fs.StringVar(&o.tls.CA, "tls-client-ca", "", "with --tls-cert: require a client certificate signed by a CA of this PEM file (mTLS); the certificate is the tenant when no credential or --tenant-header/--tenant-cookie names the client")
-	fs.DurationVar(&o.tlsWatch, "tls-watch", sidecar.CertWatchInterval, "look at the files of --tls-cert, --tls-key, --tls-client-ca, --upstream-cert and --upstream-key this often, and load them when their contents changed; 0: only on SIGHUP")
-	fs.StringVar(&o.upstreamTLS.CA, "upstream-ca", "", "with an https:// upstream: trust the CAs of this PEM file instead of the system's")
+	fs.DurationVar(&o.tlsWatch, "tls-watch", sidecar.CertWatchInterval, "look at the files of --tls-cert, --tls-key, --tls-client-ca, --upstream-ca, --upstream-cert and --upstream-key this often, and load them when their contents changed; 0: only on SIGHUP")
+	fs.StringVar(&o.upstreamTLS.CA, "upstream-ca", "", "with an https:// upstream: trust the CAs of this PEM file instead of the system's; re-read when the file changes and on SIGHUP")
 	fs.StringVar(&o.upstreamTLS.Cert, "upstream-cert", "", "with an https:// upstream: present this PEM client certificate to it, with --upstream-key; re-read when the file changes and on SIGHUP")
 	fs.StringVar(&o.upstreamTLS.Key, "upstream-key", "", "the PEM private key of --upstream-cert (unencrypted)")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz (off when empty)")
@@ -179,7 +179,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	t, err := o.loadTLS(logger)
+	t, err := o.loadTLS(target, logger)
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ type proxyTLS struct {
 
 // loadTLS reads the TLS files before anything opens: one that does not
 // load is a usage error, as a bad flag is.
-func (o *proxyOptions) loadTLS(logger *slog.Logger) (proxyTLS, error) {
+func (o *proxyOptions) loadTLS(target *url.URL, logger *slog.Logger) (proxyTLS, error) {
 	var t proxyTLS
 	var err error
 	if o.tls.Cert != "" {
@@ -54,7 +54,7 @@ func (o *proxyOptions) loadTLS(logger *slog.Logger) (proxyTLS, error) {
 			return t, usageError{err.Error()}
 		}
 	}
-	if t.upstream, t.upstreamCerts, err = sidecar.UpstreamTLS(o.upstreamTLS, upstreamTLSFlags, logger); err != nil {
+	if t.upstream, t.upstreamCerts, err = sidecar.UpstreamTLS(target.Hostname(), o.upstreamTLS, upstreamTLSFlags, logger); err != nil {
 		return t, usageError{err.Error()}
 	}
 	return t, nil

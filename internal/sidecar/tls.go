@@ -51,6 +51,7 @@ const CertWatchInterval = 2 * time.Second
 // file stops admitting its clients at the next handshake, resumed or not.
 type CertSource struct {
 	what         string // what the log calls it: "certificates", "upstream certificate"
+	upstream     bool   // the client side's (UpstreamTLS): CA is the upstream's roots, Cert optional
 	files, names TLSFiles
 	logger       *slog.Logger
 	base         *tls.Config // what ServeTLS is given; its session ticket keys are shared by every state
@@ -67,6 +68,7 @@ type certState struct {
 	sum    [32]byte    // the digest of the files' contents it was loaded from
 	config *tls.Config // the handshake's config: the certificate, the client CAs
 	leaf   *x509.Certificate
+	roots  *x509.CertPool // an upstream's CAs (UpstreamTLS); nil: the system's
 }
 
 // NewCertSource loads files (Cert and Key required; CA optional) for a
@@ -184,6 +186,10 @@ func (s *CertSource) poll() {
 // install puts st in place and logs what is served now.
 func (s *CertSource) install(st certState) {
 	s.cur.Store(&st)
+	if st.leaf == nil { // an upstream's CAs alone
+		s.logger.Info("TLS CAs in place", "what", s.what, "ca", s.files.CA)
+		return
+	}
 	attrs := []any{"what", s.what, "serial", st.leaf.SerialNumber.Text(16), "subject", st.leaf.Subject.String(),
 		"dns_names", st.leaf.DNSNames, "not_after", st.leaf.NotAfter.UTC().Format(time.RFC3339)}
 	if st.config.ClientCAs != nil {
@@ -233,52 +239,66 @@ func (s *CertSource) load() (certState, error) {
 		}
 	}
 	certPEM, keyPEM, caPEM := b[0], b[1], b[2]
-	cert, err := loadPair(certPEM, keyPEM, s.files, s.names)
-	if err != nil {
-		return st, err
-	}
-	st.leaf = cert.Leaf
-	st.config = &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		NextProtos:   []string{"h2", "http/1.1"},
-		Certificates: []tls.Certificate{cert},
+	st.config = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+	if s.files.Cert != "" || !s.upstream {
+		cert, err := loadPair(certPEM, keyPEM, s.files, s.names)
+		if err != nil {
+			return st, err
+		}
+		st.leaf = cert.Leaf
+		st.config.Certificates = []tls.Certificate{cert}
 	}
 	if s.files.CA != "" {
 		pool, err := parsePool(caPEM, s.names.CA, s.files.CA)
 		if err != nil {
 			return st, err
 		}
-		st.config.ClientCAs = pool
-		st.config.ClientAuth = tls.RequireAndVerifyClientCert
+		if s.upstream {
+			st.roots = pool
+		} else {
+			st.config.ClientCAs = pool
+			st.config.ClientAuth = tls.RequireAndVerifyClientCert
+		}
 	}
 	return st, nil
 }
 
 // UpstreamTLS is the client side's tls.Config for an https:// upstream:
-// TLS 1.2 at least, the upstream verified against the CAs of files.CA
-// (instead of the system's) when it is set, read once; and, with
-// files.Cert and files.Key, the certificate presented when the upstream
-// asks for one, from certs (nil without them): a CertSource that Reload
-// and Watch replace as a listener's ("what": "upstream certificate"), so
-// that a short-lived client certificate can be rotated without a restart
-// (connections open to the upstream keep the one they were made with).
-// names are what to call each file in errors.
-func UpstreamTLS(files, names TLSFiles, logger *slog.Logger) (cfg *tls.Config, certs *CertSource, err error) {
-	cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+// TLS 1.2 at least; the upstream verified against the CAs of files.CA
+// (instead of the system's) when it is set; and, with files.Cert and
+// files.Key, the certificate presented when the upstream asks for one.
+// The files are held by certs (nil without any of them), a CertSource that
+// Reload and Watch replace as a listener's ("what": "upstream
+// certificate"), so that a short-lived client certificate, or the CA of
+// an upstream's renewed certificate, is taken without a restart
+// (connections open to the upstream keep what they were made with).
+// serverName is the upstream's host (its URL's, without the port), the
+// name its certificate must hold. names are what to call each file in
+// errors.
+func UpstreamTLS(serverName string, files, names TLSFiles, logger *slog.Logger) (cfg *tls.Config, certs *CertSource, err error) {
+	cfg = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if files == (TLSFiles{}) {
+		return cfg, nil, nil
+	}
+	certs = &CertSource{what: "upstream certificate", upstream: true, files: files, names: names, logger: logger}
+	st, err := certs.load()
+	if err != nil {
+		return nil, nil, err
+	}
+	certs.install(st)
 	if files.CA != "" {
-		b, err := os.ReadFile(files.CA)
-		if err != nil {
-			return nil, nil, fileError(names.CA, files.CA, err)
-		}
-		if cfg.RootCAs, err = parsePool(b, names.CA, files.CA); err != nil {
-			return nil, nil, err
+		// The CAs in place at each handshake, not those of the start:
+		// crypto/tls's own verification (with RootCAs) would need a new
+		// Transport for each reload. InsecureSkipVerify only turns that
+		// off; VerifyConnection verifies the chain and the name as it
+		// would (x509.Certificate.Verify with cfg.ServerName, an IP
+		// address included, and the server-auth usage).
+		cfg.InsecureSkipVerify = true
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			return verifyUpstream(cs, serverName, certs.cur.Load().roots)
 		}
 	}
-	if files.Cert != "" || files.Key != "" {
-		certs, err = newCertSource("upstream certificate", TLSFiles{Cert: files.Cert, Key: files.Key}, names, logger)
-		if err != nil {
-			return nil, nil, err
-		}
+	if files.Cert != "" {
 		// Sent whatever CAs the upstream names (crypto/tls would send
 		// nothing from Certificates when none matches): its refusal then
 		// names the CA, which helps more than "no certificate".
@@ -287,6 +307,26 @@ func UpstreamTLS(files, names TLSFiles, logger *slog.Logger) (cfg *tls.Config, c
 		}
 	}
 	return cfg, certs, nil
+}
+
+// verifyUpstream verifies an upstream's chain against roots and its name
+// (not cs.ServerName, the SNI, which is empty for an IP address), as
+// crypto/tls does with RootCAs.
+func verifyUpstream(cs tls.ConnectionState, name string, roots *x509.CertPool) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("tls: the upstream sent no certificate")
+	}
+	if name == "" {
+		return errors.New("tls: no name to verify the upstream's certificate against")
+	}
+	opts := x509.VerifyOptions{Roots: roots, DNSName: name, Intermediates: x509.NewCertPool()}
+	for _, c := range cs.PeerCertificates[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+	}
+	return nil
 }
 
 // fileError is an error about the file at path, which callers call name.
