@@ -115,8 +115,9 @@
 // when a claim reaches the server more than 50ms after the client's
 // estimate (a stalled client or network), its provisional token is
 // visible to Get (inspection) until the second step replaces it, and only
-// the replaced one is ever granted (the linearizability suite passes on
-// this path because such misses are rare, not because they are invisible); a
+// the replaced one is ever granted (the linearizability suite's model of
+// this path lets a Get show an in-flight lease with a token below its
+// own until the lease's token is known to be in place); a
 // lease that needs the second step, a renewal and a claim of a released
 // record compute their expiry from the server time of a read one round
 // trip before the write, so such a lease ends up to that round trip

@@ -330,3 +330,62 @@ func TestNativeLeaseMemos(t *testing.T) {
 		t.Errorf("%d leases remembered after all ended, want 0", n)
 	}
 }
+
+// TestNativeProvisionalToken: an Acquire whose claim's token does not
+// stand (here the clock estimate is 10s behind the server's) shows a Get
+// between its two round trips the claim, in flight with the lease and its
+// provisional token, below the token the second step writes and the
+// Acquire grants; a Get after it shows the granted one. The package
+// documentation says so ("its provisional token is visible to Get"), and
+// the linearizability model of the native path allows it
+// (reliability/linearize, stepper.provisional).
+func TestNativeProvisionalToken(t *testing.T) {
+	srv := startKinds(t)[redistest.Valkey9]
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	prefix := uniquePrefix("provisional")
+	s, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	inspect, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inspect.Close()
+	ctx := t.Context()
+	fp := idem.Fingerprint{9}
+	// A first Acquire gives the store its clock estimate (TIME).
+	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: scope(1), LeaseID: idem.NewLeaseID(), Fingerprint: fp, TTL: 5 * time.Second}); err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	redisstore.SkewClock(s, -10_000)
+	key, id := scope(2), idem.NewLeaseID()
+	var (
+		seen  idem.Record
+		found bool
+		gerr  error
+		once  sync.Once
+	)
+	redisstore.TraceNative(s, func(cmds [][]string) {
+		if cmds[0][0] == "SET" && len(cmds[0]) > 3 && cmds[0][3] == "NX" {
+			once.Do(func() { seen, found, gerr = inspect.Get(ctx, key) })
+		}
+	})
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, LeaseID: id, Fingerprint: fp, TTL: 5 * time.Second})
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if gerr != nil || !found {
+		t.Fatalf("get between the claim and its second step: found %v, %v", found, gerr)
+	}
+	if seen.State != idem.StateInFlight || seen.LeaseID != id || seen.Fingerprint != fp || seen.Token >= a.Lease.Token {
+		t.Errorf("get between the claim and its second step: %v lease %v token %d, want in flight, lease %v, a token below the granted %d",
+			seen.State, seen.LeaseID, seen.Token, id, a.Lease.Token)
+	}
+	after, found, err := inspect.Get(ctx, key)
+	if err != nil || !found || after.Token != a.Lease.Token || after.LeaseID != id {
+		t.Errorf("get after the acquire: found %v, %v, token %d lease %v, want token %d lease %v", found, err, after.Token, after.LeaseID, a.Lease.Token, id)
+	}
+}

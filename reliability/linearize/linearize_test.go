@@ -311,7 +311,7 @@ func linearizableFaults(t *testing.T, addr string, path redisstore.Path, label s
 			if w.rec.unknown == 0 {
 				t.Errorf("no call was indeterminate: the faults did not bite")
 			}
-			result(t, w, label+name+")", "toxiproxy: latency 3× client timeout, reset_peer, black hole (up and down); client resends off", newModel(stepper{}))
+			result(t, w, label+name+")", "toxiproxy: latency 3× client timeout, reset_peer, black hole (up and down); client resends off", newModel(stepper{provisional: path == redisstore.PathNative}))
 		})
 	}
 }

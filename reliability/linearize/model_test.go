@@ -38,6 +38,14 @@ import (
 //   - Renew(lease): ok on in_flight with that lease id; else LeaseLost.
 //   - Get: absent, or the record's state, token, fingerprint, lease id and
 //     response (a released record is returned as released with its token).
+//     With provisional (redisstore's native path, see its package
+//     documentation: a claim whose token does not stand shows Get its
+//     provisional token until the second step of the Acquire replaces it),
+//     a Get of an in-flight record may also show its lease and fingerprint
+//     with a token below the lease's, until the record is known to hold the
+//     lease's token: a Get that showed it, or the holder's own Renew or
+//     repeated Acquire (which come after its Acquire returned). It changes
+//     nothing and teaches no token.
 //
 // Time. The model has two modes.
 //
@@ -130,6 +138,9 @@ type state struct {
 	resp  string
 	now   int64 // timed: the store clock, Unix ns
 	exp   int64 // timed: when the record expires (<= now: absent)
+	// settled: in flight, the record is known to hold the lease's token
+	// (provisional: no Get may show another one from now on).
+	settled bool
 }
 
 // expiry is the stores' rule: the later of now+ttl and the millisecond
@@ -158,6 +169,9 @@ type stepper struct {
 	// noRelease: a broken model in which Release does not free the key
 	// (the self-test shows that the checker then rejects real histories).
 	noRelease bool
+	// provisional: a Get may show an in-flight record's provisional token
+	// (redisstore's native path; see the header comment).
+	provisional bool
 }
 
 func (m stepper) step(s state, in input, out output) (bool, state) {
@@ -187,6 +201,9 @@ func (m stepper) step(s state, in input, out output) (bool, state) {
 		if s.kind == kInFlight && s.lease == in.lease {
 			if m.timed {
 				s.exp = expiry(s.now, in.ttl, s.token)
+			}
+			if !out.unknown {
+				s.settled = true // its Acquire returned before it
 			}
 			return out.unknown || out.ok, s
 		}
@@ -225,6 +242,7 @@ func (m stepper) acquire(s state, in input, out output, left time.Duration) (boo
 			return false, s
 		}
 		n, ok := s.learn(out.token)
+		n.settled = true // its first Acquire returned before it
 		return ok, n
 	case s.fp != in.fp:
 		return out.outcome == idem.Mismatch, s
@@ -288,6 +306,12 @@ func (m stepper) get(s state, out output, left time.Duration) (bool, state) {
 	if !out.found || (m.timed && out.ttl != left) {
 		return false, s
 	}
+	if m.provisional && s.kind == kInFlight && !s.settled && out.token != s.token &&
+		(s.token == 0 || out.token < s.token) {
+		// The claim of the lease's Acquire, before its second step
+		// replaced the token.
+		return out.state == idem.StateInFlight && out.fp == s.fp && out.lease == s.lease, s
+	}
 	n, ok := s.learn(out.token)
 	if !ok {
 		return false, s
@@ -295,6 +319,7 @@ func (m stepper) get(s state, out output, left time.Duration) (bool, state) {
 	switch s.kind {
 	case kInFlight:
 		ok = out.state == idem.StateInFlight && out.fp == s.fp && out.lease == s.lease
+		n.settled = true
 	case kCompleted:
 		ok = out.state == idem.StateCompleted && out.fp == s.fp && out.resp == s.resp
 	case kReleased:
@@ -315,7 +340,7 @@ func newModel(m stepper) porcupine.Model {
 		Hash: func(s any) uint64 {
 			st := s.(state)
 			h := fnv.New64a()
-			fmt.Fprintf(h, "%d|%d|%d|%d|%x|%d|%d|", st.kind, st.token, st.floor, st.fp, st.lease, st.now, st.exp)
+			fmt.Fprintf(h, "%d|%d|%d|%d|%x|%d|%d|%t|", st.kind, st.token, st.floor, st.fp, st.lease, st.now, st.exp, st.settled)
 			h.Write([]byte(st.resp))
 			return h.Sum64()
 		},

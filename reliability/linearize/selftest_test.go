@@ -282,3 +282,40 @@ func TestReleaseRetryMergesAnswers(t *testing.T) {
 		t.Errorf("porcupine says %s, want Illegal", res)
 	}
 }
+
+// TestProvisionalToken: the first operations on k3 of a native-path run
+// that failed (go-redis, Valkey 9.1). The Acquire's claim reached the
+// server more than 50ms after the client's estimate of its clock, so its
+// token did not stand and the second step replaced it (…240 by …250);
+// a Get between the two steps showed the claim, with the provisional
+// token (redisstore's package documentation says it may). The strict
+// model rejects the history; with provisional it is accepted, and still
+// rejected when the Get shows a token above the lease's or a provisional
+// one after the holder's Renew (which comes after its Acquire returned).
+func TestProvisionalToken(t *testing.T) {
+	lease, other := idem.NewLeaseID(), idem.NewLeaseID()
+	acquire := porcupine.Operation{ClientId: 0, Input: input{kind: opAcquire, key: 3, lease: lease, ttl: long}, Call: 391, Output: output{outcome: idem.Acquired, token: 250}, Return: 76258}
+	inFlight := porcupine.Operation{ClientId: 2, Input: input{kind: opAcquire, key: 3, lease: other, ttl: long}, Call: 429, Output: output{outcome: idem.InFlight}, Return: 71672}
+	get := func(call, ret int64, token uint64) porcupine.Operation {
+		return porcupine.Operation{ClientId: 5, Input: input{kind: opGet, key: 3}, Call: call, Output: output{found: true, state: idem.StateInFlight, token: token, lease: lease}, Return: ret}
+	}
+	renew := porcupine.Operation{ClientId: 0, Input: input{kind: opRenew, key: 3, lease: lease, ttl: long}, Call: 76300, Output: output{ok: true}, Return: 76400}
+	cases := []struct {
+		name        string
+		h           []porcupine.Operation
+		provisional bool
+		want        porcupine.CheckResult
+	}{
+		{"strict model, provisional token", []porcupine.Operation{acquire, inFlight, get(522, 72446, 240)}, false, porcupine.Illegal},
+		{"provisional token", []porcupine.Operation{acquire, inFlight, get(522, 72446, 240)}, true, porcupine.Ok},
+		{"the lease's token", []porcupine.Operation{acquire, inFlight, get(522, 72446, 250)}, true, porcupine.Ok},
+		{"a token above the lease's", []porcupine.Operation{acquire, inFlight, get(522, 72446, 260)}, true, porcupine.Illegal},
+		{"provisional token after the holder's renew", []porcupine.Operation{acquire, inFlight, renew, get(76500, 76600, 240)}, true, porcupine.Illegal},
+		{"provisional token after a get showed the lease's", []porcupine.Operation{acquire, inFlight, get(76300, 76400, 250), get(76500, 76600, 240)}, true, porcupine.Illegal},
+	}
+	for _, c := range cases {
+		if res := check(t, newModel(stepper{provisional: c.provisional}), c.h, c.name, true); res != c.want {
+			t.Errorf("%s: porcupine says %s, want %s", c.name, res, c.want)
+		}
+	}
+}
