@@ -253,7 +253,7 @@ func TestKeySourceUnverified(t *testing.T) {
 		t.Fatalf("forged: got %d %+v, want 401 %s", forged.status, forged.problem, idemhttp.ProblemUnverified)
 	}
 	if a := ks.post(t, body, "X-Signature", fmt.Sprintf("len=%d", len(body))); a.status != 401 {
-		t.Errorf("verified error joined with missing: got %d %q, want 401", a.status, a.body)
+		t.Errorf("an unverified error joined with a missing key: got %d %q, want 401", a.status, a.body)
 	}
 	if n := ks.runs.Load(); n != 0 {
 		t.Fatalf("got %d runs of refused requests, want 0", n)

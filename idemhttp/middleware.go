@@ -49,8 +49,8 @@ type Config struct {
 	// untouched. Default POST and PATCH.
 	Methods []string
 
-	// RequireKey makes the Idempotency-Key header mandatory on covered
-	// methods: a request without one gets 400. RequireKeyFunc, when set,
+	// RequireKey makes the Idempotency-Key header (the key of KeySource)
+	// mandatory on covered methods: a request without one gets 400. RequireKeyFunc, when set,
 	// decides per request instead (for example per route).
 	RequireKey     bool
 	RequireKeyFunc func(*http.Request) bool
@@ -93,7 +93,8 @@ type Config struct {
 
 	// RefuseAnonymous refuses keyed requests that no tenant source
 	// identifies (Tenant returned ""): 401 application/problem+json of
-	// type ProblemAnonymous, before anything is read or stored. Default
+	// type ProblemAnonymous, before anything is read (but the body a
+	// KeySource with NeedsBody reads first) or stored. Default
 	// false: they are served, reported as anonymous.
 	RefuseAnonymous bool
 
