@@ -18,7 +18,9 @@ import (
 // DefaultFingerprint has them. A retry that reorders members, spaces them
 // otherwise, or changes only an excluded field (a sender's attempt counter
 // or timestamp) is a replay, not a mismatch; any other change is a 422.
-// A pointer that points to nothing in a body leaves it as it is.
+// A pointer that points to nothing in a body leaves it as it is, and each
+// names what it names in the body as sent ("/items/0" and "/items/1"
+// exclude the first two elements).
 //
 // A body that is not one I-JSON value (RFC 7493: not JSON, a member twice
 // in one object, a string that is not UTF-8, a number out of range) is
@@ -82,9 +84,7 @@ func canonicalWithout(body []byte, ptrs []jsonptr.Pointer) []byte {
 	if err != nil {
 		return body
 	}
-	for _, p := range ptrs {
-		v, _ = jsonptr.Remove(v, p)
-	}
+	v, _ = jsonptr.RemoveAll(v, ptrs...)
 	return transformValue(v, body)
 }
 

@@ -124,15 +124,43 @@ func step(raw json.RawMessage, tok string) (json.RawMessage, error) {
 	return nil, ErrNotFound
 }
 
-// Remove returns v, a document decoded with json.Decoder.UseNumber, with
-// the value p points to removed (a member deleted from its object, an
-// element from its array). A pointer to nothing leaves v as it is; the
-// empty pointer removes the whole document (nil, false).
-func Remove(v any, p Pointer) (any, bool) {
-	if len(p.tokens) == 0 {
-		return nil, false
+// RemoveAll returns v, a document decoded with json.Decoder.UseNumber,
+// with the values ps point to removed (a member deleted from its object,
+// an element from its array). Every pointer names what it names in v as
+// given, whatever the others remove: /a/0 and /a/1 remove the first two
+// elements of /a. A pointer to nothing leaves v as it is; the empty
+// pointer removes the whole document (nil, false).
+func RemoveAll(v any, ps ...Pointer) (any, bool) {
+	for _, p := range ps {
+		if len(p.tokens) == 0 {
+			return nil, false
+		}
+		v = remove(v, p.tokens)
 	}
-	return remove(v, p.tokens), true
+	return compact(v), true
+}
+
+// removedElement stands in for an array element that RemoveAll removes,
+// until compact drops it, so that every pointer's indices are those of
+// the document as given.
+type removedElement struct{}
+
+func compact(v any) any {
+	switch c := v.(type) {
+	case map[string]any:
+		for k, child := range c {
+			c[k] = compact(child)
+		}
+	case []any:
+		out := c[:0]
+		for _, e := range c {
+			if _, gone := e.(removedElement); !gone {
+				out = append(out, compact(e))
+			}
+		}
+		return out
+	}
+	return v
 }
 
 func remove(v any, toks []string) any {
@@ -153,10 +181,14 @@ func remove(v any, toks []string) any {
 		if err != nil || n < 0 || n >= len(c) || (len(tok) > 1 && tok[0] == '0') || tok[0] == '+' {
 			return v
 		}
-		if last {
-			return append(c[:n:n], c[n+1:]...)
+		if _, gone := c[n].(removedElement); gone {
+			return v
 		}
-		c[n] = remove(c[n], toks[1:])
+		if last {
+			c[n] = removedElement{}
+		} else {
+			c[n] = remove(c[n], toks[1:])
+		}
 	}
 	return v
 }

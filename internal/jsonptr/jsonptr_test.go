@@ -1,6 +1,7 @@
 package jsonptr
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -53,12 +54,17 @@ func TestFindRFCExamples(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	v, _ := Decode([]byte(`{"a":{"b":[1,2,3]},"c":1}`))
-	for _, s := range []string{"/a/b/1", "/c", "/nope/x", "/a/b/9"} {
+	var ps []Pointer
+	for _, s := range []string{"/a/b/1", "/c", "/nope/x", "/a/b/9", "/a/b/2", "/a/b/1"} {
 		p, _ := Parse(s)
-		v, _ = Remove(v, p)
+		ps = append(ps, p)
 	}
-	m := v.(map[string]any)
-	if b := m["a"].(map[string]any)["b"].([]any); len(b) != 2 || b[0].(interface{ String() string }).String() != "1" || b[1].(interface{ String() string }).String() != "3" || len(m) != 1 {
-		t.Errorf("got %v, want {a:{b:[1,3]}}", v)
+	v, _ = RemoveAll(v, ps...)
+	// /a/b/2 is the 3 of the document as given, not what is left at 2.
+	if got, _ := json.Marshal(v); string(got) != `{"a":{"b":[1]}}` {
+		t.Errorf("got %s, want {\"a\":{\"b\":[1]}}", got)
+	}
+	if v, ok := RemoveAll(v, Pointer{}); v != nil || ok {
+		t.Errorf(`"": got %v, %v; want nil, false`, v, ok)
 	}
 }
