@@ -64,6 +64,46 @@
 // lease is lost while the handler runs, that context is cancelled with
 // cause idem.ErrLeaseLost and the response is not stored.
 //
+// # Keys where senders put them, and fingerprints that ignore what changes
+//
+// Config.KeySource says where a request's key is; the zero KeySource is the
+// Idempotency-Key header, and the answers above hold for every source (a
+// missing key passes through, or is a 400 with RequireKey; a malformed one
+// is a 400; every key is 1 to 255 printable ASCII characters):
+//
+//	KeyFromHeader("X-GitHub-Delivery")  a header of the sender's, read as
+//	                                    Idempotency-Key is; the body is read
+//	                                    only once the request has a key
+//	KeyFromJSON("/data/object/id")      a field of a JSON body (RFC 6901 JSON
+//	                                    Pointer; ~1 is "/", ~0 is "~"): its
+//	                                    string, or its number as written; no
+//	                                    body or no field is a missing key, a
+//	                                    body that is not JSON or a field of
+//	                                    another type an invalid one
+//	KeySource{NeedsBody: true, Key: f}  a source of one's own: f can verify
+//	                                    the request first (a webhook's
+//	                                    signature over the raw body) and
+//	                                    refuse it with ErrKeyUnverified: 401
+//	                                    ProblemUnverified, nothing runs and
+//	                                    nothing is claimed
+//
+// A source that reads the body (NeedsBody) has the body of every request of
+// a covered method read first, keyed or not: a body over MaxBodySize is a
+// 413 even without a key, and the anonymous-caller check
+// (RefuseAnonymous) comes after the read. A key from a header or a body
+// that anyone can send is a key anyone can choose: where a sender signs
+// its requests, verify them in the source. Records are looked for under
+// v1.0's keys (Config.V1Scopes) only for the Idempotency-Key header.
+//
+// Config.Fingerprint decides which retries are the same request.
+// FingerprintJSON("/attempt", "/sent_at") hashes the body's canonical JSON
+// (RFC 8785: members sorted, no white space, one form for each number and
+// string) without the excluded fields, so a redelivery that reorders
+// members or bumps a retry counter is a replay, and one that changes
+// anything else a 422; FingerprintJSONFields("/id", "/amount") hashes those
+// fields alone. A body that is not I-JSON (not JSON, a member twice, not
+// UTF-8) is hashed raw, as DefaultFingerprint does.
+//
 // # When the client gives up
 //
 // The work belongs to the key, not to the connection. A client that

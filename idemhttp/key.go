@@ -25,61 +25,68 @@ var errKeyMissing error = &engine.KeyError{Pkg: "idemhttp", Why: "no Idempotency
 // else wrong (two headers, control bytes, non-ASCII, bad quoting, length)
 // wraps idem.ErrInvalidKey.
 func ParseKey(h http.Header) (string, error) {
-	vs := h.Values(HeaderKey)
+	return parseKeyHeader(h, HeaderKey, errKeyMissing)
+}
+
+// parseKeyHeader is ParseKey for the header name (canonical), its errors
+// naming it; missing is the error for a missing header.
+func parseKeyHeader(h http.Header, name string, missing error) (string, error) {
+	vs := h.Values(name)
 	switch len(vs) {
 	case 0:
-		return "", errKeyMissing
+		return "", missing
 	case 1:
 	default:
-		return "", invalidKey("more than one Idempotency-Key header")
+		return "", invalidKey("more than one " + name + " header")
 	}
 	v := strings.Trim(vs[0], " \t")
 	if strings.HasPrefix(v, `"`) {
-		return parseSFString(v)
+		return parseSFString(v, name)
 	}
 	if v == "" {
-		return "", invalidKey("empty Idempotency-Key")
+		return "", invalidKey("empty " + name)
 	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; c < 0x21 || c > 0x7E {
-			return "", invalidKey("Idempotency-Key holds a character that is not visible ASCII; quote it as a string to include spaces")
+			return "", invalidKey(name + " holds a character that is not visible ASCII; quote it as a string to include spaces")
 		}
 	}
-	return v, validate(v)
+	return v, validateAs(v, name)
 }
 
-// validate is idem.ValidateKey, its error wrapped in an *engine.KeyError.
-func validate(key string) error {
+// validateAs is idem.ValidateKey, its error wrapped in an *engine.KeyError
+// that names where the key came from (what).
+func validateAs(key, what string) error {
 	if err := idem.ValidateKey(key); err != nil {
-		return &engine.KeyError{Pkg: "idemhttp", Why: "Idempotency-Key must be 1 to 255 printable ASCII characters", Err: err}
+		return &engine.KeyError{Pkg: "idemhttp", Why: what + " must be 1 to 255 printable ASCII characters", Err: err}
 	}
 	return nil
 }
 
 // parseSFString parses an RFC 8941 sf-string (§3.3.3) that must make up the
-// whole value.
-func parseSFString(v string) (string, error) {
+// whole value of the header name.
+func parseSFString(v, name string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {
 		switch c := v[i]; {
 		case c == '\\':
 			i++
 			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
-				return "", invalidKey(`Idempotency-Key string has a bad escape; only \" and \\ are allowed`)
+				return "", invalidKey(name + ` string has a bad escape; only \" and \\ are allowed`)
 			}
 			b.WriteByte(v[i])
 		case c == '"':
 			if i != len(v)-1 {
-				return "", invalidKey("Idempotency-Key has characters after its closing quote")
+				return "", invalidKey(name + " has characters after its closing quote")
 			}
-			return b.String(), validate(b.String())
+			return b.String(), validateAs(b.String(), name)
 		case c < 0x20 || c > 0x7E:
-			return "", invalidKey("Idempotency-Key string holds a character that is not printable ASCII")
+			return "", invalidKey(name + " string holds a character that is not printable ASCII")
 		default:
 			b.WriteByte(c)
 		}
 	}
-	return "", invalidKey("Idempotency-Key string has no closing quote")
+	return "", invalidKey(name + " string has no closing quote")
 }
 
 func invalidKey(why string) error {

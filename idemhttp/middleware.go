@@ -49,11 +49,21 @@ type Config struct {
 	// untouched. Default POST and PATCH.
 	Methods []string
 
-	// RequireKey makes the Idempotency-Key header mandatory on covered
-	// methods: a request without one gets 400. RequireKeyFunc, when set,
+	// RequireKey makes the Idempotency-Key header (the key of KeySource)
+	// mandatory on covered methods: a request without one gets 400. RequireKeyFunc, when set,
 	// decides per request instead (for example per route).
 	RequireKey     bool
 	RequireKeyFunc func(*http.Request) bool
+
+	// KeySource finds a request's key. Default (the zero KeySource): the
+	// Idempotency-Key header (ParseKey). KeyFromHeader reads another
+	// header, KeyFromJSON a field of a JSON body; a KeySource of one's own
+	// can verify a request before it names its key (ErrKeyUnverified).
+	// RequireKey and the answers to a missing or invalid key hold for
+	// every source. A source that reads the body (KeySource.NeedsBody)
+	// has every request of a covered method's body read first, keyed or
+	// not, so a body over MaxBodySize gets 413 even without a key.
+	KeySource KeySource
 
 	// Tenant says whose request this is; keys of different tenants never
 	// share a record. Default DefaultTenant (the Authorization header in
@@ -83,7 +93,8 @@ type Config struct {
 
 	// RefuseAnonymous refuses keyed requests that no tenant source
 	// identifies (Tenant returned ""): 401 application/problem+json of
-	// type ProblemAnonymous, before anything is read or stored. Default
+	// type ProblemAnonymous, before anything is read (but the body a
+	// KeySource with NeedsBody reads first) or stored. Default
 	// false: they are served, reported as anonymous.
 	RefuseAnonymous bool
 
@@ -366,7 +377,16 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	m := &middleware{cfg: cfg, eng: eng, store: store, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
+	if cfg.KeySource.err != nil {
+		return nil, cfg.KeySource.err
+	}
+	switch {
+	case cfg.KeySource.Key == nil && cfg.KeySource.NeedsBody:
+		return nil, errors.New("idemhttp: Config.KeySource has NeedsBody but no Key function; want both, or the zero KeySource for Idempotency-Key")
+	case cfg.KeySource.Key == nil:
+		cfg.KeySource = defaultKeySource
+	}
+	m := &middleware{cfg: cfg, key: cfg.KeySource, eng: eng, store: store, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
 	if cfg.Quota == nil {
 		cfg.Quota = defaultQuota(store)
 	}
@@ -412,6 +432,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 
 type middleware struct {
 	cfg     Config
+	key     KeySource // Config.KeySource, or the default
 	eng     *engine.Engine
 	store   idem.Store
 	quota   *quota.Set // Config.Quota's counts; nil: no quota
@@ -440,34 +461,48 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			return
 		}
 		start := time.Now()
-		clientKey, err := ParseKey(r.Header)
-		switch {
-		case errors.Is(err, idem.ErrMissingKey):
-			if m.required(r) {
+		// A source that reads the body has it read first, for every
+		// request; the others are asked for the key before anything is
+		// read, so that an unkeyed request passes through untouched.
+		var body []byte
+		if m.key.NeedsBody {
+			var ok bool
+			if body, ok = m.readBody(w, r); !ok {
 				m.outcome(r, OutcomeRejected)
-				m.problem(w, r, problemKeyMissing)
 				return
 			}
-			m.outcome(r, OutcomePassedThrough)
-			next.ServeHTTP(w, r)
-			return
-		case err != nil:
+		}
+		clientKey, err := m.key.Key(r, body)
+		if err == nil && !m.key.v1 {
+			err = validateAs(clientKey, "the idempotency key")
+		}
+		if err != nil {
+			p, missing := m.keyProblem(err)
+			if missing && !m.required(r) {
+				m.outcome(r, OutcomePassedThrough)
+				if m.key.NeedsBody {
+					r = withBody(r, r.Context(), body)
+				}
+				next.ServeHTTP(w, r)
+				return
+			}
 			m.outcome(r, OutcomeRejected)
-			m.problem(w, r, Problem{Type: ProblemKeyInvalid, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest,
-				Detail: keyErrorDetail(err)})
+			m.problem(w, r, p)
 			return
 		}
 		tenant := m.cfg.Tenant(r)
 		if tenant == "" && !m.anonymousCaller(w, r) {
 			return
 		}
-		body, ok := m.readBody(w, r)
-		if !ok {
-			m.outcome(r, OutcomeRejected)
-			return
+		if !m.key.NeedsBody {
+			var ok bool
+			if body, ok = m.readBody(w, r); !ok {
+				m.outcome(r, OutcomeRejected)
+				return
+			}
 		}
 		rt := route(r)
-		// ParseKey validated the key, so Key cannot fail.
+		// The key was validated, so Key cannot fail.
 		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt, Authority: m.cfg.Authority(r)}.Key(clientKey)
 		req := request{key: key, fp: m.cfg.Fingerprint(r, body), route: rt, clientKey: clientKey}
 		if tenant == "" || (m.defaultTenant && ident.OnlyAPIKeys(tenant)) {
@@ -590,6 +625,10 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 	p := problemBodyTooLarge
 	p.Detail = fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes of body.", m.cfg.MaxBodySize)
+	if m.key.NeedsBody {
+		// The body names the key: every request of the method is read.
+		p.Detail = fmt.Sprintf("Requests of this method may carry at most %d bytes of body.", m.cfg.MaxBodySize)
+	}
 	m.problem(w, r, p)
 }
 
@@ -619,7 +658,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return // 429: over the tenant's quota, nothing claimed
 	}
 	d := m.eng.Acquire(r.Context(), parent, req.key, req.fp, "")
-	if (d.Outcome == engine.OutcomeExecuted || d.Outcome == engine.OutcomeMismatch) && m.eng.FallingBack() {
+	if (d.Outcome == engine.OutcomeExecuted || d.Outcome == engine.OutcomeMismatch) && m.key.v1 && m.eng.FallingBack() {
 		old, oldFP := m.v1.derive(r, req, body)
 		d = m.eng.Fallback(r.Context(), d, req.key, req.fp, old, oldFP)
 	}

@@ -12,7 +12,7 @@ const (
 	OutcomeReplayed      = Outcome(engine.OutcomeReplayed)      // "replayed": the stored response was replayed
 	OutcomeInFlight      = Outcome(engine.OutcomeInFlight)      // "in_flight": 409: in flight (after the wait, if any)
 	OutcomeMismatch      = Outcome(engine.OutcomeMismatch)      // "mismatch": 422
-	OutcomeRejected      = Outcome(engine.OutcomeRejected)      // "rejected": 400 or 413: key missing or invalid, body too large or unreadable
+	OutcomeRejected      = Outcome(engine.OutcomeRejected)      // "rejected": 400, 401 or 413: key missing, invalid or unverified, caller refused, body too large or unreadable
 	OutcomeStoreError    = Outcome(engine.OutcomeStoreError)    // "store_error": the store failed or is full (idem.ErrStoreFull): 503, or the handler ran unprotected (FailOpen)
 	OutcomeGone          = Outcome(engine.OutcomeGone)          // "gone": the client left before the key was acquired: nothing ran
 	// OutcomeReleased ("released"): the handler ran under a lease, and

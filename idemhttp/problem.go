@@ -37,6 +37,10 @@ const (
 	// 401: the request carries an Idempotency-Key but nothing that
 	// identifies its caller, and Config.RefuseAnonymous is set; nothing ran
 	ProblemAnonymous = "urn:idem:problem:anonymous"
+	// 401: the key source refused the request as not genuine
+	// (ErrKeyUnverified: a webhook signature that does not verify, say);
+	// nothing ran and nothing was claimed
+	ProblemUnverified = "urn:idem:problem:unverified"
 )
 
 // Problem is an RFC 9457 problem details object.
