@@ -107,11 +107,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/storeid"
+	"github.com/idemkit/idem/internal/storeid/pgid"
 )
 
 // DefaultReapGrace is Options.ReapGrace's default.
@@ -296,7 +296,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 		_, err = pool.Exec(ctx, n.fill(migrateSQL))
 	case !idPresent:
 		_, err = pool.Exec(ctx, n.fill(storeIDTableSQL))
-		if isCode(err, "42501") {
+		if pgid.Denied(err) {
 			// v1.0's tables, made by a role with rights this one lacks:
 			// they work as they did, and the store keeps v1.0's
 			// namespace (New warns).
@@ -305,7 +305,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	}
 	if err == nil {
 		_, err = pool.Exec(ctx, n.fill(insertIDSQL), storeid.New())
-		if isCode(err, "42501") {
+		if pgid.Denied(err) {
 			err = nil // as above
 		}
 	}
@@ -373,54 +373,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 	if !opts.NoStoreID {
 		onNone = storeid.LegacyWarning(s.log, "pgstore", n.storeID)
 	}
-	s.id = storeid.Open(ctx, s.readID(!opts.NoStoreID), storeIDTimeout, onNone)
+	s.id = storeid.Open(ctx, pgid.Read(s.pool, n.fill(insertIDSQL), n.fill(selectIDSQL), n.storeID, !opts.NoStoreID), storeIDTimeout, onNone)
 	return s, nil
 }
 
 // storeIDTimeout bounds reading the store id.
 const storeIDTimeout = 5 * time.Second
-
-// readID reads the store id, storing a new one first when create is set
-// and the database has none.
-func (s *Store) readID(create bool) storeid.Read {
-	insert, sel := s.names.fill(insertIDSQL), s.names.fill(selectIDSQL)
-	return func(ctx context.Context) (string, error) {
-		if create {
-			_, err := s.pool.Exec(ctx, insert, storeid.New())
-			// Without the right to insert, read what is there.
-			if err != nil && !isCode(err, "42501") {
-				return "", noID(err, s.names.storeID)
-			}
-		}
-		var id string
-		err := s.pool.QueryRow(ctx, sel).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return "", storeid.None(fmt.Errorf("%s has no row", s.names.storeID))
-		}
-		if err != nil {
-			return "", noID(err, s.names.storeID)
-		}
-		return id, nil
-	}
-}
-
-// noID is readID's error for err: final (storeid.None) when the table is
-// missing or may not be read.
-func noID(err error, table string) error {
-	switch {
-	case isCode(err, "42P01"):
-		return storeid.None(fmt.Errorf("no table %s", table))
-	case isCode(err, "42501"):
-		return storeid.None(err)
-	}
-	return err
-}
-
-// isCode reports whether err is PostgreSQL's error with SQLSTATE code.
-func isCode(err error, code string) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == code
-}
 
 // Acquire implements idem.Store. A request that fails Validate is an error
 // and writes nothing.

@@ -14,11 +14,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/storeid"
+	"github.com/idemkit/idem/internal/storeid/pgid"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -222,7 +222,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 		_, err = pool.Exec(ctx, r.Replace(migrateSQL))
 	case !idPresent:
 		_, err = pool.Exec(ctx, r.Replace(storeIDTableSQL))
-		if isCode(err, "42501") {
+		if pgid.Denied(err) {
 			// v1.0's tables, made by a role with rights this one lacks:
 			// they work as they did, without the PostgreSQL id (New
 			// warns).
@@ -231,7 +231,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	}
 	if err == nil {
 		_, err = pool.Exec(ctx, r.Replace(insertIDSQL), storeid.New())
-		if isCode(err, "42501") {
+		if pgid.Denied(err) {
 			err = nil // as above
 		}
 	}
@@ -300,7 +300,7 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 				slog.String("table", r.Replace("{store_id}")), slog.Any("error", why))
 		}
 	}
-	s.pgID = storeid.Open(ctx, readID(pool, r, !opts.NoStoreID), 5*time.Second, onNone)
+	s.pgID = storeid.Open(ctx, pgid.Read(pool, r.Replace(insertIDSQL), r.Replace(selectIDSQL), r.Replace("{store_id}"), !opts.NoStoreID), 5*time.Second, onNone)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop = stop
 	if opts.RelayInterval < 0 {
@@ -310,47 +310,6 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		go s.background(bg)
 	}
 	return s, nil
-}
-
-// readID reads the PostgreSQL side's store id, storing a new one first
-// when create is set and the database has none (as pgstore's).
-func readID(pool *pgxpool.Pool, r *strings.Replacer, create bool) storeid.Read {
-	insert, sel, table := r.Replace(insertIDSQL), r.Replace(selectIDSQL), r.Replace("{store_id}")
-	return func(ctx context.Context) (string, error) {
-		if create {
-			_, err := pool.Exec(ctx, insert, storeid.New())
-			if err != nil && !isCode(err, "42501") { // without the right to insert, read what is there
-				return "", noID(err, table)
-			}
-		}
-		var id string
-		err := pool.QueryRow(ctx, sel).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return "", storeid.None(fmt.Errorf("%s has no row", table))
-		}
-		if err != nil {
-			return "", noID(err, table)
-		}
-		return id, nil
-	}
-}
-
-// noID is readID's error for err: final (storeid.None) when the table is
-// missing or may not be read.
-func noID(err error, table string) error {
-	switch {
-	case isCode(err, "42P01"):
-		return storeid.None(fmt.Errorf("no table %s", table))
-	case isCode(err, "42501"):
-		return storeid.None(err)
-	}
-	return err
-}
-
-// isCode reports whether err is PostgreSQL's error with SQLSTATE code.
-func isCode(err error, code string) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == code
 }
 
 // orDefault returns v, or def when v is zero.
