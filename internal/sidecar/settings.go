@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/jsonptr"
+	"github.com/idemkit/idem/internal/webhook"
 )
 
 // Settings is what the idemhttp middleware does on one route, in the
@@ -52,7 +55,50 @@ type Settings struct {
 	QuotaRecords  int
 	QuotaBytes    int64
 	OwnQuota      bool
+
+	// Key is where a request's idempotency key is (KeySpec's forms): ""
+	// the Idempotency-Key header, "header:NAME" a header of the
+	// sender's, "json:/pointer" a field of a JSON body (RFC 6901). Not
+	// with Webhook, whose preset names its key.
+	Key string
+	// Webhook names a webhook preset (internal/webhook: github, stripe,
+	// shopify, standard-webhooks): each request's signature is verified
+	// over the raw body before its key (the preset's) is claimed, and one
+	// that does not verify gets 401, is not forwarded and claims nothing.
+	// Its secrets are read from WebhookSecretFile or WebhookSecretEnv
+	// (exactly one of them), one a line, when the middleware is made.
+	Webhook           string
+	WebhookSecretFile string
+	WebhookSecretEnv  string
+	// WebhookTolerance bounds a signed timestamp's distance from now
+	// (stripe, standard-webhooks); 0: the preset's (5 minutes).
+	WebhookTolerance time.Duration
+	// Fingerprint is what of the body a retry must repeat: "" or "raw"
+	// (the bytes, idemhttp.DefaultFingerprint), "json" (its canonical
+	// JSON, RFC 8785, idemhttp.FingerprintJSON). FingerprintExclude
+	// (pointers left out: a sender's retry counter or timestamp) and
+	// FingerprintFields (the only pointers in it) each imply "json", and
+	// at most one of them is set.
+	Fingerprint        string
+	FingerprintExclude []string
+	FingerprintFields  []string
+	// Profile is how a mismatch and a key in flight are answered: ""
+	// or "ietf" (422 and 409 problem+json, the IETF draft's), "acp" (409
+	// idempotency_conflict and 409 idempotency_in_flight, the Agentic
+	// Commerce Protocol's), "stripe" (400 and 409 idempotency_error, as
+	// Stripe answers).
+	Profile string
+	// EchoKey: every response to a keyed request carries its key in an
+	// Idempotency-Key header (idemhttp Config.EchoKey).
+	EchoKey bool
+	// LifetimeHeader: every response to a request of a covered method
+	// advertises the retention in an Idempotency-Key-Lifetime header
+	// (idemhttp Config.LifetimeHeader).
+	LifetimeHeader bool
 }
+
+// Profiles are the names Settings.Profile takes.
+var Profiles = []string{"ietf", "acp", "stripe"}
 
 // DefaultSettings are the settings of a sidecar configured with nothing:
 // POST and PATCH covered, idem's lease and retention, idemhttp's wait,
@@ -112,12 +158,93 @@ func (s Settings) Validate(name func(string) string) error {
 		return fmt.Errorf("%s %q and %s %q: set one tenant source, not both", name("tenant-header"), s.TenantHeader,
 			name("tenant-cookie"), s.TenantCookie)
 	}
+	if err := s.validateKeys(name); err != nil {
+		return err
+	}
 	for _, st := range s.StoreStatuses {
 		if st < 200 || st > 599 {
 			return fmt.Errorf("%s: %d is not a final HTTP status (200-599)", name("store-statuses"), st)
 		}
 	}
 	return nil
+}
+
+// validateKeys checks the key source, webhook, fingerprint and profile
+// settings (not the secrets' contents: the middleware reads them).
+func (s Settings) validateKeys(name func(string) string) error {
+	if s.Key != "" {
+		if _, err := KeySpec(s.Key); err != nil {
+			return fmt.Errorf("%s %q: %v", name("key"), s.Key, err)
+		}
+	}
+	if s.Webhook != "" {
+		p, err := webhook.Lookup(s.Webhook)
+		if err != nil {
+			return fmt.Errorf("%s: %v", name("webhook"), err)
+		}
+		switch {
+		case s.Key != "":
+			return fmt.Errorf("%s %q and %s %s: the preset names its key; drop %s", name("key"), s.Key, name("webhook"), s.Webhook, name("key"))
+		case (s.WebhookSecretFile == "") == (s.WebhookSecretEnv == ""):
+			return fmt.Errorf("%s %s: set one of %s and %s (its signing secrets, one a line)", name("webhook"), s.Webhook,
+				name("webhook-secret-file"), name("webhook-secret-env"))
+		case s.WebhookTolerance < 0:
+			return fmt.Errorf("%s %v: must not be negative (0: the preset's)", name("webhook-tolerance"), s.WebhookTolerance)
+		case s.WebhookTolerance != 0 && p.Tolerance == 0:
+			return fmt.Errorf("%s %v: %s signs no timestamp; drop it", name("webhook-tolerance"), s.WebhookTolerance, s.Webhook)
+		case s.WebhookTolerance != 0 && s.WebhookTolerance < time.Second:
+			return fmt.Errorf("%s %v: want at least 1s", name("webhook-tolerance"), s.WebhookTolerance)
+		}
+	} else if s.WebhookSecretFile != "" || s.WebhookSecretEnv != "" || s.WebhookTolerance != 0 {
+		return fmt.Errorf("%s, %s and %s need %s (one of %s)", name("webhook-secret-file"), name("webhook-secret-env"),
+			name("webhook-tolerance"), name("webhook"), strings.Join(webhook.Names(), ", "))
+	}
+	switch s.Fingerprint {
+	case "", "raw", "json":
+	default:
+		return fmt.Errorf("%s %q: want raw (the body's bytes) or json (its canonical JSON)", name("fingerprint"), s.Fingerprint)
+	}
+	if len(s.FingerprintExclude) > 0 && len(s.FingerprintFields) > 0 {
+		return fmt.Errorf("%s and %s: set one, not both", name("fingerprint-exclude"), name("fingerprint-fields"))
+	}
+	if s.Fingerprint == "raw" && len(s.FingerprintExclude)+len(s.FingerprintFields) > 0 {
+		return fmt.Errorf("%s raw: %s and %s need json", name("fingerprint"), name("fingerprint-exclude"), name("fingerprint-fields"))
+	}
+	for _, list := range []struct {
+		setting string
+		ptrs    []string
+	}{{"fingerprint-exclude", s.FingerprintExclude}, {"fingerprint-fields", s.FingerprintFields}} {
+		for _, ptr := range list.ptrs {
+			if _, err := jsonptr.Parse(ptr); err != nil || ptr == "" {
+				return fmt.Errorf("%s: %q is not a JSON Pointer to a field; want /field or /a/b (RFC 6901)", name(list.setting), ptr)
+			}
+		}
+	}
+	if s.Profile != "" && !slices.Contains(Profiles, s.Profile) {
+		return fmt.Errorf("%s %q: want one of %s", name("profile"), s.Profile, strings.Join(Profiles, ", "))
+	}
+	return nil
+}
+
+// KeySpec parses a key source as the sidecars spell it: header:NAME (a
+// header's value, as Idempotency-Key's is read) or json:/pointer (a field
+// of a JSON body, RFC 6901).
+func KeySpec(spec string) (idemhttp.KeySource, error) {
+	kind, arg, ok := strings.Cut(spec, ":")
+	var src idemhttp.KeySource
+	switch {
+	case ok && kind == "header":
+		if !httpguts.ValidHeaderFieldName(arg) {
+			return src, fmt.Errorf("%q is not a header name; want header:NAME, say header:X-GitHub-Delivery", arg)
+		}
+		return idemhttp.KeyFromHeader(arg), nil
+	case ok && kind == "json":
+		if _, err := jsonptr.Parse(arg); err != nil || arg == "" {
+			return src, fmt.Errorf("%q is not a JSON Pointer to a field; want json:/field or json:/a/b (RFC 6901)", arg)
+		}
+		return idemhttp.KeyFromJSON(arg), nil
+	}
+	return src, errors.New("want header:NAME or json:/pointer")
 }
 
 // Underscored is the name function of Validate for a file or a
