@@ -35,42 +35,14 @@ rounds=${ROUNDS:-3}
 secs=${duration%s}
 [[ $secs =~ ^[0-9]+$ ]] || { echo "DURATION=$duration: want whole seconds, such as 10s" >&2; exit 2; }
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo=sudo
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v openssl >/dev/null || need+=(openssl)
-if [ ${#need[@]} -gt 0 ]; then
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+. scripts/proxybench-lib.sh
+bench_need wrk nginx openssl
 gobin="$(go env GOPATH | cut -d: -f1)/bin"
 ghz=$(command -v ghz || echo "$gobin/ghz")
 if [ ! -x "$ghz" ]; then
 	echo "proxybench-h2.sh: installing ghz v0.120.0 (go install, a few minutes)" >&2
 	GOBIN="$gobin" go install github.com/bojand/ghz/cmd/ghz@v0.120.0
 fi
-
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-	for _ in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-		sleep 0.1
-	done
-	echo "nothing answers on 127.0.0.1:$1" >&2
-	return 1
-}
 
 up=$(port)      # nginx: the static 201 (HTTPS rows' upstream)
 gup=$(port)     # grpcupstream
@@ -96,21 +68,9 @@ pids+=($!)
 # ssl + proxy_pass, one process, one worker (2 cores), no logs. Connections
 # are never closed for their number of requests (keepalive_requests, which
 # covers HTTP/2 connections too).
-mkdir -p "$dir/nginx"
-cat >"$dir/nginx.conf" <<EOF
-worker_processes 1;
-pid $dir/nginx.pid;
-error_log $dir/nginx-error.log warn;
-daemon off;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	client_body_temp_path $dir/nginx/body;
-	proxy_temp_path $dir/nginx/proxy;
-	fastcgi_temp_path $dir/nginx/fastcgi;
-	uwsgi_temp_path $dir/nginx/uwsgi;
-	scgi_temp_path $dir/nginx/scgi;
-	keepalive_requests 1000000;
+{
+	nginx_http_head
+	cat <<EOF
 	upstream app { server 127.0.0.1:$up; keepalive 64; keepalive_requests 1000000; }
 	upstream grpcapp { server 127.0.0.1:$gup; keepalive 64; keepalive_requests 1000000; }
 	server {
@@ -133,6 +93,7 @@ http {
 	}
 }
 EOF
+} >"$dir/nginx.conf"
 "$nginx_bin" -c "$dir/nginx.conf" -p "$dir/nginx" &
 pids+=($!)
 
@@ -235,10 +196,5 @@ for i in "${!cmds[@]}"; do
 		vals+=" ${rate[$i,$r]}"
 		ratios+=" $(awk -v a="${rate[$i,$r]}" -v b="${rate[${base[$i]},$r]}" 'BEGIN {printf "%.4f", a / b}')"
 	done
-	python3 -c '
-import statistics, sys
-v = [float(x) for x in sys.argv[2].split()]
-q = [float(x) for x in sys.argv[3].split()]
-print("| %s | %d | %d–%d | %.3f (%.3f–%.3f) |" % (sys.argv[1], statistics.median(v), min(v), max(v), statistics.median(q), min(q), max(q)))' \
-		"${names[$i]}" "$vals" "$ratios"
+	summary_row "${names[$i]}" "$vals" "$ratios"
 done

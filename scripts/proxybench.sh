@@ -21,37 +21,8 @@ cd "$(dirname "$0")/.."
 duration=${DURATION:-10s}
 conns=${CONNECTIONS:-32}
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo=sudo
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v redis-server >/dev/null || need+=(redis-server)
-if [ ${#need[@]} -gt 0 ]; then
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	[ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-	for _ in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-		sleep 0.1
-	done
-	echo "nothing answers on 127.0.0.1:$1" >&2
-	return 1
-}
+. scripts/proxybench-lib.sh
+bench_need wrk nginx redis-server
 
 up=$(port)
 front=$(port)
@@ -62,21 +33,9 @@ rport=$(port)
 
 # nginx: the upstream (a static 201) and the front (proxy_pass to it), one
 # process, one worker each way (2 cores: one worker), no logs.
-mkdir -p "$dir/nginx"
-cat >"$dir/nginx.conf" <<EOF
-worker_processes 1;
-pid $dir/nginx.pid;
-error_log $dir/nginx-error.log warn;
-daemon off;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	client_body_temp_path $dir/nginx/body;
-	proxy_temp_path $dir/nginx/proxy;
-	fastcgi_temp_path $dir/nginx/fastcgi;
-	uwsgi_temp_path $dir/nginx/uwsgi;
-	scgi_temp_path $dir/nginx/scgi;
-	keepalive_requests 1000000;
+{
+	nginx_http_head
+	cat <<EOF
 	upstream app { server 127.0.0.1:$up; keepalive 64; }
 	server {
 		listen 127.0.0.1:$up;
@@ -92,6 +51,7 @@ http {
 	}
 }
 EOF
+} >"$dir/nginx.conf"
 "$nginx_bin" -c "$dir/nginx.conf" -p "$dir/nginx" &
 pids+=($!)
 
@@ -123,6 +83,7 @@ pids+=($!)
 
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
 	--daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+pidfiles+=("$dir/redis.pid")
 "$dir/idem" proxy --listen "127.0.0.1:$pmem" --upstream "http://127.0.0.1:$up" --store memory \
 	--memory-limit 2GiB 2>/dev/null &
 pids+=($!)
