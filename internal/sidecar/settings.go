@@ -66,7 +66,9 @@ type Settings struct {
 	// over the raw body before its key (the preset's) is claimed, and one
 	// that does not verify gets 401, is not forwarded and claims nothing.
 	// Its secrets are read from WebhookSecretFile or WebhookSecretEnv
-	// (exactly one of them), one a line, when the middleware is made.
+	// (exactly one of them), one a line, when the middleware is made
+	// (KeySource). A delivery's tenant is its sender, "webhook:" + the
+	// preset's name, whatever the route's tenant source (Config).
 	Webhook           string
 	WebhookSecretFile string
 	WebhookSecretEnv  string
