@@ -66,14 +66,15 @@ type Config struct {
 	KeySource KeySource
 
 	// EchoKey sets the response header Idempotency-Key, with the key as
-	// KeySource returned it (an Idempotency-Key header's unquoted), on
-	// every response to a request whose key was read: executed, replayed,
+	// KeySource returned it (an Idempotency-Key header sent as an RFC 8941
+	// string: unquoted), on every response to a request whose key was
+	// read: executed (the handler's answer, fail-open included), replayed,
 	// and the middleware's own answers (409, 422, 429, 503, the 413 of a
-	// body read after the key, the 401 of RefuseAnonymous; not the
-	// answers to a missing, invalid or unverified key, which has none).
-	// A replay carries the retry's key, never a stored one: the header
-	// is never stored, and one of that name the handler set (in any case)
-	// is replaced by it, neither sent nor stored. Default false.
+	// body read after the key, the 401 of RefuseAnonymous; not the answers
+	// to a missing, invalid or unverified key, which has none). A replay
+	// carries the retry's key, never a stored one: the header is never
+	// stored, and one of that name the handler set (in any case, or as a
+	// trailer) is replaced by it, neither sent nor stored. Default false.
 	EchoKey bool
 
 	// LifetimeHeader sets the response header Idempotency-Key-Lifetime
@@ -81,13 +82,14 @@ type Config struct {
 	// method, keyed or not, problems included: Retention as an ISO 8601
 	// duration of whole seconds, rounded down, in hours, minutes and
 	// seconds ("PT24H", "PT30M", "PT1H30M", "PT1M30S"; "PT0S" under a
-	// second), the form Apache Iceberg's REST catalog uses. Like EchoKey's,
-	// the header is never stored, and one the handler set is replaced by
-	// it. Default false.
+	// second), the form of the Apache Iceberg REST catalog's
+	// idempotency-key-lifetime. Like EchoKey's, the header is never stored,
+	// and one the handler set is replaced by it. Default false.
 	//
 	// With EchoKey or LifetimeHeader, the handler of a covered method gets
 	// a ResponseWriter that wraps the server's: it keeps Flush, Hijack,
-	// io.ReaderFrom, and Unwrap for http.ResponseController.
+	// io.ReaderFrom, and Unwrap for http.ResponseController, not
+	// http.Pusher nor http.CloseNotifier.
 	LifetimeHeader bool
 
 	// OnKey, when set, is called once for every keyed request, with the
@@ -310,7 +312,8 @@ type Config struct {
 
 	// ReplayHeaderDenylist names response headers never stored nor
 	// replayed, besides Set-Cookie and the hop-by-hop headers, which are
-	// always dropped.
+	// always dropped (and Idempotency-Key with EchoKey,
+	// Idempotency-Key-Lifetime with LifetimeHeader).
 	ReplayHeaderDenylist []string
 
 	// ErrorHandler writes the middleware's own error answers. Default
