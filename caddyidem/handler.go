@@ -156,7 +156,6 @@ type Handler struct {
 
 	covered  map[string]bool
 	mw       func(http.Handler) http.Handler
-	tenant   func(*http.Request) string
 	storeKey string // in the stores pool; "" when none was taken
 	blobKey  string // in the stores pool; "" when none was taken
 	quotaKey string // in the stores pool; "" when none was taken
@@ -289,6 +288,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Stop: ctx,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			logField(r, zap.String("idempotency_outcome", string(o)))
+		},
+		// The key as its stored digest, as idem proxy logs it.
+		OnKey: func(r *http.Request, k idem.Key) {
+			logField(r, zap.String("idempotency_key", k.String()))
 		}}
 	env.Quota, h.quotaKey = takeQuota(key, s.Quota())
 	if h.Blob != "" {
@@ -297,11 +300,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		m.InitBlobSeries()
 	}
-	h.tenant = sidecar.TenantFunc(s.TenantHeader, s.TenantCookie)
 	// Route: idemhttp's default, the path the upstream will see
 	// (sidecar.Route), as idem proxy's without --config, so that a Caddy
 	// and a proxy on the same store and prefix share their records.
-	h.mw, err = s.Middleware(store, h.tenant, nil, env)
+	h.mw, err = s.Middleware(store, sidecar.TenantFunc(s.TenantHeader, s.TenantCookie), nil, env)
 	return err
 }
 
@@ -363,10 +365,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			panic(nextFailed{err}) // under a key, it releases the key on its way out
 		}
 	})).ServeHTTP(w, r)
-	// The key as its stored digest, as idem proxy logs it.
-	if k, ok := sidecar.StoredKey(r, h.tenant, sidecar.Route); ok {
-		logField(r, zap.String("idempotency_key", k.String()))
-	}
 	return nil
 }
 

@@ -79,8 +79,9 @@ type route struct {
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.ServeHTTP(w, r) }
 
 // reqInfo carries what the middleware reported about a request to the
-// proxy's log line: its outcome, the same word as in idem_requests_total.
-type reqInfo struct{ outcome string }
+// proxy's log line: its outcome, the same word as in idem_requests_total,
+// and its stored key (idem inspect --stored-key), never the raw key.
+type reqInfo struct{ outcome, key string }
 
 type reqInfoKey struct{}
 
@@ -201,6 +202,11 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)
 			}
+		},
+		OnKey: func(r *http.Request, k idem.Key) {
+			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+				info.key = k.String()
+			}
 		}}
 	if s.OwnQuota {
 		env.Quota = ownQuota(pattern + "\x00" + s.Quota().String())
@@ -319,10 +325,8 @@ func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *status
 	if upstreamAborted {
 		attrs = append(attrs, slog.Bool("upstream_aborted", true))
 	}
-	if rt.covered[r.Method] {
-		if k, ok := sidecar.StoredKey(r, rt.tenant, rt.routeOf); ok {
-			attrs = append(attrs, slog.String("key", k.String()))
-		}
+	if info.key != "" {
+		attrs = append(attrs, slog.String("key", info.key))
 	}
 	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }

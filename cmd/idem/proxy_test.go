@@ -11,12 +11,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -535,6 +537,19 @@ func TestProxyDuplicatesReplayConflictMismatch(t *testing.T) {
 	}
 	if !strings.Contains(p.logText(), `"outcome":"replayed"`) {
 		t.Errorf("the log has no request line with outcome replayed")
+	}
+	// The lines of the 50 copies (and of the later requests under the same
+	// key) name one stored key, the middleware's own (idemhttp
+	// Config.OnKey).
+	keys := map[string]int{}
+	for line := range strings.Lines(p.logText()) {
+		var l struct{ Msg, Path, Key string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "request" && l.Path == "/orders" {
+			keys[l.Key]++
+		}
+	}
+	if most := slices.Max(slices.Collect(maps.Values(keys))); most < n || keys[""] >= n {
+		t.Errorf("the log lines of /orders name the keys %v: want one stored key on each of the %d copies", keys, n)
 	}
 }
 

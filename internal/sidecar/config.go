@@ -30,6 +30,10 @@ type Env struct {
 	// OnOutcome, when set, also receives each request's outcome (after it
 	// was counted in idem_requests_total), for the front end's log line.
 	OnOutcome func(*http.Request, idemhttp.Outcome)
+	// OnKey, when set, receives each keyed request's stored key (what
+	// idem inspect --stored-key takes) before it is claimed, for the front
+	// end's log line: never the client's raw key (idemhttp Config.OnKey).
+	OnKey func(*http.Request, idem.Key)
 	// now is the clock webhook signatures' timestamps are checked
 	// against; nil: time.Now. Tests set it to their fixtures' signing
 	// time.
@@ -84,11 +88,13 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 		OnRenew:     m.OnRenew,
 		BlobTimeout: env.BlobTimeout,
 		// idem_responses_not_kept_total: replays of these answer 500.
-		OnBodyOmitted: func(*http.Request) { m.NotKept.Inc() },
-		Fingerprint:   s.fingerprint(),
-		ErrorHandler:  ProfileErrorHandler(s.Profile, nil),
+		OnBodyOmitted:  func(*http.Request) { m.NotKept.Inc() },
+		Fingerprint:    s.fingerprint(),
+		ErrorHandler:   ProfileErrorHandler(s.Profile, nil),
+		EchoKey:        s.EchoKey,
+		LifetimeHeader: s.LifetimeHeader,
+		OnKey:          env.OnKey,
 	}
-	// TODO(lead): EchoKey and LifetimeHeader: cfg.EchoKey, cfg.LifetimeHeader = s.EchoKey, s.LifetimeHeader once idemhttp has them.
 	if env.Blobs != nil {
 		cfg.Blobs = env.Blobs
 		cfg.OnBlobError = m.OnBlobError
