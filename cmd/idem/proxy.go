@@ -137,8 +137,8 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.BoolVar(&o.settings.CancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
 	fs.StringVar(&o.keyHeader, "key-header", "", "read the idempotency key from this request header (a sender's own, such as X-GitHub-Delivery) instead of Idempotency-Key; not with --webhook, whose preset names its key; default Idempotency-Key")
 	fs.StringVar(&o.settings.Webhook, "webhook", "", "verify each covered request's signature as this sender signs its webhooks ("+strings.Join(webhook.Names(), ", ")+") over the raw body, and take the key the preset names; one that does not verify gets 401 and is neither forwarded nor claimed; needs --webhook-secret-file or --webhook-secret-env (see docs/webhooks.md); default none")
-	fs.StringVar(&o.settings.WebhookSecretFile, "webhook-secret-file", "", "with --webhook: the file of its signing secrets, one a line (several while one is rotated), read when the proxy starts; a secret is read from a file or a variable, never from a flag's value; not with --webhook-secret-env")
-	fs.StringVar(&o.settings.WebhookSecretEnv, "webhook-secret-env", "", "with --webhook: the name of the environment variable that holds its signing secrets, one a line, read when the proxy starts; not with --webhook-secret-file")
+	fs.StringVar(&o.settings.WebhookSecretFile, "webhook-secret-file", "", "with --webhook: the file of its signing secrets, one a line (several while one is rotated), read at start and again on SIGHUP; a secret is read from a file or a variable, never from a flag's value; not with --webhook-secret-env")
+	fs.StringVar(&o.settings.WebhookSecretEnv, "webhook-secret-env", "", "with --webhook: the name of the environment variable that holds its signing secrets, one a line, read at start and again on SIGHUP; not with --webhook-secret-file")
 	fs.DurationVar(&o.settings.WebhookTolerance, "webhook-tolerance", 0, "with --webhook stripe or standard-webhooks: how far a delivery's signed timestamp may be from now (a replay of an old delivery gets 401); 0 (the default): the preset's, 5m")
 	fs.StringVar(&o.settings.Fingerprint, "fingerprint", "", "what of the body a retry must repeat to be the same request: raw (the bytes) or json (its canonical JSON, RFC 8785: key order and spacing do not matter); default raw")
 	fs.StringVar(&o.fingerprintExclude, "fingerprint-exclude", "", "comma-separated JSON Pointers (RFC 6901, such as /attempt,/sent_at) left out of the body's fingerprint: a sender's retry counter or timestamp; implies --fingerprint json; not with --fingerprint-fields; default none")
@@ -223,6 +223,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reloads := sidecar.WatchCerts(reloadCtx, o.tlsWatch, t.certs, t.upstreamCerts)
 	if o.configFile != "" {
 		reloads = append(reloads, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
+	} else if o.settings.Webhook != "" { // with --config, its reload reads them too
+		reloads = append(reloads, sidecar.Reload{What: "webhook secrets", Do: func() error { return p.setRoutes(nil) }})
 	}
 	sidecar.ReloadOnHangup(reloadCtx, hup, logger, reloads...)
 	o.logStart(logger, target, srv, b, p)
