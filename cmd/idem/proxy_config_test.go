@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -196,6 +197,45 @@ func TestProxyConfigKeyErrors(t *testing.T) {
 			if !strings.Contains(msg, w) {
 				t.Errorf("route %q: error %q does not say %q", c.route, msg, w)
 			}
+		}
+	}
+}
+
+// TestProxyKeyFlags: the flags of key sources, webhooks, fingerprints and
+// answers reach the flags' settings: --key-header as a header key, the
+// pointer lists split at commas and trimmed.
+func TestProxyKeyFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want func(routeSettings) bool
+		what string
+	}{
+		{[]string{"--key-header", "X-Request-Id"}, func(s routeSettings) bool { return s.Key == "header:X-Request-Id" }, "Key header:X-Request-Id"},
+		{nil, func(s routeSettings) bool {
+			return s.Key == "" && s.Webhook == "" && s.Profile == "" && !s.EchoKey && !s.LifetimeHeader
+		}, "none set"},
+		{[]string{"--fingerprint-exclude", "/attempt, /sent_at"}, func(s routeSettings) bool {
+			return slices.Equal(s.FingerprintExclude, []string{"/attempt", "/sent_at"}) && s.FingerprintFields == nil
+		}, "FingerprintExclude [/attempt /sent_at]"},
+		{[]string{"--fingerprint-fields", "/amount", "--fingerprint", "json"}, func(s routeSettings) bool {
+			return slices.Equal(s.FingerprintFields, []string{"/amount"}) && s.Fingerprint == "json"
+		}, "FingerprintFields [/amount], Fingerprint json"},
+		{[]string{"--webhook", "stripe", "--webhook-secret-env", "STRIPE_SECRETS", "--webhook-tolerance", "10m", "--profile", "stripe", "--echo-key", "--lifetime-header"},
+			func(s routeSettings) bool {
+				return s.Webhook == "stripe" && s.WebhookSecretEnv == "STRIPE_SECRETS" && s.WebhookSecretFile == "" && s.WebhookTolerance == 10*time.Minute &&
+					s.Profile == "stripe" && s.EchoKey && s.LifetimeHeader && s.Key == ""
+			}, "the webhook stripe, its variable and tolerance, profile stripe, echo and lifetime"},
+	} {
+		o, err := parseProxyFlags(append([]string{"--upstream", "http://127.0.0.1:1"}, c.args...), io.Discard)
+		if err == nil {
+			_, err = o.validate()
+		}
+		if err != nil {
+			t.Errorf("%q: %v; want it valid", c.args, err)
+			continue
+		}
+		if !c.want(o.settings) {
+			t.Errorf("%q: settings %+v; want %s", c.args, o.settings, c.what)
 		}
 	}
 }
