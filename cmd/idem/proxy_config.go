@@ -350,8 +350,10 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 // applyKeys returns s with the route's key source, webhook, fingerprint
 // and answer overrides. One key source per route: a route's key (or
 // webhook: "") drops an inherited webhook with its secrets and tolerance,
-// a route's webhook drops an inherited key; one source of secrets, and one fingerprint
-// list (a route that sets both of either kind gets Validate's error).
+// a route's webhook drops an inherited key (and another preset's
+// tolerance); one source of secrets, and one fingerprint list, which
+// fingerprint: raw drops (a route that sets both of either kind gets
+// Validate's error).
 func (o routeOverride) applyKeys(s routeSettings) routeSettings {
 	if (o.Key != nil && o.Webhook == nil) || (o.Webhook != nil && *o.Webhook == "") {
 		s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv, s.WebhookTolerance = "", "", "", 0
@@ -363,6 +365,9 @@ func (o routeOverride) applyKeys(s routeSettings) routeSettings {
 		s.Key = *o.Key
 	}
 	if o.Webhook != nil {
+		if *o.Webhook != s.Webhook {
+			s.WebhookTolerance = 0 // the inherited preset's, not this one's
+		}
 		s.Webhook = *o.Webhook
 	}
 	if o.WebhookSecretFile != nil || o.WebhookSecretEnv != nil {
@@ -379,6 +384,9 @@ func (o routeOverride) applyKeys(s routeSettings) routeSettings {
 	}
 	if o.Fingerprint != nil {
 		s.Fingerprint = *o.Fingerprint
+		if s.Fingerprint == "raw" {
+			s.FingerprintExclude, s.FingerprintFields = nil, nil // the raw body: no inherited list
+		}
 	}
 	if o.FingerprintExclude != nil || o.FingerprintFields != nil {
 		s.FingerprintExclude, s.FingerprintFields = nil, nil
