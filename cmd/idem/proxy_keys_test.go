@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -20,6 +21,9 @@ func TestProxyKeySourcesAndAnswers(t *testing.T) {
 	p := startProxy(t, nil, "--upstream", up.URL, "--config", cfg, "--key-header", "X-Request-Id", "--fingerprint-exclude", "/attempt",
 		"--profile", "stripe", "--echo-key", "--lifetime-header", "--retention", "90m")
 
+	if !strings.Contains(p.logText(), `"key":"header:X-Request-Id"`) {
+		t.Errorf("the start-up line does not name the key source --key-header X-Request-Id:\n%s", p.logText())
+	}
 	first := mustSend(t, "POST", p.url("/pay"), "", `{"amount":5,"attempt":1}`, "X-Request-Id: r-1")
 	wantStatus(t, "the first delivery of r-1", first, http.StatusCreated, "")
 	if got := first.header.Get("Idempotency-Key"); got != "r-1" {

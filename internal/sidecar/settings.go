@@ -228,6 +228,18 @@ func (s Settings) validateKeys(name func(string) string) error {
 	return nil
 }
 
+// KeyName names the key source of s for a log line: "webhook:" and the
+// preset, the Key setting, or "header:Idempotency-Key".
+func (s Settings) KeyName() string {
+	switch {
+	case s.Webhook != "":
+		return "webhook:" + s.Webhook
+	case s.Key != "":
+		return s.Key
+	}
+	return "header:" + idemhttp.HeaderKey
+}
+
 // KeySpec parses a key source as the sidecars spell it: header:NAME (a
 // header's value, as Idempotency-Key's is read) or json:/pointer (a field
 // of a JSON body, RFC 6901).
