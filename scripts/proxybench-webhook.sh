@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What verifying a webhook's signature costs in idem proxy (BENCHMARKS.md,
 # "Webhook signatures in idem proxy"): wrk (32 connections, 2 threads)
-# against two idem proxies on the memory store, in front of one nginx
+# against three idem proxies on the memory store, in front of one nginx
 # upstream that answers a static 201 on keepalive connections
 # (as scripts/proxybench.sh):
 #   1. unsigned keyed POSTs: a unique Idempotency-Key per request;
@@ -9,12 +9,15 @@
 #      here with openssl (X-Hub-Signature-256, HMAC-SHA256 under a
 #      secret in a file), a unique X-GitHub-Delivery per request, on a
 #      --config route with webhook: github (the route verifies each
-#      request's signature over the body before it claims the key).
-# The unsigned row sends the same body. Every request is a first
-# execution (outcome executed) in both rows. Before measuring, the script
+#      request's signature over the body before it claims the key);
+#   3. the same requests as 2 (signature header and all) to a proxy that
+#      takes X-GitHub-Delivery as the key without verifying anything
+#      (--key-header), which tells the signature's cost from the headers'.
+# The unsigned rows send the same body. Every request is a first
+# execution (outcome executed) in every row. Before measuring, the script
 # checks that the webhook route refuses a bad signature (401), runs a good
 # one, and replays its redelivery; every measured answer must be a 201.
-# ROUNDS rounds (default 3), each running both rows, in the opposite order
+# ROUNDS rounds (default 3), each running every row, in the opposite order
 # from the round before; each row reports the median of its rounds, their
 # spread (lowest-highest), and the median of its per-round ratios to the
 # unsigned row. Then go test's BenchmarkVerify (internal/webhook) gives the
@@ -25,7 +28,7 @@
 #
 # Installs wrk, nginx and openssl with apt-get when missing. Starts
 # everything on free loopback ports and stops it at the end. About
-# ROUNDS x 2 x DURATION plus a minute (DURATION per row and round, default
+# ROUNDS x 3 x DURATION plus a minute (DURATION per row and round, default
 # 10s; CONNECTIONS, default 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +44,7 @@ bench_need wrk nginx openssl
 up=$(port)
 pkeyed=$(port)
 phook=$(port)
+pheader=$(port)
 
 {
 	nginx_http_head
@@ -94,6 +98,7 @@ idem() {
 wait_port "$up"
 idem "$pkeyed"
 idem "$phook" --config "$dir/routes.yaml"
+idem "$pheader" --key-header X-GitHub-Delivery
 
 # The webhook route does what is measured: a bad signature is refused, a
 # good one runs, its redelivery (same X-GitHub-Delivery) is replayed.
@@ -150,10 +155,12 @@ rate() {
 }
 
 names=("idem proxy, unsigned keyed POST (unique Idempotency-Key)"
-	"idem proxy, GitHub webhook verified (unique X-GitHub-Delivery)")
-cmds=("rate http://127.0.0.1:$pkeyed/ $dir/keyed.lua" "rate http://127.0.0.1:$phook/hook $dir/hook.lua")
+	"idem proxy, GitHub webhook verified (unique X-GitHub-Delivery)"
+	"idem proxy, the same requests, --key-header X-GitHub-Delivery (nothing verified)")
+cmds=("rate http://127.0.0.1:$pkeyed/ $dir/keyed.lua" "rate http://127.0.0.1:$phook/hook $dir/hook.lua"
+	"rate http://127.0.0.1:$pheader/hook $dir/hook.lua")
 
-# Warm both paths (connections, caches), unmeasured.
+# Warm every path (connections, caches), unmeasured.
 warm=1
 for i in "${!cmds[@]}"; do ${cmds[$i]} >/dev/null; done
 warm=
@@ -161,8 +168,8 @@ warm=
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A rates # rates[row,round]
 for r in $(seq "$rounds"); do
-	order=(0 1)
-	((r % 2 == 0)) && order=(1 0)
+	order=(0 1 2)
+	((r % 2 == 0)) && order=(2 1 0)
 	for i in "${order[@]}"; do
 		rates[$i,$r]=$(${cmds[$i]})
 		echo "round $r: ${names[$i]}: ${rates[$i,$r]}" >&2
