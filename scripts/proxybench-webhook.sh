@@ -10,9 +10,11 @@
 #      secret in a file), a unique X-GitHub-Delivery per request, on a
 #      --config route with webhook: github (the route verifies each
 #      request's signature over the body before it claims the key);
-#   3. the same requests as 2 (signature header and all) to a proxy that
-#      takes X-GitHub-Delivery as the key without verifying anything
-#      (--key-header), which tells the signature's cost from the headers'.
+#   3. the same requests as 2 (signature header and all) to a proxy whose
+#      route takes X-GitHub-Delivery as the key without verifying anything
+#      (key: header:X-GitHub-Delivery), which tells the signature's cost
+#      from the headers'.
+# Each proxy has one --config route, POST /hook, with require_key.
 # The unsigned rows send the same body. Every request is a first
 # execution (outcome executed) in every row. Before measuring, the script
 # checks that the webhook route refuses a bad signature (401), runs a good
@@ -64,17 +66,25 @@ pids+=($!)
 
 go build -o "$dir/idem" ./cmd/idem
 
-# The secret (made up here, never printed), its file, and the route.
+# The secret (made up here, never printed), its file, and the routes.
 secret=$(openssl rand -hex 20)
 printf '# the benchmark webhook'"'"'s secret\n%s\n' "$secret" >"$dir/github.secrets"
 chmod 0400 "$dir/github.secrets"
-cat >"$dir/routes.yaml" <<EOF
-routes:
-  - match: "POST /hook"
-    webhook: github
-    webhook_secret_file: $dir/github.secrets
-    require_key: true
-EOF
+# Each proxy's --config: one route, POST /hook, the three alike but for
+# where the key comes from.
+route() { # file, then the route's fields
+	local f=$1
+	shift
+	{
+		echo "routes:"
+		echo "  - match: \"POST /hook\""
+		echo "    require_key: true"
+		for field in "$@"; do echo "    $field"; done
+	} >"$dir/$f"
+}
+route keyed.yaml
+route hook.yaml "webhook: github" "webhook_secret_file: $dir/github.secrets"
+route header.yaml "key: header:X-GitHub-Delivery"
 
 # A GitHub-like body of exactly body_bytes bytes, and its signature, once.
 head='{"action":"opened","number":1042,"repository":{"full_name":"idemkit/idem"},"pad":"'
@@ -103,9 +113,9 @@ idem() {
 	wait_port "$p" || { timeout 3 "$dir/idem" proxy --listen "127.0.0.1:$p" "${common[@]}" "$@" 2>&1 | head -5 >&2; exit 1; }
 }
 wait_port "$up"
-idem "$pkeyed"
-idem "$phook" --config "$dir/routes.yaml"
-idem "$pheader" --key-header X-GitHub-Delivery
+idem "$pkeyed" --config "$dir/keyed.yaml"
+idem "$phook" --config "$dir/hook.yaml"
+idem "$pheader" --config "$dir/header.yaml"
 
 # The webhook route does what is measured: a bad signature is refused, a
 # good one runs, its redelivery (same X-GitHub-Delivery) is replayed.
@@ -144,7 +154,7 @@ request = function()
 end
 EOF
 }
-lua Idempotency-Key "" >"$dir/keyed.lua"
+lua Idempotency-Key "" /hook >"$dir/keyed.lua"
 lua X-GitHub-Delivery ", [\"X-Hub-Signature-256\"] = \"sha256=$sig\", [\"X-GitHub-Event\"] = \"pull_request\"" /hook >"$dir/hook.lua"
 
 # rate PORT PATH SCRIPT: the req/s over DURATION of the proxy on PORT, and
@@ -171,8 +181,8 @@ rate() {
 
 names=("idem proxy, unsigned keyed POST (unique Idempotency-Key)"
 	"idem proxy, GitHub webhook verified (unique X-GitHub-Delivery)"
-	"idem proxy, the same requests, --key-header X-GitHub-Delivery (nothing verified)")
-cmds=("rate $pkeyed / $dir/keyed.lua" "rate $phook /hook $dir/hook.lua" "rate $pheader /hook $dir/hook.lua")
+	"idem proxy, the same requests, key: header:X-GitHub-Delivery (nothing verified)")
+cmds=("rate $pkeyed /hook $dir/keyed.lua" "rate $phook /hook $dir/hook.lua" "rate $pheader /hook $dir/hook.lua")
 
 # Warm every path (connections, caches), unmeasured.
 warm=1
