@@ -51,16 +51,27 @@ func testProxyWebhook(t *testing.T, preset string) {
 	dir := t.TempDir()
 	cur, next := webhooktest.NewSecret(preset), webhooktest.NewSecret(preset)
 	retired, forger := webhooktest.NewSecret(preset), webhooktest.NewSecret(preset)
-	// The flags' route holds two secrets, as while the operator rotates;
-	// the --config route holds one, and gets the second by a SIGHUP.
-	flagSecrets, routeSecrets := filepath.Join(dir, "flag-secrets"), filepath.Join(dir, "route-secrets")
-	webhooktest.WriteSecrets(t, flagSecrets, cur, next)
+	// The flags' route holds two secrets, as while the operator rotates:
+	// in a file, or (stripe, shopify) in an environment variable, one a
+	// line. The --config route inherits the preset, its
+	// webhook_secret_file replaces the flags' source, and it holds one
+	// secret until a SIGHUP re-reads the file with the second.
+	var env []string
+	args := []string{"--webhook", preset}
+	if preset == "stripe" || preset == "shopify" {
+		env = []string{"WEBHOOK_SECRETS=" + cur + "\n" + next}
+		args = append(args, "--webhook-secret-env", "WEBHOOK_SECRETS")
+	} else {
+		flagSecrets := filepath.Join(dir, "flag-secrets")
+		webhooktest.WriteSecrets(t, flagSecrets, cur, next)
+		args = append(args, "--webhook-secret-file", flagSecrets)
+	}
+	routeSecrets := filepath.Join(dir, "route-secrets")
 	webhooktest.WriteSecrets(t, routeSecrets, cur)
 	cfg := filepath.Join(dir, "routes.yaml")
 	writeFile(t, cfg, fmt.Sprintf("routes:\n  - match: \"POST /rotating/\"\n    methods: [POST]\n    webhook_secret_file: %q\n", routeSecrets))
 	up := upstreamtest.StartCounter(t)
-	p := startProxy(t, nil, "--upstream", up.URL, "--log-level", "debug",
-		"--webhook", preset, "--webhook-secret-file", flagSecrets, "--config", cfg)
+	p := startProxy(t, env, append(args, "--upstream", up.URL, "--log-level", "debug", "--config", cfg)...)
 
 	seq := 0
 	newID := func() string {
@@ -134,15 +145,15 @@ func testProxyWebhook(t *testing.T, preset string) {
 	wantExecuted("the genuine delivery after the forgeries", "/hooks/forged", genuine, 1)
 	wantReplay("its redelivery", "/hooks/forged", webhooktest.Send(t, delivery("/hooks/forged", id, cur)), genuine)
 
-	// Rotation on the flags' route: the file's second secret verifies, a
-	// secret no longer in it does not.
-	wantExecuted("signed by the file's second secret", "/hooks/next", webhooktest.Send(t, delivery("/hooks/next", newID(), next)), 1)
+	// Rotation on the flags' route: the second secret verifies, a secret
+	// no longer there does not.
+	wantExecuted("signed by the second secret", "/hooks/next", webhooktest.Send(t, delivery("/hooks/next", newID(), next)), 1)
 	wantUnverified("signed by a retired secret", "/hooks/retired", webhooktest.Send(t, delivery("/hooks/retired", newID(), retired)))
 	if preset == "stripe" || preset == "standard-webhooks" {
 		// The sender rolls its secret: one signature by the old one (which
 		// the receiver no longer has) and one by the new.
 		two := webhooktest.Send(t, delivery("/hooks/two-signatures", newID(), retired, cur))
-		wantExecuted("two signatures, the second by a secret of the file", "/hooks/two-signatures", two, 1)
+		wantExecuted("two signatures, the second by a secret of the route's", "/hooks/two-signatures", two, 1)
 	}
 
 	// Rotation without a restart: the --config route refuses the new
@@ -199,9 +210,12 @@ func wantOnce(t *testing.T, what string, up *upstreamtest.Counter, path string, 
 // testProxyKeySources: a key from a JSON body's field (a body without it,
 // not JSON, or too large each get one clear answer), from a header a
 // route names (key: header:NAME), and from the header --key-header names
-// for every other route.
+// for every other route but one whose webhook names its own.
 func testProxyKeySources(t *testing.T) {
-	p, up := routesProxy(t, `routes:
+	secret := webhooktest.NewSecret("github")
+	secretFile := filepath.Join(t.TempDir(), "github-secret")
+	webhooktest.WriteSecrets(t, secretFile, secret)
+	p, up := routesProxy(t, fmt.Sprintf(`routes:
   - match: "POST /json/"
     methods: [POST]
     key: json:/id
@@ -210,7 +224,11 @@ func testProxyKeySources(t *testing.T) {
   - match: "POST /hdr/"
     methods: [POST]
     key: header:X-Request-Id
-`, "--key-header", "X-Flag-Key")
+  - match: "POST /github/"
+    methods: [POST]
+    webhook: github
+    webhook_secret_file: %q
+`, secretFile), "--key-header", "X-Flag-Key")
 
 	post := func(path, body string, hdr ...string) result {
 		t.Helper()
@@ -239,6 +257,24 @@ func testProxyKeySources(t *testing.T) {
 	post("/flag/b", `{}`, "Idempotency-Key: k-1")
 	post("/flag/b", `{}`, "Idempotency-Key: k-1")
 	wantRuns(t, "--key-header X-Flag-Key, a request with only Idempotency-Key (no key: passed through)", up, "/flag/b", 2)
+
+	// A route's webhook replaces the inherited --key-header: the key is
+	// the delivery's, and the signature is checked.
+	d := webhooktest.Delivery{Preset: "github", URL: p.url("/github/a"), Secrets: []string{secret}, Body: webhookBody("github", "gh-1"), ID: "gh-1",
+		Header: map[string]string{"X-Flag-Key": "f-1"}}
+	first := webhooktest.Send(t, d)
+	d.Header["X-Flag-Key"] = "f-2"
+	again := webhooktest.Send(t, d)
+	if first.Status != http.StatusCreated || first.Replayed() || again.Body != first.Body || !again.Replayed() {
+		t.Errorf("webhook github under --key-header: got %d (replayed %v) then %d (replayed %v) %s, want 201 and the replay of %s",
+			first.Status, first.Replayed(), again.Status, again.Replayed(), again.Body, first.Body)
+	}
+	forged := mustSend(t, "POST", p.url("/github/b"), "", webhookBody("github", "gh-2"), "X-GitHub-Delivery: gh-2", "X-Flag-Key: f-3")
+	if err := webhooktest.CheckUnverified(webhooktest.Answer{Status: forged.status, Header: forged.header, Body: string(forged.body)}); err != nil {
+		t.Errorf("webhook github under --key-header, unsigned: %v", err)
+	}
+	wantRuns(t, "webhook github under --key-header", up, "/github/a", 1)
+	wantRuns(t, "webhook github under --key-header, unsigned", up, "/github/b", 0)
 }
 
 // testProxyFingerprint: with fingerprint_exclude: [/attempt], a
