@@ -25,7 +25,7 @@ import (
 // forged deliveries under a real delivery id get 401 unverified, reach
 // nothing, and leave the id to the genuine delivery; secrets rotate (two
 // in the file; two signatures in a header; a SIGHUP that re-reads a
-// rewritten file); the 401s are counted; no secret reaches the log. Then
+// rewritten file, the flags' and a route's); the 401s are counted; no secret reaches the log. Then
 // the key sources, JSON fingerprints and answer profiles of --config
 // routes and flags.
 func TestProxyWebhooks(t *testing.T) {
@@ -58,11 +58,12 @@ func testProxyWebhook(t *testing.T, preset string) {
 	// secret until a SIGHUP re-reads the file with the second.
 	var env []string
 	args := []string{"--webhook", preset}
+	flagSecrets := ""
 	if preset == "stripe" || preset == "shopify" {
 		env = []string{"WEBHOOK_SECRETS=" + cur + "\n" + next}
 		args = append(args, "--webhook-secret-env", "WEBHOOK_SECRETS")
 	} else {
-		flagSecrets := filepath.Join(dir, "flag-secrets")
+		flagSecrets = filepath.Join(dir, "flag-secrets")
 		webhooktest.WriteSecrets(t, flagSecrets, cur, next)
 		args = append(args, "--webhook-secret-file", flagSecrets)
 	}
@@ -161,13 +162,23 @@ func testProxyWebhook(t *testing.T, preset string) {
 
 	// Rotation without a restart: the --config route refuses the new
 	// secret until its file holds it and a SIGHUP re-reads it; the 401
-	// claimed nothing, so the same delivery then runs.
+	// claimed nothing, so the same delivery then runs. The same SIGHUP
+	// re-reads the flags' file, which the operator rewrote without the
+	// current secret.
 	id = newID()
 	wantUnverified("the route's new secret before the reload", "/rotating/a", webhooktest.Send(t, delivery("/rotating/a", id, next)))
 	webhooktest.WriteSecrets(t, routeSecrets, cur, next)
+	if flagSecrets != "" {
+		webhooktest.WriteSecrets(t, flagSecrets, next)
+	}
 	p.hangup(t, `"msg":"reloaded","what":"config"`, 1)
 	wantExecuted("the route's new secret after the reload", "/rotating/a", webhooktest.Send(t, delivery("/rotating/a", id, next)), 1)
 	wantExecuted("the route's old secret after the reload", "/rotating/b", webhooktest.Send(t, delivery("/rotating/b", newID(), cur)), 1)
+	if flagSecrets != "" {
+		wantUnverified("the flags' file rewritten without the current secret, after the reload", "/hooks/rotated-out",
+			webhooktest.Send(t, delivery("/hooks/rotated-out", newID(), cur)))
+		wantExecuted("the flags' remaining secret after the reload", "/hooks/remaining", webhooktest.Send(t, delivery("/hooks/remaining", newID(), next)), 1)
+	}
 
 	if got := p.metric(fmt.Sprintf(`idem_webhook_unverified_total{preset=%q}`, preset)); got != float64(unverified) {
 		t.Errorf("idem_webhook_unverified_total{preset=%q} = %v, want %d (the 401s)", preset, got, unverified)
