@@ -21,13 +21,14 @@ import (
 	"github.com/idemkit/idem/internal/webhooktest"
 )
 
-// TestProxyWebhooks: per preset, a delivery and its redeliveries run once;
-// forged deliveries under a real delivery id get 401 unverified, reach
-// nothing, and leave the id to the genuine delivery; secrets rotate (two
-// in the file; two signatures in a header; a SIGHUP that re-reads a
-// rewritten file, the flags' and a route's); the 401s are counted; no secret reaches the log. Then
-// the key sources, JSON fingerprints and answer profiles of --config
-// routes and flags.
+// TestProxyWebhooks: per preset, a delivery and its redeliveries run once,
+// whatever Authorization says; forged deliveries under a real delivery id
+// get 401 unverified, reach nothing, and leave the id to the genuine
+// delivery; secrets rotate (two in a file or a variable; two signatures in
+// a header; a SIGHUP that re-reads rewritten files, the flags' and a
+// route's); the 401s are counted; no secret reaches the log. Then the key
+// sources, JSON fingerprints and answer profiles of --config routes and
+// flags.
 func TestProxyWebhooks(t *testing.T) {
 	t.Parallel()
 	for _, preset := range webhooktest.Presets {
