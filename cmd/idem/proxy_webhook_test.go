@@ -90,6 +90,9 @@ func testProxyWebhook(t *testing.T, preset string) {
 		if err := webhooktest.CheckUnverified(a); err != nil {
 			t.Errorf("%s: %v", what, err)
 		}
+		if leaked := webhooktest.Leaked(a.Body, cur, next, retired, forger); leaked != "" {
+			t.Errorf("%s: the 401's body holds %s of [current, next, retired, forger]", what, leaked)
+		}
 		if n := up.Runs(path); n != 0 {
 			t.Errorf("%s: the upstream ran %s %d times, want 0 (not forwarded)", what, path, n)
 		}
