@@ -45,6 +45,18 @@ func init() {
 //		quota_in_flight      <count>         # per tenant; 32 with store memory, else 0: none
 //		quota_records        <count>         # per tenant; 0: none
 //		quota_bytes          <size>          # per tenant; an eighth of memory_limit with store memory, else 0: none
+//		key_header           <header>        # Idempotency-Key
+//		key                  header:<header>|json:<pointer>
+//		webhook              <preset>        # github, shopify, standard-webhooks, stripe
+//		webhook_secret_file  <path>          # its secrets, one a line; or:
+//		webhook_secret_env   <variable>
+//		webhook_tolerance    <duration>      # the preset's, 5m
+//		fingerprint          raw|json        # raw
+//		fingerprint_exclude  <pointer...>    # implies json
+//		fingerprint_fields   <pointer...>    # implies json
+//		profile              ietf|acp|stripe # ietf
+//		echo_key
+//		lifetime_header
 //	}
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
@@ -197,10 +209,43 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var v int64
 			v, err = size()
 			h.QuotaBytes = &v
+		case "key_header":
+			h.KeyHeader, err = one()
+		case "key":
+			h.Key, err = one()
+		case "webhook":
+			h.Webhook, err = one()
+		case "webhook_secret_file":
+			h.WebhookSecretFile, err = one()
+		case "webhook_secret_env":
+			h.WebhookSecretEnv, err = one()
+		case "webhook_tolerance":
+			h.WebhookTolerance, err = duration()
+		case "fingerprint":
+			h.Fingerprint, err = one()
+		case "fingerprint_exclude", "fingerprint_fields":
+			if len(args) == 0 {
+				return d.Errf("%s: want one or more JSON Pointers, such as /attempt /sent_at", name)
+			}
+			if name == "fingerprint_exclude" {
+				h.FingerprintExclude = args
+			} else {
+				h.FingerprintFields = args
+			}
+		case "profile":
+			h.Profile, err = one()
+		case "echo_key":
+			err = none()
+			h.EchoKey = true
+		case "lifetime_header":
+			err = none()
+			h.LifetimeHeader = true
 		default:
 			return d.Errf("unknown subdirective %q (want store, prefix, memory_limit, reap_interval, methods, require_key, "+
 				"tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, "+
-				"max_execution, client_write_timeout, cancel_on_disconnect, refuse_anonymous, blob, blob_timeout, quota_in_flight, quota_records, quota_bytes)", name)
+				"max_execution, client_write_timeout, cancel_on_disconnect, refuse_anonymous, blob, blob_timeout, quota_in_flight, quota_records, quota_bytes, "+
+				"key_header, key, webhook, webhook_secret_file, webhook_secret_env, webhook_tolerance, fingerprint, fingerprint_exclude, "+
+				"fingerprint_fields, profile, echo_key, lifetime_header)", name)
 		}
 		if err != nil {
 			return err

@@ -153,6 +153,72 @@ reverse_proxy app:8080
 	}
 }
 
+// TestCaddyfileKeyOptions: the key source, webhook, fingerprint and
+// answer subdirectives reach their JSON fields (under the same names) and
+// the route's settings.
+func TestCaddyfileKeyOptions(t *testing.T) {
+	for _, tc := range []struct {
+		body     string
+		json     []string // in the handler's JSON
+		want     Handler
+		key      string // Settings.Key
+		exclude  []string
+		fields   []string
+		tolerate time.Duration
+	}{
+		{
+			body: "webhook stripe\n\twebhook_secret_file /run/secrets/stripe\n\twebhook_tolerance 10m\n\tfingerprint json\n" +
+				"\tfingerprint_exclude /attempt /sent_at\n\tprofile acp\n\techo_key\n\tlifetime_header",
+			json: []string{`"webhook":"stripe"`, `"webhook_secret_file":"/run/secrets/stripe"`, `"webhook_tolerance":600000000000`,
+				`"fingerprint":"json"`, `"fingerprint_exclude":["/attempt","/sent_at"]`, `"profile":"acp"`, `"echo_key":true`, `"lifetime_header":true`},
+			want: Handler{Webhook: "stripe", WebhookSecretFile: "/run/secrets/stripe", WebhookTolerance: caddy.Duration(10 * time.Minute),
+				Fingerprint: "json", FingerprintExclude: []string{"/attempt", "/sent_at"}, Profile: "acp", EchoKey: true, LifetimeHeader: true},
+			exclude: []string{"/attempt", "/sent_at"}, tolerate: 10 * time.Minute,
+		},
+		{
+			body: "webhook github\n\twebhook_secret_env GITHUB_WEBHOOK_SECRETS",
+			json: []string{`"webhook":"github"`, `"webhook_secret_env":"GITHUB_WEBHOOK_SECRETS"`},
+			want: Handler{Webhook: "github", WebhookSecretEnv: "GITHUB_WEBHOOK_SECRETS"},
+		},
+		{
+			body: "key_header X-Request-Id\n\tfingerprint_fields /amount /currency\n\tprofile stripe",
+			json: []string{`"key_header":"X-Request-Id"`, `"fingerprint_fields":["/amount","/currency"]`, `"profile":"stripe"`},
+			want: Handler{KeyHeader: "X-Request-Id", FingerprintFields: []string{"/amount", "/currency"}, Profile: "stripe"},
+			key:  "header:X-Request-Id", fields: []string{"/amount", "/currency"},
+		},
+		{
+			body: "key json:/order/id\n\tfingerprint raw",
+			json: []string{`"key":"json:/order/id"`, `"fingerprint":"raw"`},
+			want: Handler{Key: "json:/order/id", Fingerprint: "raw"},
+			key:  "json:/order/id",
+		},
+	} {
+		_, raw := handlersOf(t, adapt(t, ":8080\nidempotency {\n\t"+tc.body+"\n}\nreverse_proxy app:8080\n"))
+		for _, j := range tc.json {
+			if !strings.Contains(string(raw), j) {
+				t.Errorf("%s: JSON %s does not hold %s", strings.ReplaceAll(tc.body, "\n\t", "; "), raw, j)
+			}
+		}
+		var got Handler
+		if err := json.Unmarshal(raw, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			gj, _ := json.Marshal(got)
+			wj, _ := json.Marshal(tc.want)
+			t.Errorf("%s: got\n%s\nwant\n%s", strings.ReplaceAll(tc.body, "\n\t", "; "), gj, wj)
+		}
+		s := got.settings()
+		if s.Key != tc.key || s.Webhook != got.Webhook || s.WebhookSecretFile != got.WebhookSecretFile || s.WebhookSecretEnv != got.WebhookSecretEnv ||
+			s.WebhookTolerance != tc.tolerate || s.Fingerprint != got.Fingerprint || !reflect.DeepEqual(s.FingerprintExclude, tc.exclude) ||
+			!reflect.DeepEqual(s.FingerprintFields, tc.fields) || s.Profile != got.Profile || s.EchoKey != got.EchoKey || s.LifetimeHeader != got.LifetimeHeader {
+			t.Errorf("%s: settings key %q webhook %q file %q env %q tolerance %v fingerprint %q exclude %q fields %q profile %q echo %v lifetime %v; want them from %s (key %q)",
+				strings.ReplaceAll(tc.body, "\n\t", "; "), s.Key, s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv, s.WebhookTolerance,
+				s.Fingerprint, s.FingerprintExclude, s.FingerprintFields, s.Profile, s.EchoKey, s.LifetimeHeader, raw, tc.key)
+		}
+	}
+}
+
 // TestCaddyfileErrors: a bad value is refused when the Caddyfile is
 // adapted, naming the subdirective and what it wants.
 func TestCaddyfileErrors(t *testing.T) {
@@ -174,6 +240,27 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"quota_in_flight -1", `quota_in_flight "-1": want a whole number, 0 or more (0: no limit)`},
 		{"quota_records many", `quota_records "many": want a whole number`},
 		{"quota_bytes lots", `quota_bytes "lots": want a size`},
+		{"key_header X/Id", `key_header "X/Id": not a header name`},
+		{"key_header X-A X-B", "key_header: want one argument, got 2"},
+		{"key_header X-Id\n\tkey json:/id", `key_header "X-Id" and key "json:/id": set one key source, not both`},
+		{"key X-Id", `key "X-Id": want header:NAME or json:/pointer`},
+		{"key json:id", `key "json:id": "id" is not a JSON Pointer`},
+		{"webhook gitlab", `webhook: webhook preset "gitlab": want one of github, shopify, standard-webhooks, stripe`},
+		{"webhook github", "webhook github: set one of webhook_secret_file and webhook_secret_env"},
+		{"webhook github\n\twebhook_secret_file /a\n\twebhook_secret_env B", "set one of webhook_secret_file and webhook_secret_env"},
+		{"webhook_secret_env GH", "webhook_secret_file, webhook_secret_env and webhook_tolerance need webhook"},
+		{"key_header X-Id\n\twebhook github\n\twebhook_secret_env GH", `key_header "header:X-Id" and webhook github: the preset names its key; drop key_header`},
+		{"webhook stripe\n\twebhook_secret_env S\n\twebhook_tolerance 30", `webhook_tolerance "30": want a duration`},
+		{"webhook shopify\n\twebhook_secret_env S\n\twebhook_tolerance 1m", "webhook_tolerance 1m0s: shopify signs no timestamp"},
+		{"fingerprint bytes", `fingerprint "bytes": want raw (the body's bytes) or json`},
+		{"fingerprint raw\n\tfingerprint_exclude /ts", "fingerprint raw: fingerprint_exclude and fingerprint_fields need json"},
+		{"fingerprint_exclude", "fingerprint_exclude: want one or more JSON Pointers"},
+		{"fingerprint_fields /amount id", `fingerprint_fields: "id" is not a JSON Pointer`},
+		{"fingerprint_exclude /ts\n\tfingerprint_fields /id", "fingerprint_exclude and fingerprint_fields: set one, not both"},
+		{"profile paypal", `profile "paypal": want one of ietf, acp, stripe`},
+		{"profile", "profile: want one argument, got 0"},
+		{"echo_key true", "echo_key takes no argument, got 1"},
+		{"lifetime_header yes", "lifetime_header takes no argument, got 1"},
 	} {
 		cf := ":8080\nidempotency {\n\t" + tc.body + "\n}\nreverse_proxy app:8080\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
@@ -197,6 +284,12 @@ func TestJSONValidate(t *testing.T) {
 		{`{"max_response": -1}`, "max_response -1: want 1 to"},
 		{`{"tenant_header": "a b"}`, `tenant_header "a b": not a header name`},
 		{`{"wait": "-1s"}`, "wait -1s: must not be negative"},
+		{`{"key_header": "a b"}`, `key_header "a b": not a header name`},
+		{`{"key": "header:"}`, `key "header:": "" is not a header name`},
+		{`{"webhook": "github", "webhook_secret_env": "GH", "key": "header:X-Id"}`, "drop key"},
+		{`{"fingerprint_exclude": ["ts"]}`, `fingerprint_exclude: "ts" is not a JSON Pointer`},
+		{`{"profile": "IETF"}`, `profile "IETF": want one of ietf, acp, stripe`},
+		{`{"webhook_tolerance": "-1s", "webhook": "stripe", "webhook_secret_file": "/s"}`, "webhook_tolerance -1s: must not be negative"},
 	} {
 		var h Handler
 		if err := json.Unmarshal([]byte(tc.json), &h); err != nil {

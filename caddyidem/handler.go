@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -154,9 +155,57 @@ type Handler struct {
 	QuotaRecords  *int   `json:"quota_records,omitempty"`
 	QuotaBytes    *int64 `json:"quota_bytes,omitempty"`
 
+	// KeyHeader reads the idempotency key from this request header (a
+	// sender's own, such as X-GitHub-Delivery) instead of
+	// Idempotency-Key, as idem proxy's --key-header. Not with Key.
+	KeyHeader string `json:"key_header,omitempty"`
+
+	// Key is where the key is: header:NAME (a header) or json:/pointer (a
+	// field of a JSON body, RFC 6901), as a route of idem proxy's
+	// --config. Default the Idempotency-Key header. Not with KeyHeader,
+	// nor with Webhook, whose preset names its key.
+	Key string `json:"key,omitempty"`
+
+	// Webhook verifies each covered request's signature as this sender
+	// signs its webhooks (github, shopify, standard-webhooks, stripe),
+	// over the raw body, before the preset's key is claimed; one that
+	// does not verify gets 401 and the rest of the route does not run
+	// (idem proxy's --webhook; docs/webhooks.md). Its secrets, one a line,
+	// are read from WebhookSecretFile or the environment variable
+	// WebhookSecretEnv (exactly one), never from the config itself, when
+	// the handler is provisioned (at start and on each config load).
+	Webhook           string `json:"webhook,omitempty"`
+	WebhookSecretFile string `json:"webhook_secret_file,omitempty"`
+	WebhookSecretEnv  string `json:"webhook_secret_env,omitempty"`
+
+	// WebhookTolerance bounds a signed timestamp's distance from now
+	// (stripe, standard-webhooks). Default the preset's, 5m.
+	WebhookTolerance caddy.Duration `json:"webhook_tolerance,omitempty"`
+
+	// Fingerprint is what of the body a retry must repeat: raw (its
+	// bytes, the default) or json (its canonical JSON, RFC 8785).
+	// FingerprintExclude (pointers left out) and FingerprintFields (the
+	// only pointers in it) imply json; at most one of them is set.
+	Fingerprint        string   `json:"fingerprint,omitempty"`
+	FingerprintExclude []string `json:"fingerprint_exclude,omitempty"`
+	FingerprintFields  []string `json:"fingerprint_fields,omitempty"`
+
+	// Profile is how a mismatch and a key in flight are answered: ietf
+	// (the default: 422 and 409 problem+json), acp or stripe (idem
+	// proxy's --profile).
+	Profile string `json:"profile,omitempty"`
+
+	// EchoKey answers every keyed request with its key in an
+	// Idempotency-Key header (idem proxy's --echo-key).
+	EchoKey bool `json:"echo_key,omitempty"`
+
+	// LifetimeHeader answers every request of a covered method with the
+	// retention in an Idempotency-Key-Lifetime header, an ISO 8601
+	// duration (idem proxy's --lifetime-header).
+	LifetimeHeader bool `json:"lifetime_header,omitempty"`
+
 	covered  map[string]bool
 	mw       func(http.Handler) http.Handler
-	tenant   func(*http.Request) string
 	storeKey string // in the stores pool; "" when none was taken
 	blobKey  string // in the stores pool; "" when none was taken
 	quotaKey string // in the stores pool; "" when none was taken
@@ -200,7 +249,22 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("methods: %q is not an upper-case HTTP method", m)
 		}
 	}
-	return h.settings().Validate(sidecar.Underscored)
+	switch {
+	case h.KeyHeader != "" && !httpguts.ValidHeaderFieldName(h.KeyHeader):
+		return fmt.Errorf("key_header %q: not a header name", h.KeyHeader)
+	case h.KeyHeader != "" && h.Key != "":
+		return fmt.Errorf("key_header %q and key %q: set one key source, not both", h.KeyHeader, h.Key)
+	}
+	return h.settings().Validate(h.settingName)
+}
+
+// settingName is the name function of Settings.Validate: the Caddyfile's
+// name of a setting, key_header for the key when that set it.
+func (h *Handler) settingName(n string) string {
+	if n == "key" && h.KeyHeader != "" {
+		return "key_header"
+	}
+	return sidecar.Underscored(n)
 }
 
 // settings are h's route settings, a zero field taking idem proxy's
@@ -221,6 +285,14 @@ func (h *Handler) settings() sidecar.Settings {
 	s.StoreStatuses = h.StoreStatuses
 	s.MaxExecution = time.Duration(h.MaxExecution)
 	s.CancelOnDisconnect, s.RefuseAnonymous = h.CancelOnDisconnect, h.RefuseAnonymous
+	s.Key = h.Key
+	if h.KeyHeader != "" {
+		s.Key = "header:" + h.KeyHeader
+	}
+	s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv = h.Webhook, h.WebhookSecretFile, h.WebhookSecretEnv
+	s.WebhookTolerance = time.Duration(h.WebhookTolerance)
+	s.Fingerprint, s.FingerprintExclude, s.FingerprintFields = h.Fingerprint, h.FingerprintExclude, h.FingerprintFields
+	s.Profile, s.EchoKey, s.LifetimeHeader = h.Profile, h.EchoKey, h.LifetimeHeader
 	// The quota: the fields set, else with the memory store
 	// idemhttp.DefaultQuota of its limit, else none.
 	q := sidecar.DefaultQuota(0)
@@ -289,6 +361,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Stop: ctx,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			logField(r, zap.String("idempotency_outcome", string(o)))
+		},
+		// The key as its stored digest, as idem proxy logs it.
+		OnKey: func(r *http.Request, k idem.Key) {
+			logField(r, zap.String("idempotency_key", k.String()))
 		}}
 	env.Quota, h.quotaKey = takeQuota(key, s.Quota())
 	if h.Blob != "" {
@@ -297,11 +373,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		m.InitBlobSeries()
 	}
-	h.tenant = sidecar.TenantFunc(s.TenantHeader, s.TenantCookie)
 	// Route: idemhttp's default, the path the upstream will see
 	// (sidecar.Route), as idem proxy's without --config, so that a Caddy
 	// and a proxy on the same store and prefix share their records.
-	h.mw, err = s.Middleware(store, h.tenant, nil, env)
+	h.mw, err = s.Middleware(store, sidecar.TenantFunc(s.TenantHeader, s.TenantCookie), nil, env)
 	return err
 }
 
@@ -363,10 +438,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			panic(nextFailed{err}) // under a key, it releases the key on its way out
 		}
 	})).ServeHTTP(w, r)
-	// The key as its stored digest, as idem proxy logs it.
-	if k, ok := sidecar.StoredKey(r, h.tenant, sidecar.Route); ok {
-		logField(r, zap.String("idempotency_key", k.String()))
-	}
 	return nil
 }
 

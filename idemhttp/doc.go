@@ -104,6 +104,14 @@
 // fields alone. A body that is not I-JSON (not JSON, a member twice, not
 // UTF-8) is hashed raw, as DefaultFingerprint does.
 //
+// Config.EchoKey sends the key back, as the source read it, in an
+// Idempotency-Key response header on every answer to a keyed request
+// (replays and problems included), and Config.LifetimeHeader says on every
+// answer of a covered method how long a key is kept
+// (Idempotency-Key-Lifetime: PT24H, Retention in ISO 8601); neither is
+// stored, and a handler's header of either name is replaced. Config.OnKey
+// hands over the stored key (idem.Key) of each keyed request, to log it.
+//
 // # When the client gives up
 //
 // The work belongs to the key, not to the connection. A client that
@@ -148,8 +156,10 @@
 // request id, tracing) are the new request's, not the response's: they are
 // not stored, and a replay leaves the new request's values in place. Never
 // stored: Set-Cookie, the hop-by-hop headers (Connection and the headers it
-// names, Keep-Alive, Transfer-Encoding, Upgrade, TE, Trailer, Proxy-*) and
-// Config.ReplayHeaderDenylist. 1xx informational responses are not stored.
+// names, Keep-Alive, Transfer-Encoding, Upgrade, TE, Trailer, Proxy-*),
+// Config.ReplayHeaderDenylist, and Idempotency-Key with Config.EchoKey and
+// Idempotency-Key-Lifetime with Config.LifetimeHeader (a replay sends the
+// retry's own). 1xx informational responses are not stored.
 //
 // Trailers are stored with the header, each under http.TrailerPrefix and
 // its name ("Trailer:Grpc-Status"): those the handler announced in its

@@ -65,6 +65,44 @@ type Config struct {
 	// not, so a body over MaxBodySize gets 413 even without a key.
 	KeySource KeySource
 
+	// EchoKey sets the response header Idempotency-Key, with the key as
+	// KeySource returned it (an Idempotency-Key header sent as an RFC 8941
+	// string: unquoted), on every response to a request whose key was
+	// read: executed (the handler's answer, fail-open included), replayed,
+	// and the middleware's own answers (409, 422, 429, 503, the 413 of a
+	// body read after the key, the 401 of RefuseAnonymous; not the answers
+	// to a missing, invalid or unverified key, which has none). A replay
+	// carries the retry's key, never a stored one: the header is never
+	// stored, and one of that name the handler set (in any case, or as a
+	// trailer) is replaced by it, neither sent nor stored. Default false.
+	EchoKey bool
+
+	// LifetimeHeader sets the response header Idempotency-Key-Lifetime
+	// (HeaderKeyLifetime) on every response to a request of a covered
+	// method, keyed or not, problems included: Retention as an ISO 8601
+	// duration of whole seconds, rounded down, in hours, minutes and
+	// seconds ("PT24H", "PT30M", "PT1H30M", "PT1M30S"; "PT0S" under a
+	// second), the form of the Apache Iceberg REST catalog's
+	// idempotency-key-lifetime. Like EchoKey's, the header is never stored,
+	// and one the handler set is replaced by it. Default false.
+	//
+	// With EchoKey or LifetimeHeader, the handler of a covered method gets
+	// a ResponseWriter that wraps the server's: it keeps Flush, Hijack,
+	// io.ReaderFrom, and Unwrap for http.ResponseController, not
+	// http.Pusher nor http.CloseNotifier.
+	LifetimeHeader bool
+
+	// OnKey, when set, is called once for every keyed request, with the
+	// key its record is stored under (idem.Key, derived from the key
+	// source's key and the scope: Tenant, method, Route, Authority), once
+	// the body is read and before the key is claimed or Quota asked, so
+	// that a front end can log it. It is not called for a request without
+	// a key, with an invalid one, refused by the key source
+	// (ErrKeyUnverified) or by RefuseAnonymous, or whose body is over
+	// MaxBodySize. A record v1.0 stored for the request (V1Scopes) is
+	// under another key. It must not block.
+	OnKey func(r *http.Request, key idem.Key)
+
 	// Tenant says whose request this is; keys of different tenants never
 	// share a record. Default DefaultTenant (the Authorization header in
 	// normal form and the API-key headers, else the TLS client
@@ -274,7 +312,8 @@ type Config struct {
 
 	// ReplayHeaderDenylist names response headers never stored nor
 	// replayed, besides Set-Cookie and the hop-by-hop headers, which are
-	// always dropped.
+	// always dropped (and Idempotency-Key with EchoKey,
+	// Idempotency-Key-Lifetime with LifetimeHeader).
 	ReplayHeaderDenylist []string
 
 	// ErrorHandler writes the middleware's own error answers. Default
@@ -403,6 +442,19 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	for _, h := range slices.Concat(alwaysDenied, cfg.ReplayHeaderDenylist) {
 		m.deny[http.CanonicalHeaderKey(h)] = true
 	}
+	// The middleware's own headers are the request's, never stored (see
+	// stamped).
+	if cfg.EchoKey {
+		m.deny[HeaderKey] = true
+	}
+	if cfg.LifetimeHeader {
+		m.deny[HeaderKeyLifetime] = true
+		retention := cfg.Retention
+		if retention == 0 {
+			retention = idem.DefaultRetention // as engine.New's idem.New has it
+		}
+		m.lifetime = []string{isoDuration(retention)}
+	}
 	if m.cfg.Tenant == nil {
 		m.cfg.Tenant = DefaultTenant
 		m.defaultTenant = true
@@ -445,6 +497,10 @@ type middleware struct {
 	// also check cookies).
 	defaultTenant bool
 	v1            v1Derivation // the user's Config functions, for v1.0's keys
+	// lifetime is the value of Idempotency-Key-Lifetime (LifetimeHeader),
+	// shared by every response (stamped replaces it, never appends);
+	// nil without it.
+	lifetime []string
 	// omitted and anonymous are the routes whose omitted body, and whose
 	// anonymous keyed requests, were logged (once per route).
 	omitted, anonymous telemetry.Once
@@ -460,60 +516,78 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		start := time.Now()
-		// A source that reads the body has it read first, for every
-		// request; the others are asked for the key before anything is
-		// read, so that an unkeyed request passes through untouched.
-		var body []byte
-		if m.key.NeedsBody {
-			var ok bool
-			if body, ok = m.readBody(w, r); !ok {
-				m.outcome(r, OutcomeRejected)
-				return
-			}
-		}
-		clientKey, err := m.key.Key(r, body)
-		if err == nil && !m.key.v1 {
-			err = validateAs(clientKey, "the idempotency key")
-		}
-		if err != nil {
-			p, missing := m.keyProblem(err)
-			if missing && !m.required(r) {
-				m.outcome(r, OutcomePassedThrough)
-				if m.key.NeedsBody {
-					r = withBody(r, r.Context(), body)
-				}
-				next.ServeHTTP(w, r)
-				return
-			}
-			m.outcome(r, OutcomeRejected)
-			m.problem(w, r, p)
+		if m.cfg.EchoKey || m.cfg.LifetimeHeader {
+			s := &stamped{w: w, lifetime: m.lifetime}
+			m.handle(s, r, next, route, s)
+			s.end()
 			return
 		}
-		tenant := m.cfg.Tenant(r)
-		if tenant == "" && !m.anonymousCaller(w, r) {
-			return
-		}
-		if !m.key.NeedsBody {
-			var ok bool
-			if body, ok = m.readBody(w, r); !ok {
-				m.outcome(r, OutcomeRejected)
-				return
-			}
-		}
-		rt := route(r)
-		// The key was validated, so Key cannot fail.
-		key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt, Authority: m.cfg.Authority(r)}.Key(clientKey)
-		req := request{key: key, fp: m.cfg.Fingerprint(r, body), route: rt, clientKey: clientKey}
-		if tenant == "" || (m.defaultTenant && ident.OnlyAPIKeys(tenant)) {
-			// Nothing names the client, or only an API key that may be a
-			// publishable one every browser of a site sends: its cookies,
-			// if any, must match for a replay (see Config.Tenant).
-			req.cookies = m.cookies.callerCookies(r)
-		}
-		req.tenant = tenant
-		m.serve(w, r, next, req, body, start)
+		m.handle(w, r, next, route, nil)
 	})
+}
+
+// handle serves a request of a covered method; s, when not nil, is w, to
+// be told the key to echo.
+func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Handler, route func(*http.Request) string, s *stamped) {
+	start := time.Now()
+	// A source that reads the body has it read first, for every
+	// request; the others are asked for the key before anything is
+	// read, so that an unkeyed request passes through untouched.
+	var body []byte
+	if m.key.NeedsBody {
+		var ok bool
+		if body, ok = m.readBody(w, r); !ok {
+			m.outcome(r, OutcomeRejected)
+			return
+		}
+	}
+	clientKey, err := m.key.Key(r, body)
+	if err == nil && !m.key.v1 {
+		err = validateAs(clientKey, "the idempotency key")
+	}
+	if err == nil && s != nil && m.cfg.EchoKey {
+		s.key = []string{clientKey}
+	}
+	if err != nil {
+		p, missing := m.keyProblem(err)
+		if missing && !m.required(r) {
+			m.outcome(r, OutcomePassedThrough)
+			if m.key.NeedsBody {
+				r = withBody(r, r.Context(), body)
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.outcome(r, OutcomeRejected)
+		m.problem(w, r, p)
+		return
+	}
+	tenant := m.cfg.Tenant(r)
+	if tenant == "" && !m.anonymousCaller(w, r) {
+		return
+	}
+	if !m.key.NeedsBody {
+		var ok bool
+		if body, ok = m.readBody(w, r); !ok {
+			m.outcome(r, OutcomeRejected)
+			return
+		}
+	}
+	rt := route(r)
+	// The key was validated, so Key cannot fail.
+	key, _ := idem.Scope{Tenant: tenant, Method: r.Method, Route: rt, Authority: m.cfg.Authority(r)}.Key(clientKey)
+	req := request{key: key, fp: m.cfg.Fingerprint(r, body), route: rt, clientKey: clientKey}
+	if tenant == "" || (m.defaultTenant && ident.OnlyAPIKeys(tenant)) {
+		// Nothing names the client, or only an API key that may be a
+		// publishable one every browser of a site sends: its cookies,
+		// if any, must match for a replay (see Config.Tenant).
+		req.cookies = m.cookies.callerCookies(r)
+	}
+	req.tenant = tenant
+	if m.cfg.OnKey != nil {
+		m.cfg.OnKey(r, key)
+	}
+	m.serve(w, r, next, req, body, start)
 }
 
 // anonymousCaller reports a keyed request that no tenant source

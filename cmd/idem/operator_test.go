@@ -149,52 +149,60 @@ var opBadByType = map[string]opBad{
 // opBadByName are the bad values of the flags whose type does not say
 // ("command flag"): strings are checked by the command.
 var opBadByName = map[string]opBad{
-	"proxy listen":          {"nohost", "want host:port"},
-	"proxy admin-listen":    {"nohost", "want host:port"},
-	"proxy upstream":        {"127.0.0.1:19000", "want a URL: http://127.0.0.1:19000"},
-	"proxy store":           {"ftp://x", `unknown scheme "ftp"`},
-	"proxy prefix":          {"a{b", "must not contain '{'"},
-	"proxy methods":         {"GET,P OST", "not an HTTP method"},
-	"proxy tenant-header":   {"X Tenant", "not a header name"},
-	"proxy blob":            {"ftp://x", `unknown scheme "ftp"`},
-	"proxy log-format":      {"xml", "want json or text"},
-	"proxy log-level":       {"loud", "want debug, info, warn or error"},
-	"proxy config":          {"/nonexistent/idem.yaml", "no such file"},
-	"proxy max-body":        {"lots", "want a size in bytes"},
-	"proxy max-response":    {"lots", "want a size in bytes"},
-	"proxy memory-limit":    {"lots", "want a size in bytes"},
-	"proxy tenant-cookie":   {"a b", "not a cookie name"},
-	"proxy quota-in-flight": {"-1", "want a whole number, 0 or more (0: no limit)"},
-	"proxy quota-records":   {"x", "want a whole number, 0 or more (0: no limit)"},
-	"proxy quota-bytes":     {"lots", "want a size in bytes"},
-	"proxy v1-scopes":       {"0", "want a positive duration, such as 24h, or off"},
-	"proxy tls-cert":        {"/nonexistent/tls.crt", "want both (a PEM certificate and its key) or neither"},
-	"proxy tls-key":         {"/nonexistent/tls.key", "want both (a PEM certificate and its key) or neither"},
-	"proxy tls-client-ca":   {"/nonexistent/ca.pem", "needs --tls-cert and --tls-key"},
-	"proxy upstream-ca":     {"/nonexistent/ca.pem", "need an https:// upstream"},
-	"proxy upstream-cert":   {"/nonexistent/c.crt", "want both (a PEM certificate and its key) or neither"},
-	"proxy upstream-key":    {"/nonexistent/c.key", "want both (a PEM certificate and its key) or neither"},
-	"demo store":            {"ftp://x", `unknown scheme "ftp"`},
-	"demo blob":             {"ftp://x", `unknown scheme "ftp"`},
-	"inspect store":         {"ftp://x", `unknown scheme "ftp"`},
-	"inspect prefix":        {"a{b", "must not contain '{'"},
-	"inspect blob":          {"ftp://x", `unknown scheme "ftp"`},
-	"inspect key":           {"k\x01", "invalid idempotency key"},
-	"inspect stored-key":    {"short", "stored key"},
-	"purge store":           {"ftp://x", `unknown scheme "ftp"`},
-	"purge prefix":          {"a{b", "must not contain '{'"},
-	"purge blob":            {"ftp://x", `unknown scheme "ftp"`},
-	"purge key":             {"k\x01", "invalid idempotency key"},
-	"purge stored-key":      {"short", "stored key"},
-	"gc store":              {"ftp://x", `unknown scheme "ftp"`},
-	"gc prefix":             {"a{b", "must not contain '{'"},
-	"gc blob":               {"ftp://x", `unknown scheme "ftp"`},
-	"bench redis":           {"ftp://x", "want redis://"},
-	"bench impls":           {"bogus", "unknown implementation"},
-	"bench scenarios":       {"z", "unknown scenario"},
-	"bench rate":            {"x", "want a number"},
-	"bench physical-limit":  {"x", "want a number"},
-	"bench instances":       {"x", "want a whole number"},
+	"proxy listen":              {"nohost", "want host:port"},
+	"proxy admin-listen":        {"nohost", "want host:port"},
+	"proxy upstream":            {"127.0.0.1:19000", "want a URL: http://127.0.0.1:19000"},
+	"proxy store":               {"ftp://x", `unknown scheme "ftp"`},
+	"proxy prefix":              {"a{b", "must not contain '{'"},
+	"proxy methods":             {"GET,P OST", "not an HTTP method"},
+	"proxy tenant-header":       {"X Tenant", "not a header name"},
+	"proxy blob":                {"ftp://x", `unknown scheme "ftp"`},
+	"proxy log-format":          {"xml", "want json or text"},
+	"proxy log-level":           {"loud", "want debug, info, warn or error"},
+	"proxy config":              {"/nonexistent/idem.yaml", "no such file"},
+	"proxy max-body":            {"lots", "want a size in bytes"},
+	"proxy max-response":        {"lots", "want a size in bytes"},
+	"proxy memory-limit":        {"lots", "want a size in bytes"},
+	"proxy tenant-cookie":       {"a b", "not a cookie name"},
+	"proxy quota-in-flight":     {"-1", "want a whole number, 0 or more (0: no limit)"},
+	"proxy quota-records":       {"x", "want a whole number, 0 or more (0: no limit)"},
+	"proxy quota-bytes":         {"lots", "want a size in bytes"},
+	"proxy v1-scopes":           {"0", "want a positive duration, such as 24h, or off"},
+	"proxy tls-cert":            {"/nonexistent/tls.crt", "want both (a PEM certificate and its key) or neither"},
+	"proxy tls-key":             {"/nonexistent/tls.key", "want both (a PEM certificate and its key) or neither"},
+	"proxy tls-client-ca":       {"/nonexistent/ca.pem", "needs --tls-cert and --tls-key"},
+	"proxy upstream-ca":         {"/nonexistent/ca.pem", "need an https:// upstream"},
+	"proxy upstream-cert":       {"/nonexistent/c.crt", "want both (a PEM certificate and its key) or neither"},
+	"proxy upstream-key":        {"/nonexistent/c.key", "want both (a PEM certificate and its key) or neither"},
+	"proxy key-header":          {"X Id", "not a header name"},
+	"proxy webhook":             {"gitlab", "want one of github, shopify, standard-webhooks, stripe"},
+	"proxy webhook-secret-file": {"/nonexistent/secrets", "needs --webhook (one of github,"},
+	"proxy webhook-secret-env":  {"GH_SECRETS", "needs --webhook (one of github,"},
+	"proxy fingerprint":         {"bytes", "want raw (the body's bytes) or json"},
+	"proxy fingerprint-exclude": {"ts", `"ts" is not a JSON Pointer`},
+	"proxy fingerprint-fields":  {"/amount,id", `"id" is not a JSON Pointer`},
+	"proxy profile":             {"paypal", "want one of ietf, acp, stripe"},
+	"demo store":                {"ftp://x", `unknown scheme "ftp"`},
+	"demo blob":                 {"ftp://x", `unknown scheme "ftp"`},
+	"inspect store":             {"ftp://x", `unknown scheme "ftp"`},
+	"inspect prefix":            {"a{b", "must not contain '{'"},
+	"inspect blob":              {"ftp://x", `unknown scheme "ftp"`},
+	"inspect key":               {"k\x01", "invalid idempotency key"},
+	"inspect stored-key":        {"short", "stored key"},
+	"purge store":               {"ftp://x", `unknown scheme "ftp"`},
+	"purge prefix":              {"a{b", "must not contain '{'"},
+	"purge blob":                {"ftp://x", `unknown scheme "ftp"`},
+	"purge key":                 {"k\x01", "invalid idempotency key"},
+	"purge stored-key":          {"short", "stored key"},
+	"gc store":                  {"ftp://x", `unknown scheme "ftp"`},
+	"gc prefix":                 {"a{b", "must not contain '{'"},
+	"gc blob":                   {"ftp://x", `unknown scheme "ftp"`},
+	"bench redis":               {"ftp://x", "want redis://"},
+	"bench impls":               {"bogus", "unknown implementation"},
+	"bench scenarios":           {"z", "unknown scenario"},
+	"bench rate":                {"x", "want a number"},
+	"bench physical-limit":      {"x", "want a number"},
+	"bench instances":           {"x", "want a whole number"},
 }
 
 // opNoBadValue are the flags without a bad value, and why.
@@ -342,6 +350,20 @@ func TestOperatorConfigMistakes(t *testing.T) {
 		{"comments.yaml", "# routes come later\n", nil, []string{"comments.yaml: empty"}},
 		{"no-routes.yaml", "routes: []\n", nil, []string{"no-routes.yaml: no routes"}},
 		{"methods-scalar.yaml", "routes:\n  - match: /a\n    methods: POST\n", nil, []string{"line 3:", "POST is not a list"}},
+		{"key.yaml", "routes:\n  - match: /a\n    key: X-Id\n", nil, []string{`routes[0] (match "/a")`, `key "X-Id": want header:NAME or json:/pointer`}},
+		{"webhook.yaml", "routes:\n  - match: /a\n    webhook: gitlab\n", nil, []string{`routes[0] (match "/a")`, `webhook: webhook preset "gitlab": want one of`}},
+		{"webhook-key.yaml", "routes:\n  - match: /a\n    key: header:X-Id\n    webhook: github\n    webhook_secret_env: GH\n", nil,
+			[]string{`key "header:X-Id" and webhook github: the preset names its key; drop key`}},
+		{"webhook-secrets.yaml", "routes:\n  - match: /a\n    webhook: github\n", nil,
+			[]string{"webhook github: set one of webhook_secret_file and webhook_secret_env"}},
+		{"tolerance.yaml", "routes:\n  - match: /a\n    webhook: stripe\n    webhook_secret_env: S\n    webhook_tolerance: 1ms\n", nil,
+			[]string{`routes[0] (match "/a")`, "webhook_tolerance 1ms: want at least 1s"}},
+		{"fingerprint.yaml", "routes:\n  - match: /a\n    fingerprint: bytes\n", nil, []string{`fingerprint "bytes": want raw`}},
+		{"fingerprint-lists.yaml", "routes:\n  - match: /a\n    fingerprint_fields: [/id]\n    fingerprint_exclude: [/ts]\n", nil,
+			[]string{"fingerprint_exclude and fingerprint_fields: set one, not both"}},
+		{"fingerprint-pointer.yaml", "routes:\n  - match: /a\n    fingerprint_exclude: [ts]\n", nil, []string{`fingerprint_exclude: "ts" is not a JSON Pointer`}},
+		{"profile.yaml", "routes:\n  - match: /a\n    profile: paypal\n", nil, []string{`profile "paypal": want one of ietf, acp, stripe`}},
+		{"echo-key.yaml", "routes:\n  - match: /a\n    echo_key: maybe\n", nil, []string{"line 3: echo_key: cannot unmarshal", "into bool"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -350,6 +372,32 @@ func TestOperatorConfigMistakes(t *testing.T) {
 			r := opRun(t, nil, append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--config", path}, c.args...)...)
 			opOneLine(t, c.name, r, c.want...)
 		})
+	}
+}
+
+// A webhook's secrets that are not there: a --webhook-secret-file (or a
+// route's webhook_secret_file) that does not exist, a --webhook-secret-env
+// that is not set. The proxy does not start: exit 2 and one line naming
+// the file or the variable.
+func TestOperatorWebhookSecretMissing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "gh-secrets") // never written
+	routes := filepath.Join(dir, "routes.yaml")
+	writeFile(t, routes, "routes:\n  - match: \"POST /hooks/\"\n    webhook: stripe\n    webhook_secret_file: "+missing+"\n")
+	base := []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want []string
+	}{
+		{nil, []string{"--webhook", "github", "--webhook-secret-file", missing}, []string{missing}},
+		{[]string{"IDEM_WEBHOOK=github", "IDEM_WEBHOOK_SECRET_FILE=" + missing}, nil, []string{missing}},
+		{nil, []string{"--config", routes}, []string{`"POST /hooks/"`, missing}},
+		{nil, []string{"--webhook", "shopify", "--webhook-secret-env", "IDEM_TEST_NO_SUCH_SECRETS"}, []string{"IDEM_TEST_NO_SUCH_SECRETS"}},
+	} {
+		r := opRun(t, c.env, append(slices.Clone(base), c.args...)...)
+		opOneLine(t, fmt.Sprintf("%q idem proxy %q", c.env, c.args), r, c.want...)
 	}
 }
 

@@ -9,13 +9,17 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/logwriter"
 	"github.com/idemkit/idem/internal/sidecar"
+	"github.com/idemkit/idem/internal/webhook"
 )
 
 func init() {
@@ -61,6 +65,9 @@ type proxyOptions struct {
 	tls         sidecar.TLSFiles // --tls-cert, --tls-key, --tls-client-ca
 	upstreamTLS sidecar.TLSFiles // --upstream-cert, --upstream-key, --upstream-ca
 	tlsWatch    time.Duration    // --tls-watch; 0: on SIGHUP only
+
+	keyHeader                           string // --key-header: settings.Key "header:NAME"
+	fingerprintExclude, fingerprintOnly string // --fingerprint-exclude, --fingerprint-fields: comma-separated pointers
 }
 
 // The flags of the TLS files, as errors name them.
@@ -128,6 +135,17 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.BoolVar(&o.settings.RefuseAnonymous, "refuse-anonymous", false, "refuse keyed requests that carry nothing identifying their caller (no Authorization, API-key header, client certificate, --tenant-header or --tenant-cookie) with 401 problem+json; default: serve them, logged once per route and counted in idem_anonymous_requests_total")
 	fs.Var(&o.v1Scopes, "v1-scopes", "after an upgrade from idem v1.0: for this long after start, a keyed request that is new here also looks for the record v1.0 stored for it (v1.0 had no host in the key, read credentials as written, no API-key headers), so that it is replayed, not run again; costs one store read per new key; default: as long as --retention; off: never (a deployment that never ran v1.0)")
 	fs.BoolVar(&o.settings.CancelOnDisconnect, "cancel-on-disconnect", false, "UNSAFE: a client that disconnects or times out cancels its upstream request and releases the key, so its retry runs the request again; default: the upstream request runs to its end and its response is stored for the retry")
+	fs.StringVar(&o.keyHeader, "key-header", "", "read the idempotency key from this request header (a sender's own, such as X-GitHub-Delivery) instead of Idempotency-Key; not with --webhook, whose preset names its key; default Idempotency-Key")
+	fs.StringVar(&o.settings.Webhook, "webhook", "", "verify each covered request's signature as this sender signs its webhooks ("+strings.Join(webhook.Names(), ", ")+") over the raw body, and take the key the preset names; one that does not verify gets 401 and is neither forwarded nor claimed; needs --webhook-secret-file or --webhook-secret-env (see docs/webhooks.md); default none")
+	fs.StringVar(&o.settings.WebhookSecretFile, "webhook-secret-file", "", "with --webhook: the file of its signing secrets, one a line (several while one is rotated), read at start and again on SIGHUP; a secret is read from a file or a variable, never from a flag's value; not with --webhook-secret-env")
+	fs.StringVar(&o.settings.WebhookSecretEnv, "webhook-secret-env", "", "with --webhook: the name of the environment variable that holds its signing secrets, one a line, read at start and again on SIGHUP; not with --webhook-secret-file")
+	fs.DurationVar(&o.settings.WebhookTolerance, "webhook-tolerance", 0, "with --webhook stripe or standard-webhooks: how far a delivery's signed timestamp may be from now (a replay of an old delivery gets 401); 0 (the default): the preset's, 5m")
+	fs.StringVar(&o.settings.Fingerprint, "fingerprint", "", "what of the body a retry must repeat to be the same request: raw (the bytes) or json (its canonical JSON, RFC 8785: key order and spacing do not matter); default raw")
+	fs.StringVar(&o.fingerprintExclude, "fingerprint-exclude", "", "comma-separated JSON Pointers (RFC 6901, such as /attempt,/sent_at) left out of the body's fingerprint: a sender's retry counter or timestamp; implies --fingerprint json; not with --fingerprint-fields; default none")
+	fs.StringVar(&o.fingerprintOnly, "fingerprint-fields", "", "comma-separated JSON Pointers (RFC 6901, such as /amount,/currency): the only fields of the body in its fingerprint; implies --fingerprint json; not with --fingerprint-exclude; default the whole body")
+	fs.StringVar(&o.settings.Profile, "profile", "", "how a key sent with another request and a key in flight are answered: ietf (422 and 409 problem+json), acp (409 idempotency_conflict and idempotency_in_flight, the Agentic Commerce Protocol's) or stripe (400 and 409 idempotency_error, as Stripe answers); default ietf")
+	fs.BoolVar(&o.settings.EchoKey, "echo-key", false, "answer every keyed request with its key in an Idempotency-Key header (executed, replayed and refused alike); default off")
+	fs.BoolVar(&o.settings.LifetimeHeader, "lifetime-header", false, "answer every request of a covered method with the --retention in an Idempotency-Key-Lifetime header (an ISO 8601 duration, such as PT24H); default off")
 	fs.BoolVar(&o.settings.FailOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	o.quota.register(fs)
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
@@ -205,6 +223,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reloads := sidecar.WatchCerts(reloadCtx, o.tlsWatch, t.certs, t.upstreamCerts)
 	if o.configFile != "" {
 		reloads = append(reloads, sidecar.Reload{What: "config", Do: func() error { return p.reload(o.configFile, o.settings) }})
+	} else if o.settings.Webhook != "" { // with --config, its reload reads them too
+		reloads = append(reloads, sidecar.Reload{What: "webhook secrets", Do: func() error { return p.setRoutes(nil) }})
 	}
 	sidecar.ReloadOnHangup(reloadCtx, hup, logger, reloads...)
 	o.logStart(logger, target, srv, b, p)
@@ -296,10 +316,48 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	if err := o.quota.resolve(&o.settings, memoryBytes); err != nil {
 		return nil, err
 	}
-	if err := o.settings.Validate(flagName); err != nil {
+	if o.keyHeader != "" {
+		if !httpguts.ValidHeaderFieldName(o.keyHeader) {
+			return nil, usageError{fmt.Sprintf("--key-header %q: not a header name", o.keyHeader)}
+		}
+		o.settings.Key = "header:" + o.keyHeader
+	}
+	if o.settings.Webhook == "" { // Validate names the three together; the error starts with the one set, for IDEM_<FLAG>
+		for _, f := range []struct{ flag, v string }{{"webhook-secret-file", o.settings.WebhookSecretFile}, {"webhook-secret-env", o.settings.WebhookSecretEnv}} {
+			if f.v != "" {
+				return nil, usageError{fmt.Sprintf("--%s needs --webhook (one of %s)", f.flag, strings.Join(webhook.Names(), ", "))}
+			}
+		}
+	}
+	o.settings.FingerprintExclude = pointerList(o.fingerprintExclude)
+	o.settings.FingerprintFields = pointerList(o.fingerprintOnly)
+	if err := o.settings.Validate(settingFlag); err != nil {
 		return nil, usageError{err.Error()}
 	}
 	return target, nil
+}
+
+// settingFlag is the name function of Settings.Validate for the flags:
+// the flag of a setting, --key-header for its key (the flags set only
+// header keys).
+func settingFlag(n string) string {
+	if n == "key" {
+		return "--key-header"
+	}
+	return flagName(n)
+}
+
+// pointerList is a comma-separated list of JSON Pointers, each trimmed;
+// nil for "". An empty item stays, for Validate to refuse.
+func pointerList(list string) []string {
+	if list == "" {
+		return nil
+	}
+	ptrs := strings.Split(list, ",")
+	for i := range ptrs {
+		ptrs[i] = strings.TrimSpace(ptrs[i])
+	}
+	return ptrs
 }
 
 // pairOfFiles checks that a certificate flag and its key flag are set

@@ -61,6 +61,24 @@ type routeOverride struct {
 	QuotaInFlight *int      `yaml:"quota_in_flight"`
 	QuotaRecords  *int      `yaml:"quota_records"`
 	QuotaBytes    *byteSize `yaml:"quota_bytes"`
+	// Key is the route's key source, header:NAME or json:/pointer; it
+	// replaces an inherited webhook (and its secrets and tolerance), as
+	// a route's webhook replaces an inherited key.
+	Key     *string `yaml:"key"`
+	Webhook *string `yaml:"webhook"`
+	// WebhookSecretFile and WebhookSecretEnv: either replaces the
+	// inherited source of the secrets.
+	WebhookSecretFile *string       `yaml:"webhook_secret_file"`
+	WebhookSecretEnv  *string       `yaml:"webhook_secret_env"`
+	WebhookTolerance  *fileDuration `yaml:"webhook_tolerance"`
+	Fingerprint       *string       `yaml:"fingerprint"`
+	// FingerprintExclude and FingerprintFields: either replaces both
+	// inherited lists.
+	FingerprintExclude *[]string `yaml:"fingerprint_exclude"`
+	FingerprintFields  *[]string `yaml:"fingerprint_fields"`
+	Profile            *string   `yaml:"profile"`
+	EchoKey            *bool     `yaml:"echo_key"`
+	LifetimeHeader     *bool     `yaml:"lifetime_header"`
 }
 
 // routeFields lists routeOverride's fields, as the file names them, for
@@ -111,6 +129,7 @@ func loadProxyConfig(path string, defaults routeSettings) ([]routeConfig, error)
 		msg = strings.ReplaceAll(msg, " in type main.proxyFile", " (want routes)")
 		msg = strings.ReplaceAll(msg, " in type main.routeOverride", " (want "+routeFields+")")
 		msg = notAList.ReplaceAllString(msg, "$1 is not a list (want e.g. [$1])")
+		msg = nameFields(data, msg)
 		return nil, fmt.Errorf("%s: %s", path, msg)
 	}
 	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
@@ -158,6 +177,44 @@ func (o routeOverride) settingsSet() []string {
 		}
 	}
 	return set
+}
+
+// errorLine matches the line a YAML decoding error names, and the rest of
+// its message.
+var errorLine = regexp.MustCompile(`line ([0-9]+): ([^\n]*)`)
+
+// nameFields puts the field of the file on each line that msg names
+// before what is wrong with its value ("line 4: echo_key: cannot
+// unmarshal …"), unless the message names it already: yaml's errors (and
+// the value types') give only the line.
+func nameFields(data []byte, msg string) string {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil {
+		return msg
+	}
+	keys := map[int]string{} // line: the key of the scalar or list value that starts there
+	var walk func(*yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if k, v := n.Content[i], n.Content[i+1]; v.Kind != yaml.MappingNode && k.Line == v.Line {
+					keys[v.Line] = k.Value
+				}
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	walk(&doc)
+	return errorLine.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := errorLine.FindStringSubmatch(m)
+		line, _ := strconv.Atoi(sub[1])
+		if k, ok := keys[line]; ok && !strings.Contains(sub[2], k) {
+			return "line " + sub[1] + ": " + k + ": " + sub[2]
+		}
+		return m
+	})
 }
 
 // notAList matches yaml's error for a scalar where a list belongs
@@ -280,11 +337,74 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 	if o.QuotaBytes != nil {
 		s.QuotaBytes = int64(*o.QuotaBytes)
 	}
+	s = o.applyKeys(s)
 	if o.StoreStatuses != nil {
 		s.StoreStatuses = slices.Clone(*o.StoreStatuses)
 		if s.StoreStatuses == nil {
 			s.StoreStatuses = []int{} // store_statuses: [] stores nothing
 		}
+	}
+	return s
+}
+
+// applyKeys returns s with the route's key source, webhook, fingerprint
+// and answer overrides. One key source per route: a route's key (or
+// webhook: "") drops an inherited webhook with its secrets and tolerance,
+// a route's webhook drops an inherited key (and another preset's
+// tolerance); one source of secrets, and one fingerprint list, which
+// fingerprint: raw drops (a route that sets both of either kind gets
+// Validate's error).
+func (o routeOverride) applyKeys(s routeSettings) routeSettings {
+	if (o.Key != nil && o.Webhook == nil) || (o.Webhook != nil && *o.Webhook == "") {
+		s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv, s.WebhookTolerance = "", "", "", 0
+	}
+	if o.Webhook != nil && o.Key == nil {
+		s.Key = ""
+	}
+	if o.Key != nil {
+		s.Key = *o.Key
+	}
+	if o.Webhook != nil {
+		if *o.Webhook != s.Webhook {
+			s.WebhookTolerance = 0 // the inherited preset's, not this one's
+		}
+		s.Webhook = *o.Webhook
+	}
+	if o.WebhookSecretFile != nil || o.WebhookSecretEnv != nil {
+		s.WebhookSecretFile, s.WebhookSecretEnv = "", ""
+		if o.WebhookSecretFile != nil {
+			s.WebhookSecretFile = *o.WebhookSecretFile
+		}
+		if o.WebhookSecretEnv != nil {
+			s.WebhookSecretEnv = *o.WebhookSecretEnv
+		}
+	}
+	if o.WebhookTolerance != nil {
+		s.WebhookTolerance = time.Duration(*o.WebhookTolerance)
+	}
+	if o.Fingerprint != nil {
+		s.Fingerprint = *o.Fingerprint
+		if s.Fingerprint == "raw" {
+			s.FingerprintExclude, s.FingerprintFields = nil, nil // the raw body: no inherited list
+		}
+	}
+	if o.FingerprintExclude != nil || o.FingerprintFields != nil {
+		s.FingerprintExclude, s.FingerprintFields = nil, nil
+		if o.FingerprintExclude != nil {
+			s.FingerprintExclude = slices.Clone(*o.FingerprintExclude)
+		}
+		if o.FingerprintFields != nil {
+			s.FingerprintFields = slices.Clone(*o.FingerprintFields)
+		}
+	}
+	if o.Profile != nil {
+		s.Profile = *o.Profile
+	}
+	if o.EchoKey != nil {
+		s.EchoKey = *o.EchoKey
+	}
+	if o.LifetimeHeader != nil {
+		s.LifetimeHeader = *o.LifetimeHeader
 	}
 	return s
 }

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"io"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // TestRouteOverrideFields checks that routeOverride, the one list of a
@@ -71,4 +76,170 @@ func nonZero(t reflect.Type) reflect.Value {
 		panic("nonZero: add a case for " + t.String())
 	}
 	return v
+}
+
+// TestProxyConfigKeys: a route's key source, webhook, fingerprint and
+// answer settings over the flags': a route's key replaces an inherited
+// webhook (its secrets and tolerance too) and its webhook an inherited
+// key; either source of secrets replaces the inherited one; either
+// fingerprint list replaces both of the flags'; the rest is kept.
+func TestProxyConfigKeys(t *testing.T) {
+	t.Parallel()
+	webhookFlags := sidecar.DefaultSettings()
+	webhookFlags.Webhook, webhookFlags.WebhookSecretEnv, webhookFlags.WebhookTolerance = "stripe", "STRIPE_SECRETS", time.Minute
+	webhookFlags.FingerprintExclude, webhookFlags.Profile, webhookFlags.EchoKey = []string{"/attempt"}, "stripe", true
+	keyFlags := sidecar.DefaultSettings()
+	keyFlags.Key, keyFlags.FingerprintFields, keyFlags.LifetimeHeader = "header:X-Request-Id", []string{"/amount"}, true
+	type keys struct {
+		Key, Webhook, SecretFile, SecretEnv string
+		Tolerance                           time.Duration
+		Fingerprint                         string
+		Exclude, Fields                     []string
+		Profile                             string
+		EchoKey, Lifetime                   bool
+	}
+	of := func(s routeSettings) keys {
+		return keys{s.Key, s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv, s.WebhookTolerance, s.Fingerprint,
+			s.FingerprintExclude, s.FingerprintFields, s.Profile, s.EchoKey, s.LifetimeHeader}
+	}
+	for _, c := range []struct {
+		name  string
+		flags routeSettings
+		route string // the route's fields, one a line
+		want  keys
+	}{
+		{"nothing set keeps the flags' webhook", webhookFlags, "",
+			keys{Webhook: "stripe", SecretEnv: "STRIPE_SECRETS", Tolerance: time.Minute, Exclude: []string{"/attempt"}, Profile: "stripe", EchoKey: true}},
+		{"key replaces the webhook", webhookFlags, "key: json:/id",
+			keys{Key: "json:/id", Exclude: []string{"/attempt"}, Profile: "stripe", EchoKey: true}},
+		{"webhook: \"\" drops it", webhookFlags, `webhook: ""`,
+			keys{Exclude: []string{"/attempt"}, Profile: "stripe", EchoKey: true}},
+		{"secret file replaces the variable", webhookFlags, "webhook_secret_file: /run/secrets/stripe",
+			keys{Webhook: "stripe", SecretFile: "/run/secrets/stripe", Tolerance: time.Minute, Exclude: []string{"/attempt"}, Profile: "stripe", EchoKey: true}},
+		{"another preset keeps the secrets' source", webhookFlags, "webhook: standard-webhooks\nwebhook_tolerance: 2m",
+			keys{Webhook: "standard-webhooks", SecretEnv: "STRIPE_SECRETS", Tolerance: 2 * time.Minute, Exclude: []string{"/attempt"}, Profile: "stripe", EchoKey: true}},
+		{"fields replace exclude", webhookFlags, "fingerprint_fields: [/amount, /currency]",
+			keys{Webhook: "stripe", SecretEnv: "STRIPE_SECRETS", Tolerance: time.Minute, Fields: []string{"/amount", "/currency"}, Profile: "stripe", EchoKey: true}},
+		{"an empty list drops the flags'", webhookFlags, "fingerprint_exclude: []\nprofile: ietf\necho_key: false",
+			keys{Webhook: "stripe", SecretEnv: "STRIPE_SECRETS", Tolerance: time.Minute, Exclude: []string{}, Profile: "ietf"}},
+		{"fingerprint: raw drops the flags' list", webhookFlags, "fingerprint: raw",
+			keys{Webhook: "stripe", SecretEnv: "STRIPE_SECRETS", Tolerance: time.Minute, Fingerprint: "raw", Profile: "stripe", EchoKey: true}},
+		{"another preset drops the tolerance", webhookFlags, "webhook: github",
+			keys{Webhook: "github", SecretEnv: "STRIPE_SECRETS", Exclude: []string{"/attempt"}, Profile: "stripe", EchoKey: true}},
+		{"webhook replaces the key", keyFlags, "webhook: github\nwebhook_secret_env: GH_SECRETS",
+			keys{Webhook: "github", SecretEnv: "GH_SECRETS", Fields: []string{"/amount"}, Lifetime: true}},
+		{"key replaces the key", keyFlags, "key: header:X-Shopify-Webhook-Id\nlifetime_header: false\nfingerprint: json",
+			keys{Key: "header:X-Shopify-Webhook-Id", Fingerprint: "json", Fields: []string{"/amount"}}},
+		{"exclude replaces fields", keyFlags, "fingerprint_exclude: [/ts]",
+			keys{Key: "header:X-Request-Id", Exclude: []string{"/ts"}, Lifetime: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "routes.yaml")
+			text := "routes:\n  - match: /hooks/\n    methods: [POST]\n"
+			for line := range strings.Lines(c.route) {
+				text += "    " + strings.TrimSuffix(line, "\n") + "\n"
+			}
+			writeFile(t, path, text)
+			routes, err := loadProxyConfig(path, c.flags)
+			if err != nil {
+				t.Fatalf("route %q: %v; want it loaded", c.route, err)
+			}
+			if got := of(routes[0].settings); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("flags %+v, route %q:\ngot  %+v\nwant %+v", of(c.flags), c.route, got, c.want)
+			}
+		})
+	}
+}
+
+// TestProxyConfigKeyErrors: a bad key source, webhook, fingerprint or
+// profile of a route is refused in one line naming the file, the route and
+// the field (as the file spells it), as Settings.Validate words it.
+func TestProxyConfigKeyErrors(t *testing.T) {
+	t.Parallel()
+	webhookFlags := sidecar.DefaultSettings()
+	webhookFlags.Webhook, webhookFlags.WebhookSecretEnv = "github", "GH_SECRETS"
+	for _, c := range []struct {
+		flags routeSettings
+		route string
+		want  []string
+	}{
+		{sidecar.DefaultSettings(), "key: X-Id", []string{`key "X-Id"`, "want header:NAME or json:/pointer"}},
+		{sidecar.DefaultSettings(), `key: "header:X Id"`, []string{`key "header:X Id"`, "not a header name"}},
+		{sidecar.DefaultSettings(), "key: json:id", []string{`key "json:id"`, "not a JSON Pointer"}},
+		{sidecar.DefaultSettings(), "webhook: gitlab", []string{"webhook:", `"gitlab"`, "github, shopify, standard-webhooks, stripe"}},
+		{sidecar.DefaultSettings(), "webhook: github", []string{"webhook github", "webhook_secret_file", "webhook_secret_env"}},
+		{sidecar.DefaultSettings(), "webhook: github\nwebhook_secret_file: /a\nwebhook_secret_env: B", []string{"webhook github", "set one of webhook_secret_file and webhook_secret_env"}},
+		{sidecar.DefaultSettings(), "webhook_secret_env: B", []string{"webhook_secret_env", "need webhook"}},
+		{webhookFlags, "key: header:X-Id\nwebhook: github", []string{`key "header:X-Id" and webhook github`, "drop key"}},
+		{webhookFlags, "webhook_tolerance: 10m", []string{"webhook_tolerance 10m0s", "github signs no timestamp"}},
+		{webhookFlags, "webhook: stripe\nwebhook_tolerance: -1s", []string{"webhook_tolerance -1s", "must not be negative"}},
+		{webhookFlags, "webhook_tolerance: 10", []string{`line 4: webhook_tolerance: "10" is not a duration`}},
+		{sidecar.DefaultSettings(), "fingerprint: bytes", []string{`fingerprint "bytes"`, "want raw"}},
+		{sidecar.DefaultSettings(), "fingerprint: raw\nfingerprint_exclude: [/ts]", []string{"fingerprint raw", "need json"}},
+		{sidecar.DefaultSettings(), "fingerprint_exclude: [/ts]\nfingerprint_fields: [/id]", []string{"fingerprint_exclude and fingerprint_fields", "not both"}},
+		{sidecar.DefaultSettings(), "fingerprint_fields: [id]", []string{"fingerprint_fields", `"id" is not a JSON Pointer`}},
+		{sidecar.DefaultSettings(), "fingerprint_exclude: /ts", []string{"line 4: fingerprint_exclude: /ts is not a list"}},
+		{sidecar.DefaultSettings(), "profile: paypal", []string{`profile "paypal"`, "want one of ietf, acp, stripe"}},
+		{sidecar.DefaultSettings(), "echo_key: yes please", []string{"line 4: echo_key: cannot unmarshal", "into bool"}},
+	} {
+		path := filepath.Join(t.TempDir(), "bad.yaml")
+		text := "routes:\n  - match: /hooks/\n    methods: [POST]\n"
+		for line := range strings.Lines(c.route) {
+			text += "    " + strings.TrimSuffix(line, "\n") + "\n"
+		}
+		writeFile(t, path, text)
+		_, err := loadProxyConfig(path, c.flags)
+		if err == nil {
+			t.Errorf("route %q: loaded; want an error", c.route)
+			continue
+		}
+		msg := err.Error()
+		if strings.Contains(msg, "\n") || !strings.Contains(msg, "bad.yaml") {
+			t.Errorf("route %q: error %q; want one line naming bad.yaml", c.route, msg)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("route %q: error %q does not say %q", c.route, msg, w)
+			}
+		}
+	}
+}
+
+// TestProxyKeyFlags: the flags of key sources, webhooks, fingerprints and
+// answers reach the flags' settings: --key-header as a header key, the
+// pointer lists split at commas and trimmed.
+func TestProxyKeyFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want func(routeSettings) bool
+		what string
+	}{
+		{[]string{"--key-header", "X-Request-Id"}, func(s routeSettings) bool { return s.Key == "header:X-Request-Id" }, "Key header:X-Request-Id"},
+		{nil, func(s routeSettings) bool {
+			return s.Key == "" && s.Webhook == "" && s.Profile == "" && !s.EchoKey && !s.LifetimeHeader
+		}, "none set"},
+		{[]string{"--fingerprint-exclude", "/attempt, /sent_at"}, func(s routeSettings) bool {
+			return slices.Equal(s.FingerprintExclude, []string{"/attempt", "/sent_at"}) && s.FingerprintFields == nil
+		}, "FingerprintExclude [/attempt /sent_at]"},
+		{[]string{"--fingerprint-fields", "/amount", "--fingerprint", "json"}, func(s routeSettings) bool {
+			return slices.Equal(s.FingerprintFields, []string{"/amount"}) && s.Fingerprint == "json"
+		}, "FingerprintFields [/amount], Fingerprint json"},
+		{[]string{"--webhook", "stripe", "--webhook-secret-env", "STRIPE_SECRETS", "--webhook-tolerance", "10m", "--profile", "stripe", "--echo-key", "--lifetime-header"},
+			func(s routeSettings) bool {
+				return s.Webhook == "stripe" && s.WebhookSecretEnv == "STRIPE_SECRETS" && s.WebhookSecretFile == "" && s.WebhookTolerance == 10*time.Minute &&
+					s.Profile == "stripe" && s.EchoKey && s.LifetimeHeader && s.Key == ""
+			}, "the webhook stripe, its variable and tolerance, profile stripe, echo and lifetime"},
+	} {
+		o, err := parseProxyFlags(append([]string{"--upstream", "http://127.0.0.1:1"}, c.args...), io.Discard)
+		if err == nil {
+			_, err = o.validate()
+		}
+		if err != nil {
+			t.Errorf("%q: %v; want it valid", c.args, err)
+			continue
+		}
+		if !c.want(o.settings) {
+			t.Errorf("%q: settings %+v; want %s", c.args, o.settings, c.what)
+		}
+	}
 }

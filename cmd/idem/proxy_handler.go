@@ -28,7 +28,7 @@ type proxy struct {
 	// reload (SIGHUP): a request keeps the table, and so the route, it
 	// started with.
 	routes   atomic.Pointer[routeTable]
-	def      *route // requests no pattern matches: the flags' settings
+	defaults routeSettings // the flags' settings, of routeTable.def
 	logger   *slog.Logger
 	metrics  *proxyMetrics
 	inFlight atomic.Int64
@@ -48,10 +48,14 @@ type proxy struct {
 	quotaTenants int
 }
 
-// routeTable is the routes of a --config file.
+// routeTable is the routes of a --config file, and the flags' route.
 type routeTable struct {
 	mux *http.ServeMux // the patterns, each with its *route; nil without a file
 	n   int
+	// def takes the requests no pattern matches: the flags' settings. It
+	// is made again by a reload only when they name a webhook, whose
+	// secrets are read when the route is made.
+	def *route
 	// quotas are the quotas of the routes with quota settings of their
 	// own, by pattern and limits: a reload that keeps a route's pattern
 	// and limits keeps its counts; one that changes them starts new ones.
@@ -79,8 +83,9 @@ type route struct {
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.ServeHTTP(w, r) }
 
 // reqInfo carries what the middleware reported about a request to the
-// proxy's log line: its outcome, the same word as in idem_requests_total.
-type reqInfo struct{ outcome string }
+// proxy's log line: its outcome, the same word as in idem_requests_total,
+// and its stored key (idem inspect --stored-key), never the raw key.
+type reqInfo struct{ outcome, key string }
 
 type reqInfoKey struct{}
 
@@ -89,23 +94,33 @@ type reqInfoKey struct{}
 func newProxy(target *url.URL, upstreamTLS *tls.Config, store idem.Store, defaults routeSettings, routes []routeConfig,
 	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
 	p := &proxy{logger: logger, metrics: metrics, upstream: newUpstream(target, upstreamTLS, metrics, logger), store: store,
-		blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes, started: time.Now()}
+		defaults: defaults, blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes, started: time.Now()}
 	p.quota = defaults.Quota().New(quotaTenants)
 	p.stop, p.stopWork = context.WithCancel(context.Background())
-	var err error
-	if p.def, err = p.newRoute("", defaults, nil); err != nil {
+	if err := p.setRoutes(routes); err != nil {
 		return nil, err
 	}
-	return p, p.setRoutes(routes)
+	return p, nil
 }
 
 // setRoutes puts the routes of a --config file in place of the running
-// ones, or leaves them when one is refused.
+// ones, or leaves them when one is refused. The flags' route is made the
+// first time, and again when the flags name a webhook (its secrets are
+// read again: a SIGHUP rotates them).
 func (p *proxy) setRoutes(routes []routeConfig) error {
 	t := &routeTable{n: len(routes), quotas: map[string]*idemhttp.Quota{}}
+	prev := p.routes.Load()
+	if prev != nil && p.defaults.Webhook == "" {
+		t.def = prev.def
+	} else {
+		def, err := p.newRoute("", p.defaults, nil)
+		if err != nil {
+			return err
+		}
+		t.def = def
+	}
 	if len(routes) > 0 {
 		t.mux = http.NewServeMux()
-		prev := p.routes.Load()
 		for _, rc := range routes {
 			rt, err := p.newRoute(rc.pattern, rc.settings, func(name string) *idemhttp.Quota {
 				if q := prev.quota(name); q != nil {
@@ -201,6 +216,11 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)
 			}
+		},
+		OnKey: func(r *http.Request, k idem.Key) {
+			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+				info.key = k.String()
+			}
 		}}
 	if s.OwnQuota {
 		env.Quota = ownQuota(pattern + "\x00" + s.Quota().String())
@@ -225,7 +245,8 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 // (a path to clean, a missing trailing slash) or answer 405 for gets the
 // defaults, and is forwarded as it is.
 func (p *proxy) find(r *http.Request) *route {
-	if mux := p.routes.Load().mux; mux != nil {
+	t := p.routes.Load()
+	if mux := t.mux; mux != nil {
 		// Match the cleaned path, so that //payments/7 or /x/../payments/7
 		// cannot step around a route's settings (ServeMux would redirect
 		// them, and many upstreams clean paths themselves).
@@ -242,7 +263,7 @@ func (p *proxy) find(r *http.Request) *route {
 			}
 		}
 	}
-	return p.def
+	return t.def
 }
 
 // cleanPath is path.Clean that keeps a trailing slash, as net/http does.
@@ -319,10 +340,8 @@ func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *status
 	if upstreamAborted {
 		attrs = append(attrs, slog.Bool("upstream_aborted", true))
 	}
-	if rt.covered[r.Method] {
-		if k, ok := sidecar.StoredKey(r, rt.tenant, rt.routeOf); ok {
-			attrs = append(attrs, slog.String("key", k.String()))
-		}
+	if info.key != "" {
+		attrs = append(attrs, slog.String("key", info.key))
 	}
 	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }

@@ -5,11 +5,15 @@ package main
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -346,4 +350,49 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// githubSignature is the X-Hub-Signature-256 header of body under secret,
+// as GitHub signs its deliveries.
+func githubSignature(secret, body string) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(body))
+	return "X-Hub-Signature-256: sha256=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// TestProxyReloadWebhookSecrets: the flags' webhook secrets are read
+// again on SIGHUP, without --config: after the file holds a new secret,
+// a delivery signed with the old one gets 401 and one signed with the new
+// one runs; a file gone is refused and the running secrets kept.
+func TestProxyReloadWebhookSecrets(t *testing.T) {
+	t.Parallel()
+	up := newTestUpstream(t)
+	secrets := filepath.Join(t.TempDir(), "github-secrets")
+	writeFile(t, secrets, "old-secret\n")
+	p := startProxy(t, nil, "--upstream", up.URL, "--webhook", "github", "--webhook-secret-file", secrets)
+	deliver := func(id, secret, body string) result {
+		return mustSend(t, "POST", p.url("/hooks/github"), "", body, "X-GitHub-Delivery: "+id, githubSignature(secret, body))
+	}
+	wantStatus(t, "signed with the old secret, before", deliver("d-1", "old-secret", `{"n":1}`), http.StatusCreated, "")
+	wantStatus(t, "signed with the new secret, before", deliver("d-2", "new-secret", `{"n":2}`), http.StatusUnauthorized, "urn:idem:problem:unverified")
+
+	writeFile(t, secrets, "new-secret\n")
+	p.hangup(t, `"msg":"reloaded","what":"webhook secrets"`, 1)
+	wantStatus(t, "signed with the old secret, after", deliver("d-3", "old-secret", `{"n":3}`), http.StatusUnauthorized, "urn:idem:problem:unverified")
+	wantStatus(t, "signed with the new secret, after", deliver("d-2", "new-secret", `{"n":2}`), http.StatusCreated, "")
+	if r := deliver("d-1", "new-secret", `{"n":1}`); r.status != http.StatusCreated || !r.replayed() {
+		t.Errorf("d-1 again, signed with the new secret: got %d replayed %v, want the replay of its first delivery", r.status, r.replayed())
+	}
+
+	if err := os.Remove(secrets); err != nil {
+		t.Fatal(err)
+	}
+	p.hangup(t, "reload refused", 1)
+	if lines := p.errorLines(); len(lines) != 1 || !strings.Contains(lines[0], secrets) || strings.Contains(lines[0], "new-secret") {
+		t.Errorf("after the file was removed: ERROR lines %q, want one naming %s (and no secret)", lines, secrets)
+	}
+	wantStatus(t, "signed with the new secret, after a refused reload", deliver("d-4", "new-secret", `{"n":4}`), http.StatusCreated, "")
+	if strings.Contains(p.logText(), "old-secret") || strings.Contains(p.logText(), "new-secret") {
+		t.Error("a secret is in the log")
+	}
 }

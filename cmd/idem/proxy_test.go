@@ -11,12 +11,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -536,6 +538,19 @@ func TestProxyDuplicatesReplayConflictMismatch(t *testing.T) {
 	if !strings.Contains(p.logText(), `"outcome":"replayed"`) {
 		t.Errorf("the log has no request line with outcome replayed")
 	}
+	// The lines of the 50 copies (and of the later requests under the same
+	// key) name one stored key, the middleware's own (idemhttp
+	// Config.OnKey).
+	keys := map[string]int{}
+	for line := range strings.Lines(p.logText()) {
+		var l struct{ Msg, Path, Key string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "request" && l.Path == "/orders" {
+			keys[l.Key]++
+		}
+	}
+	if most := slices.Max(slices.Collect(maps.Values(keys))); most < n || keys[""] >= n {
+		t.Errorf("the log lines of /orders name the keys %v: want one stored key on each of the %d copies", keys, n)
+	}
 }
 
 func TestProxyStoreDownAndBack(t *testing.T) {
@@ -830,6 +845,16 @@ func TestProxyUsageErrors(t *testing.T) {
 		{nil, []string{"proxy", "--upstream", "http://u", "--max-execution", "-1s"}, []string{"--max-execution"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--client-write-timeout", "-1s"}, []string{"--client-write-timeout"}},
 		{nil, []string{"proxy", "--upstream", "http://u", "--config", filepath.Join(dir, "missing.yaml")}, []string{"missing.yaml"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--key-header", "X-Id", "--webhook", "github", "--webhook-secret-env", "GH"},
+			[]string{`--key-header "header:X-Id" and --webhook github: the preset names its key; drop --key-header`}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--webhook", "stripe"}, []string{"--webhook stripe: set one of --webhook-secret-file and --webhook-secret-env"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--webhook", "github", "--webhook-secret-env", "GH", "--webhook-tolerance", "1m"},
+			[]string{"--webhook-tolerance 1m0s: github signs no timestamp"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--fingerprint-exclude", "/ts", "--fingerprint-fields", "/id"},
+			[]string{"--fingerprint-exclude and --fingerprint-fields: set one, not both"}},
+		{nil, []string{"proxy", "--upstream", "http://u", "--fingerprint", "raw", "--fingerprint-fields", "/id, /amount"},
+			[]string{"--fingerprint raw: --fingerprint-exclude and --fingerprint-fields need json"}},
+		{[]string{"IDEM_KEY_HEADER=X Id"}, []string{"proxy", "--upstream", "http://u"}, []string{`IDEM_KEY_HEADER: --key-header "X Id": not a header name`}},
 		{[]string{"IDEM_LEASE=forever"}, []string{"proxy", "--upstream", "http://u"}, []string{"IDEM_LEASE"}},
 		{[]string{"IDEM_UPSTREAM=http://u", "IDEM_WAIT=-1s"}, []string{"proxy"}, []string{"--wait"}},
 		{nil, cfgArgs(dir, "unknown-field.yaml"), []string{"unknown-field.yaml", "requre_key"}},

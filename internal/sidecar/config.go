@@ -30,14 +30,31 @@ type Env struct {
 	// OnOutcome, when set, also receives each request's outcome (after it
 	// was counted in idem_requests_total), for the front end's log line.
 	OnOutcome func(*http.Request, idemhttp.Outcome)
+	// OnKey, when set, receives each keyed request's stored key (what
+	// idem inspect --stored-key takes) before it is claimed, for the front
+	// end's log line: never the client's raw key (idemhttp Config.OnKey).
+	OnKey func(*http.Request, idem.Key)
+	// now is the clock webhook signatures' timestamps are checked
+	// against; nil: time.Now. Tests set it to their fixtures' signing
+	// time.
+	now func() time.Time
 }
 
 // Config is the idemhttp.Config of a route with settings s, whose keys are
-// scoped by tenant and route (nil: idemhttp's default, the path). The
-// front end adds what is its own (a gRPC hook, say) before
-// idemhttp.NewMiddleware.
+// scoped by tenant and route (nil: idemhttp's default, the path). On a
+// webhook route (s.Webhook) the tenant is the sender, "webhook:" + the
+// preset's name, whatever tenant says: the signature, not the caller's
+// headers, says who sent it. Its fingerprint is s.Fingerprint's, its
+// ErrorHandler s.Profile's (ProfileErrorHandler). Its KeySource is left
+// zero: KeySource, which reads the webhook secrets and can fail, makes
+// it, and Middleware sets it. The front end adds what is its own (a gRPC
+// hook, say) before idemhttp.NewMiddleware.
 func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idemhttp.Config {
 	m := env.Metrics
+	if s.Webhook != "" {
+		sender := "webhook:" + s.Webhook
+		tenant = func(*http.Request) string { return sender }
+	}
 	cfg := idemhttp.Config{
 		Methods:         s.Methods,
 		RequireKey:      s.RequireKey,
@@ -71,7 +88,12 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 		OnRenew:     m.OnRenew,
 		BlobTimeout: env.BlobTimeout,
 		// idem_responses_not_kept_total: replays of these answer 500.
-		OnBodyOmitted: func(*http.Request) { m.NotKept.Inc() },
+		OnBodyOmitted:  func(*http.Request) { m.NotKept.Inc() },
+		Fingerprint:    s.fingerprint(),
+		ErrorHandler:   ProfileErrorHandler(s.Profile, nil),
+		EchoKey:        s.EchoKey,
+		LifetimeHeader: s.LifetimeHeader,
+		OnKey:          env.OnKey,
 	}
 	if env.Blobs != nil {
 		cfg.Blobs = env.Blobs
@@ -87,9 +109,35 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 	return cfg
 }
 
+// fingerprint is the Config.Fingerprint of s.Fingerprint,
+// FingerprintExclude and FingerprintFields; nil: idemhttp's default, the
+// raw body. (The idemhttp functions panic on a malformed pointer, which
+// Validate refuses.)
+func (s Settings) fingerprint() func(*http.Request, []byte) idem.Fingerprint {
+	switch {
+	case len(s.FingerprintFields) > 0:
+		return idemhttp.FingerprintJSONFields(s.FingerprintFields...)
+	case len(s.FingerprintExclude) > 0 || s.Fingerprint == "json":
+		return idemhttp.FingerprintJSON(s.FingerprintExclude...)
+	}
+	return nil
+}
+
 // Middleware is the idemhttp middleware of a route with settings s (see
-// Config), in front of the upstream's handler, gRPC calls answered and
-// stored as gRPC (GRPCMiddleware).
+// Config, with KeySource's key source), in front of the upstream's
+// handler, gRPC calls answered and stored as gRPC (GRPCMiddleware: a gRPC
+// call gets its gRPC status whatever s.Profile). It reads the webhook
+// secrets (KeySource), each time it is called; its error is one line
+// that names what failed (a secrets file or variable, never a secret).
 func (s Settings) Middleware(store idem.Store, tenant, route func(*http.Request) string, env Env) (func(http.Handler) http.Handler, error) {
-	return GRPCMiddleware(store, s.Config(tenant, route, env))
+	cfg := s.Config(tenant, route, env)
+	now := env.now
+	if now == nil {
+		now = time.Now
+	}
+	var err error
+	if cfg.KeySource, err = s.keySource(env.Metrics, now); err != nil {
+		return nil, err
+	}
+	return GRPCMiddleware(store, cfg)
 }

@@ -26,6 +26,9 @@ type Metrics struct {
 	Anonymous     prometheus.Counter     // idem_anonymous_requests_total
 	BlobErrors    *prometheus.CounterVec // idem_blob_errors_total{op,reason}
 	QuotaExceeded *prometheus.CounterVec // idem_quota_exceeded_total{limit}
+	// WebhookUnverified: idem_webhook_unverified_total{preset}; a route's
+	// series is made at zero with its middleware (Settings.KeySource).
+	WebhookUnverified *prometheus.CounterVec
 }
 
 // NewMetrics makes the metrics; name spells a setting in their help as
@@ -56,6 +59,10 @@ func NewMetrics(name func(string) string) *Metrics {
 			Name: "idem_quota_exceeded_total",
 			Help: "Requests with a new key refused 429 (urn:idem:problem:quota-exceeded) because their tenant was at a limit: in_flight (" + name("quota-in-flight") + "), records (" + name("quota-records") + "), bytes (" + name("quota-bytes") + "). Nothing was forwarded or claimed. Also counted as quota_exceeded in idem_requests_total.",
 		}, []string{"limit"}),
+		WebhookUnverified: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_webhook_unverified_total",
+			Help: "Webhook deliveries refused 401 (urn:idem:problem:unverified) by preset (" + name("webhook") + ") because their signature did not verify under the secrets of " + name("webhook-secret-file") + " or " + name("webhook-secret-env") + ": missing or malformed, made with another secret, a body altered, or a signed timestamp outside " + name("webhook-tolerance") + ". Nothing was forwarded or claimed. Also counted as rejected in idem_requests_total.",
+		}, []string{"preset"}),
 	}
 	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed, idemhttp.OutcomeInFlight,
 		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
@@ -76,7 +83,7 @@ func NewMetrics(name func(string) string) *Metrics {
 // (a second Caddy handler of one config) is fine. Any other clash is a
 // programming error, and panics, as prometheus.MustRegister does.
 func (m *Metrics) Register(reg prometheus.Registerer) {
-	for _, c := range []prometheus.Collector{m.Requests, m.Renewals, m.NotKept, m.Anonymous, m.BlobErrors, m.QuotaExceeded} {
+	for _, c := range []prometheus.Collector{m.Requests, m.Renewals, m.NotKept, m.Anonymous, m.BlobErrors, m.QuotaExceeded, m.WebhookUnverified} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			panic(err)
 		}

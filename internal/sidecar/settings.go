@@ -66,7 +66,9 @@ type Settings struct {
 	// over the raw body before its key (the preset's) is claimed, and one
 	// that does not verify gets 401, is not forwarded and claims nothing.
 	// Its secrets are read from WebhookSecretFile or WebhookSecretEnv
-	// (exactly one of them), one a line, when the middleware is made.
+	// (exactly one of them), one a line, when the middleware is made
+	// (KeySource). A delivery's tenant is its sender, "webhook:" + the
+	// preset's name, whatever the route's tenant source (Config).
 	Webhook           string
 	WebhookSecretFile string
 	WebhookSecretEnv  string
@@ -224,6 +226,18 @@ func (s Settings) validateKeys(name func(string) string) error {
 		return fmt.Errorf("%s %q: want one of %s", name("profile"), s.Profile, strings.Join(Profiles, ", "))
 	}
 	return nil
+}
+
+// KeyName names the key source of s for a log line: "webhook:" and the
+// preset, the Key setting, or "header:Idempotency-Key".
+func (s Settings) KeyName() string {
+	switch {
+	case s.Webhook != "":
+		return "webhook:" + s.Webhook
+	case s.Key != "":
+		return s.Key
+	}
+	return "header:" + idemhttp.HeaderKey
 }
 
 // KeySpec parses a key source as the sidecars spell it: header:NAME (a

@@ -30,6 +30,35 @@ func TestSettingsValidate(t *testing.T) {
 		{func(s *Settings) { s.Methods = []string{"PO ST"} }, `--methods: "PO ST" is not an HTTP method`, `methods: "PO ST"`},
 		{func(s *Settings) { s.TenantHeader, s.TenantCookie = "X-T", "sid" }, `--tenant-header "X-T" and --tenant-cookie "sid": set one`, `tenant_header "X-T" and tenant_cookie "sid"`},
 		{func(s *Settings) { s.StoreStatuses = []int{99} }, "--store-statuses: 99 is not a final HTTP status", "store_statuses: 99"},
+		{func(s *Settings) { s.Key = "bogus" }, `--key "bogus": want header:NAME or json:/pointer`, `key "bogus"`},
+		{func(s *Settings) { s.Key = "header:a b" }, `--key "header:a b": "a b" is not a header name`, `key "header:a b"`},
+		{func(s *Settings) { s.Key = "json:id" }, `--key "json:id": "id" is not a JSON Pointer`, `key "json:id"`},
+		{func(s *Settings) { s.Webhook = "gitlab" }, `--webhook: webhook preset "gitlab": want one of github, shopify, standard-webhooks, stripe`, "webhook: "},
+		{func(s *Settings) { s.Key, s.Webhook, s.WebhookSecretEnv = "header:X", "github", "S" },
+			`--key "header:X" and --webhook github: the preset names its key; drop --key`, `key "header:X" and webhook github`},
+		{func(s *Settings) { s.Webhook = "github" }, "--webhook github: set one of --webhook-secret-file and --webhook-secret-env",
+			"webhook github: set one of webhook_secret_file and webhook_secret_env"},
+		{func(s *Settings) { s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv = "github", "f", "S" },
+			"--webhook github: set one of --webhook-secret-file and --webhook-secret-env", "webhook github: set one of"},
+		{func(s *Settings) { s.Webhook, s.WebhookSecretEnv, s.WebhookTolerance = "stripe", "S", -time.Second },
+			"--webhook-tolerance -1s: must not be negative (0: the preset's)", "webhook_tolerance -1s"},
+		{func(s *Settings) { s.Webhook, s.WebhookSecretEnv, s.WebhookTolerance = "github", "S", time.Minute },
+			"--webhook-tolerance 1m0s: github signs no timestamp; drop it", "webhook_tolerance 1m0s"},
+		{func(s *Settings) { s.Webhook, s.WebhookSecretEnv, s.WebhookTolerance = "stripe", "S", time.Second/2 },
+			"--webhook-tolerance 500ms: want at least 1s", "webhook_tolerance 500ms"},
+		{func(s *Settings) { s.WebhookSecretFile = "f" },
+			"--webhook-secret-file, --webhook-secret-env and --webhook-tolerance need --webhook (one of github, shopify, standard-webhooks, stripe)",
+			"webhook_secret_file, webhook_secret_env and webhook_tolerance need webhook"},
+		{func(s *Settings) { s.WebhookTolerance = time.Minute }, "need --webhook", "webhook_secret_file, webhook_secret_env"},
+		{func(s *Settings) { s.Fingerprint = "jcs" }, `--fingerprint "jcs": want raw (the body's bytes) or json (its canonical JSON)`, `fingerprint "jcs"`},
+		{func(s *Settings) { s.FingerprintExclude, s.FingerprintFields = []string{"/a"}, []string{"/b"} },
+			"--fingerprint-exclude and --fingerprint-fields: set one, not both", "fingerprint_exclude and fingerprint_fields"},
+		{func(s *Settings) { s.Fingerprint, s.FingerprintFields = "raw", []string{"/b"} },
+			"--fingerprint raw: --fingerprint-exclude and --fingerprint-fields need json", "fingerprint raw: fingerprint_exclude"},
+		{func(s *Settings) { s.FingerprintExclude = []string{"/a", "attempt"} },
+			`--fingerprint-exclude: "attempt" is not a JSON Pointer to a field`, `fingerprint_exclude: "attempt"`},
+		{func(s *Settings) { s.FingerprintFields = []string{""} }, `--fingerprint-fields: "" is not a JSON Pointer to a field`, `fingerprint_fields: ""`},
+		{func(s *Settings) { s.Profile = "aws" }, `--profile "aws": want one of ietf, acp, stripe`, `profile "aws"`},
 	} {
 		s := DefaultSettings()
 		tc.set(&s)
@@ -38,6 +67,21 @@ func TestSettingsValidate(t *testing.T) {
 		}
 		if err := s.Validate(Underscored); err == nil || !strings.HasPrefix(err.Error(), tc.file) {
 			t.Errorf("got %v, want it to start %q", err, tc.file)
+		}
+	}
+	for i, set := range []func(*Settings){
+		func(s *Settings) { s.Key = "header:X-GitHub-Delivery" },
+		func(s *Settings) { s.Key = "json:/data/object/id" },
+		func(s *Settings) { s.Webhook, s.WebhookSecretFile = "github", "secrets" },
+		func(s *Settings) { s.Webhook, s.WebhookSecretEnv, s.WebhookTolerance = "stripe", "S", 10*time.Minute },
+		func(s *Settings) { s.Fingerprint, s.FingerprintExclude = "json", []string{"/attempt", "/a~1b"} },
+		func(s *Settings) { s.FingerprintFields = []string{"/amount"} },
+		func(s *Settings) { s.Profile = "stripe" },
+	} {
+		s := DefaultSettings()
+		set(&s)
+		if err := s.Validate(flag); err != nil {
+			t.Errorf("valid settings %d: %v", i, err)
 		}
 	}
 }

@@ -25,7 +25,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/ident"
 )
@@ -56,20 +55,6 @@ func TenantFunc(header, cookie string) func(*http.Request) string {
 		}
 		return idemhttp.DefaultTenant(r)
 	}
-}
-
-// StoredKey is the stored key of a keyed request r (what idem inspect
-// --stored-key takes), as the idemhttp middleware derives it with the
-// tenant and route functions given and its default authority, for the
-// request log: never the client's raw key. ok is false for a request
-// without a valid key.
-func StoredKey(r *http.Request, tenant, route func(*http.Request) string) (_ idem.Key, ok bool) {
-	ck, err := idemhttp.ParseKey(r.Header)
-	if err != nil {
-		return idem.Key{}, false
-	}
-	k, err := idem.Scope{Tenant: tenant(r), Method: r.Method, Route: route(r), Authority: idemhttp.DefaultAuthority(r)}.Key(ck)
-	return k, err == nil
 }
 
 // Route is the route of a request's scope where no pattern names it: the
