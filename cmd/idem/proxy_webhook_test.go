@@ -71,7 +71,12 @@ func testProxyWebhook(t *testing.T, preset string) {
 	routeSecrets := filepath.Join(dir, "route-secrets")
 	webhooktest.WriteSecrets(t, routeSecrets, cur)
 	cfg := filepath.Join(dir, "routes.yaml")
-	writeFile(t, cfg, fmt.Sprintf("routes:\n  - match: \"POST /rotating/\"\n    methods: [POST]\n    webhook_secret_file: %q\n", routeSecrets))
+	routes := fmt.Sprintf("routes:\n  - match: \"POST /rotating/\"\n    methods: [POST]\n    webhook_secret_file: %q\n", routeSecrets)
+	signsTime := preset == "stripe" || preset == "standard-webhooks"
+	if signsTime {
+		routes += "  - match: \"POST /tolerant/\"\n    methods: [POST]\n    webhook_tolerance: 1h\n"
+	}
+	writeFile(t, cfg, routes)
 	up := upstreamtest.StartCounter(t)
 	p := startProxy(t, env, append(args, "--upstream", up.URL, "--log-level", "debug", "--config", cfg)...)
 
@@ -139,12 +144,16 @@ func testProxyWebhook(t *testing.T, preset string) {
 	altered := delivery("/hooks/forged", id, cur)
 	altered.SentBody = strings.Replace(altered.Body, `"amount":2000`, `"amount":1`, 1)
 	wantUnverified("the body altered after signing", "/hooks/forged", webhooktest.Send(t, altered))
-	if preset == "stripe" || preset == "standard-webhooks" {
+	if signsTime {
 		stale := delivery("/hooks/forged", id, cur)
 		stale.Timestamp = time.Now().Add(-10 * time.Minute) // the tolerance is 5 minutes
 		wantUnverified("signed 10 minutes ago", "/hooks/forged", webhooktest.Send(t, stale))
 		stale.Timestamp = time.Now().Add(10 * time.Minute)
 		wantUnverified("signed 10 minutes ahead", "/hooks/forged", webhooktest.Send(t, stale))
+		// A route of webhook_tolerance 1h takes it.
+		tolerant := delivery("/tolerant/a", newID(), cur)
+		tolerant.Timestamp = time.Now().Add(-10 * time.Minute)
+		wantExecuted("signed 10 minutes ago, under webhook_tolerance 1h", "/tolerant/a", webhooktest.Send(t, tolerant), 1)
 	}
 	unsigned := mustSend(t, "POST", p.url("/hooks/forged"), "", webhookBody(preset, id),
 		"X-GitHub-Delivery: "+id, "X-Shopify-Webhook-Id: "+id, "webhook-id: "+id)
@@ -157,7 +166,7 @@ func testProxyWebhook(t *testing.T, preset string) {
 	// no longer there does not.
 	wantExecuted("signed by the second secret", "/hooks/next", webhooktest.Send(t, delivery("/hooks/next", newID(), next)), 1)
 	wantUnverified("signed by a retired secret", "/hooks/retired", webhooktest.Send(t, delivery("/hooks/retired", newID(), retired)))
-	if preset == "stripe" || preset == "standard-webhooks" {
+	if signsTime {
 		// The sender rolls its secret: one signature by the old one (which
 		// the receiver no longer has) and one by the new.
 		two := webhooktest.Send(t, delivery("/hooks/two-signatures", newID(), retired, cur))
