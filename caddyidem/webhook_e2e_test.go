@@ -1,7 +1,9 @@
 package caddyidem
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -22,8 +24,9 @@ import (
 // the secret file's second secret verifies, and so do two signatures in
 // one header while a sender rolls its secret; the 401s are counted. A
 // route with key json:/id and fingerprint_exclude replays a redelivery
-// whose attempt counter changed. A reload re-reads a rewritten secret
-// file.
+// whose attempt counter changed; one with key_header, profile stripe,
+// echo_key and lifetime_header answers in Stripe's JSON with the key and
+// the retention. A reload re-reads a rewritten secret file.
 func TestWebhooks(t *testing.T) {
 	up := upstreamtest.StartCounter(t)
 	upstream := strings.TrimPrefix(up.URL, "http://")
@@ -39,7 +42,8 @@ func TestWebhooks(t *testing.T) {
 		fmt.Fprintf(&site, "\troute /%s/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-%s-%s:\n\t\t\twebhook %s\n\t\t\twebhook_secret_file %s\n\t\t}\n\t\treverse_proxy %s\n\t}\n",
 			preset, preset, runID, preset, k.file, upstream)
 	}
-	fmt.Fprintf(&site, "\troute /orders/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-orders-%s:\n\t\t\tkey json:/id\n\t\t\tfingerprint_exclude /attempt\n\t\t}\n\t\treverse_proxy %s\n\t}", runID, upstream)
+	fmt.Fprintf(&site, "\troute /orders/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-orders-%s:\n\t\t\tkey json:/id\n\t\t\tfingerprint_exclude /attempt\n\t\t}\n\t\treverse_proxy %s\n\t}\n", runID, upstream)
+	fmt.Fprintf(&site, "\troute /answers/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-answers-%s:\n\t\t\tkey_header X-Request-Id\n\t\t\tprofile stripe\n\t\t\techo_key\n\t\t\tlifetime_header\n\t\t\tretention 30m\n\t\t}\n\t\treverse_proxy %s\n\t}", runID, upstream)
 	base := startCaddy(t, site.String())
 
 	seq := 0
@@ -131,6 +135,54 @@ func TestWebhooks(t *testing.T) {
 		if a := send("/orders/b", `id=o-2`); a.status != 400 || !strings.Contains(a.body, idemhttp.ProblemKeyInvalid) || up.Runs("/orders/b") != 0 {
 			t.Errorf("a body that is not JSON: got %d %q after %d executions, want 400 key-invalid after none", a.status, a.body, up.Runs("/orders/b"))
 		}
+	})
+
+	// key_header, profile stripe, echo_key and lifetime_header.
+	t.Run("answers", func(t *testing.T) {
+		key := "a-1-" + runID
+		send := func(body string) (*http.Response, string) {
+			t.Helper()
+			req, err := http.NewRequest(http.MethodPost, base+"/answers/a", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("X-Request-Id", key)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp, string(b)
+		}
+		wantHeaders := func(what string, resp *http.Response) {
+			t.Helper()
+			if got := resp.Header.Values(idemhttp.HeaderKey); len(got) != 1 || got[0] != key {
+				t.Errorf("%s: got %s %q, want one %q (echo_key: the key X-Request-Id carried)", what, idemhttp.HeaderKey, got, key)
+			}
+			if got := resp.Header.Values("Idempotency-Key-Lifetime"); len(got) != 1 || got[0] != "PT30M" {
+				t.Errorf("%s: got Idempotency-Key-Lifetime %q, want one PT30M (lifetime_header, retention 30m)", what, got)
+			}
+		}
+		first, firstBody := send(`{"n":1}`)
+		again, againBody := send(`{"n":1}`)
+		if first.StatusCode != 201 || again.StatusCode != 201 || again.Header.Get(idemhttp.HeaderReplayed) != "true" || againBody != firstBody || up.Runs("/answers/a") != 1 {
+			t.Errorf("key_header X-Request-Id: got %d then %d (replayed %q) %q after %d executions, want 201 and its replay %q after 1",
+				first.StatusCode, again.StatusCode, again.Header.Get(idemhttp.HeaderReplayed), againBody, up.Runs("/answers/a"), firstBody)
+		}
+		wantHeaders("executed", first)
+		wantHeaders("replayed", again)
+		other, otherBody := send(`{"n":2}`)
+		var stripe struct {
+			Error struct{ Type, Message string }
+		}
+		if other.StatusCode != 400 || other.Header.Get("Content-Type") != "application/json" || json.Unmarshal([]byte(otherBody), &stripe) != nil ||
+			stripe.Error.Type != "idempotency_error" || stripe.Error.Message == "" {
+			t.Errorf("profile stripe, the key with another body: got %d %s %s, want 400 application/json {\"error\":{\"type\":\"idempotency_error\",\"message\":...}}",
+				other.StatusCode, other.Header.Get("Content-Type"), otherBody)
+		}
+		wantHeaders("a mismatch", other)
 	})
 
 	// A reload provisions the handlers again, and they read the secret
