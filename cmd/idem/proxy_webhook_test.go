@@ -72,6 +72,7 @@ func testProxyWebhook(t *testing.T, preset string) {
 	webhooktest.WriteSecrets(t, routeSecrets, cur)
 	cfg := filepath.Join(dir, "routes.yaml")
 	routes := fmt.Sprintf("routes:\n  - match: \"POST /rotating/\"\n    methods: [POST]\n    webhook_secret_file: %q\n", routeSecrets)
+	routes += "  - match: \"POST /strict/\"\n    methods: [POST]\n    require_key: true\n"
 	signsTime := preset == "stripe" || preset == "standard-webhooks"
 	if signsTime {
 		routes += "  - match: \"POST /tolerant/\"\n    methods: [POST]\n    webhook_tolerance: 1h\n"
@@ -193,11 +194,26 @@ func testProxyWebhook(t *testing.T, preset string) {
 		wantExecuted("the flags' remaining secret after the reload", "/hooks/remaining", webhooktest.Send(t, delivery("/hooks/remaining", newID(), next)), 1)
 	}
 
+	// A genuine delivery that names no key (stripe: a body without "id";
+	// github, shopify: no delivery id header) is not unverified: it is a
+	// request without a key, refused 400 where the key is required.
+	missing := 0
+	if preset != "standard-webhooks" { // its webhook-id is signed: without it, nothing verifies
+		noKey := delivery("/strict/no-key", "", next) // the flags' secret left after the reload
+		if preset == "stripe" {
+			noKey.Body = `{"object":"event","type":"stripe.test"}`
+		}
+		a := webhooktest.Send(t, noKey)
+		missing++
+		wantStatus(t, "a genuine delivery without a key, require_key", result{a.Status, a.Header, []byte(a.Body)}, http.StatusBadRequest, idemhttp.ProblemKeyMissing)
+		wantRuns(t, "a genuine delivery without a key, require_key", up, "/strict/no-key", 0)
+	}
+
 	if got := p.metric(fmt.Sprintf(`idem_webhook_unverified_total{preset=%q}`, preset)); got != float64(unverified) {
 		t.Errorf("idem_webhook_unverified_total{preset=%q} = %v, want %d (the 401s)", preset, got, unverified)
 	}
-	if got := p.metric(`idem_requests_total{outcome="rejected"}`); got != float64(unverified) {
-		t.Errorf(`idem_requests_total{outcome="rejected"} = %v, want %d (the 401s)`, got, unverified)
+	if got := p.metric(`idem_requests_total{outcome="rejected"}`); got != float64(unverified+missing) {
+		t.Errorf(`idem_requests_total{outcome="rejected"} = %v, want %d (the 401s and the 400s)`, got, unverified+missing)
 	}
 	if leaked := webhooktest.Leaked(p.logText(), cur, next, retired, forger); leaked != "" {
 		t.Errorf("the proxy's stderr (--log-level debug) holds %s of [current, next, retired, forger]", leaked)
