@@ -13,7 +13,8 @@
 #     interface emulator), apidiff (scripts/apicheck.sh);
 #   - with npm, into $(go env GOPATH): dynalite (DynamoDB), @grpc/grpc-js
 #     (a Node gRPC client and server), fauxqs (SQS)
-#     and the Node 22 it needs;
+#     and the Node 22 it needs, and the webhook senders' signing libraries
+#     (stripe, @octokit/webhooks-methods, standardwebhooks);
 #   - from Debian's source packages (scripts/build-redis-servers.sh, into
 #     $(go env GOPATH)/idem-servers): Valkey 9.1 and Redis 8.6;
 #   - Caddy with idem's handler (caddyidem/cmd/idem-caddy), built with go
@@ -81,6 +82,21 @@ grpcjs="$(go env GOPATH | cut -d: -f1)/idem-grpc-js"
 if [ ! -f "$grpcjs/node_modules/@grpc/grpc-js/package.json" ]; then
 	echo "test.sh: installing @grpc/grpc-js 1.14.3 (npm, into $grpcjs)" >&2
 	npm install --prefix "$grpcjs" --no-audit --no-fund --loglevel=error @grpc/grpc-js@1.14.3 >/dev/null
+fi
+
+# The webhook tests of idem proxy and of Caddy with idem's handler
+# (cmd/idem TestProxyWebhooks, caddyidem TestWebhooks) sign their
+# deliveries with each sender's own library, so that they check idem's
+# verification against what GitHub, Stripe and Standard Webhooks senders
+# really send, not against idem's own idea of the schemes (Shopify's
+# recipe is Python's standard library). Install the libraries from npm
+# when they are missing, into $(go env GOPATH)/idem-webhooks, where
+# internal/webhooktest looks; the versions are those of
+# internal/webhook/testdata/regen.sh.
+webhooks="$(go env GOPATH | cut -d: -f1)/idem-webhooks"
+if [ ! -f "$webhooks/node_modules/stripe/package.json" ] || [ ! -f "$webhooks/node_modules/@octokit/webhooks-methods/package.json" ] || [ ! -f "$webhooks/node_modules/standardwebhooks/package.json" ]; then
+	echo "test.sh: installing stripe 23.1.0, @octokit/webhooks-methods 6.0.0 and standardwebhooks 1.1.1 (npm, into $webhooks)" >&2
+	npm install --prefix "$webhooks" --no-audit --no-fund --loglevel=error stripe@23.1.0 @octokit/webhooks-methods@6.0.0 standardwebhooks@1.1.1 >/dev/null
 fi
 
 # The Lambda tests (idemlambda) run their function under the Lambda

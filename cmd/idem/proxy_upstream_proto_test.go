@@ -90,14 +90,30 @@ func TestProxyUpstreamCAReload(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := &http.Server{Handler: created, TLSConfig: upTLS}
+		var mu sync.Mutex
+		conns := map[net.Conn]bool{}
+		srv := &http.Server{Handler: created, TLSConfig: upTLS, ConnState: func(c net.Conn, st http.ConnState) {
+			mu.Lock()
+			defer mu.Unlock()
+			if st == http.StateClosed || st == http.StateHijacked {
+				delete(conns, c)
+			} else {
+				conns[c] = true
+			}
+		}}
 		go srv.ServeTLS(ln, "", "")
 		t.Cleanup(func() { srv.Close() })
 		return "https://" + ln.Addr().String(), func() {
-			// Idle keep-alive connections are cut, as a renewed
-			// upstream's restart would: the next request handshakes.
-			srv.SetKeepAlivesEnabled(false)
-			srv.SetKeepAlivesEnabled(true)
+			// Every connection is cut, as a renewed upstream's restart
+			// would: the next request handshakes. (Closing the idle ones
+			// only would miss a connection whose response was just
+			// written, not yet idle, which the next request then reuses.)
+			mu.Lock()
+			defer mu.Unlock()
+			for c := range conns {
+				c.Close()
+				delete(conns, c)
+			}
 		}
 	}
 	upURL, cut := serveTLS("127.0.0.1:0")

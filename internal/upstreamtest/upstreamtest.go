@@ -1,7 +1,8 @@
 // Package upstreamtest holds the upstreams that the tests of cmd/idem
 // (idem proxy) and of caddyidem share: Python's http.server on a unix
 // socket (unix_upstream.py, embedded, so that both modules run the same
-// script), and the gRPC codec by which their gRPC peers pass raw bytes.
+// script), an upstream that counts its requests by path (Counter), and
+// the gRPC codec by which their gRPC peers pass raw bytes.
 // It is test support: only _test.go files import it (it imports testing),
 // so it is never linked into the idem binary.
 package upstreamtest
