@@ -1,22 +1,16 @@
 package main
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem/internal/sidecar"
+	"github.com/idemkit/idem/internal/webhooktest"
 )
 
 // docsBlocks returns the bodies of the ```lang blocks of the markdown
@@ -43,45 +37,12 @@ func docsBlocks(t *testing.T, path, lang string) []string {
 	}
 }
 
-// docSecret is one secret every preset takes: Standard Webhooks' form
-// (whsec_ and base64), which the other presets use as its bytes.
-func docSecret(t *testing.T) (line string, key []byte) {
-	t.Helper()
-	key = make([]byte, 32)
-	rand.Read(key)
-	line = "whsec_" + base64.StdEncoding.EncodeToString(key)
-	return line, key
-}
-
-// signed is a delivery of body under id, signed as preset signs it with
-// the secret line (whose base64 part is key) at now: its headers.
-func signed(preset, line string, key []byte, id, body string, now time.Time) []string {
-	mac := func(k []byte, parts ...string) []byte {
-		m := hmac.New(sha256.New, k)
-		for _, p := range parts {
-			m.Write([]byte(p))
-		}
-		return m.Sum(nil)
-	}
-	ts := strconv.FormatInt(now.Unix(), 10)
-	switch preset {
-	case "github":
-		return []string{"X-GitHub-Delivery: " + id, githubSignature(line, body)}
-	case "shopify":
-		return []string{"X-Shopify-Webhook-Id: " + id, "X-Shopify-Hmac-Sha256: " + base64.StdEncoding.EncodeToString(mac([]byte(line), body))}
-	case "stripe": // the id is in the body
-		return []string{"Stripe-Signature: t=" + ts + ",v1=" + hex.EncodeToString(mac([]byte(line), ts, ".", body))}
-	}
-	return []string{"webhook-id: " + id, "webhook-timestamp: " + ts,
-		"webhook-signature: v1," + base64.StdEncoding.EncodeToString(mac(key, id, ".", ts, ".", body))}
-}
-
 // TestWebhookDocRoutes keeps docs/webhooks.md's --config routes true:
 // every yaml block loads as idem proxy's --config (its secret files made
 // here), and the proxy started with each sender's block runs a delivery
-// signed as the sender signs it once, replays its redelivery (signed
-// again, for the senders that sign a timestamp), and refuses a body
-// altered after signing with 401, forwarding nothing.
+// signed by the sender's own library (internal/webhooktest) once, replays
+// its redelivery (signed again, for the senders that sign a timestamp),
+// and refuses a body altered after signing with 401, forwarding nothing.
 func TestWebhookDocRoutes(t *testing.T) {
 	t.Parallel()
 	blocks := docsBlocks(t, "../../docs/webhooks.md", "yaml")
@@ -90,11 +51,15 @@ func TestWebhookDocRoutes(t *testing.T) {
 	matchOf := regexp.MustCompile(`(?m)match: "POST (/[^"]*)"`)
 	seen := map[string]bool{}
 	for i, block := range blocks {
+		preset := ""
+		if m := presetOf.FindStringSubmatch(block); m != nil {
+			preset = m[1]
+		}
 		dir := t.TempDir()
-		line, key := docSecret(t)
+		secret := webhooktest.NewSecret(preset)
 		block = secretPath.ReplaceAllStringFunc(block, func(p string) string {
 			f := filepath.Join(dir, filepath.Base(p))
-			writeFile(t, f, "# made by TestWebhookDocRoutes\n"+line+"\n")
+			webhooktest.WriteSecrets(t, f, secret)
 			return f
 		})
 		config := filepath.Join(dir, "routes.yaml")
@@ -103,29 +68,29 @@ func TestWebhookDocRoutes(t *testing.T) {
 			t.Errorf("docs/webhooks.md, yaml block %d: %v\n%s", i+1, err, block)
 			continue
 		}
-		m := presetOf.FindStringSubmatch(block)
-		if m == nil {
+		if preset == "" {
 			continue
 		}
-		preset := m[1]
 		seen[preset] = true
 		path := matchOf.FindStringSubmatch(block)[1]
 		t.Run(preset, func(t *testing.T) {
 			t.Parallel()
 			up := newTestUpstream(t)
 			p := startProxy(t, nil, "--upstream", up.URL, "--config", config)
-			id := "doc-" + preset + "-1"
-			body := `{"id":"evt_doc_1","type":"doc.test","data":{"n":1}}`
-			first := mustSend(t, "POST", p.url(path), "", body, signed(preset, line, key, id, body, time.Now())...)
-			wantStatus(t, preset+" delivery", first, http.StatusCreated, "")
-			again := mustSend(t, "POST", p.url(path), "", body, signed(preset, line, key, id, body, time.Now())...)
-			if again.status != http.StatusCreated || !again.replayed() || string(again.body) != string(first.body) {
-				t.Errorf("%s redelivery: got %d replayed %v; want the first answer replayed", preset, again.status, again.replayed())
+			d := webhooktest.Delivery{Preset: preset, URL: p.url(path), Secrets: []string{secret},
+				Body: `{"id":"evt_doc_1","type":"doc.test","data":{"n":1}}`, ID: "doc-" + preset + "-1"}
+			first := webhooktest.Send(t, d)
+			if first.Status != http.StatusCreated || first.Replayed() {
+				t.Fatalf("%s delivery: got %d (replayed %v) %s; want 201, executed", preset, first.Status, first.Replayed(), first.Body)
 			}
-			altered := strings.Replace(body, `"n":1`, `"n":2`, 1)
-			hdr := signed(preset, line, key, "doc-"+preset+"-2", body, time.Now()) // signed over body, sent with altered
-			wantStatus(t, preset+" delivery with an altered body", mustSend(t, "POST", p.url(path), "", altered, hdr...),
-				http.StatusUnauthorized, "urn:idem:problem:unverified")
+			if again := webhooktest.Send(t, d); again.Status != http.StatusCreated || !again.Replayed() || again.Body != first.Body {
+				t.Errorf("%s redelivery: got %d replayed %v; want the first answer replayed", preset, again.Status, again.Replayed())
+			}
+			altered := d
+			altered.ID, altered.SentBody = "doc-"+preset+"-2", strings.Replace(d.Body, `"n":1`, `"n":2`, 1)
+			if err := webhooktest.CheckUnverified(webhooktest.Send(t, altered)); err != nil {
+				t.Errorf("%s delivery with a body altered after signing: %v", preset, err)
+			}
 			if n := up.runsOf(""); n != 1 {
 				t.Errorf("%s: the upstream ran %d times; want once", preset, n)
 			}
@@ -134,7 +99,7 @@ func TestWebhookDocRoutes(t *testing.T) {
 			}
 		})
 	}
-	for _, preset := range []string{"github", "stripe", "shopify", "standard-webhooks"} {
+	for _, preset := range webhooktest.Presets {
 		if !seen[preset] {
 			t.Errorf("docs/webhooks.md has no yaml route with webhook: %s", preset)
 		}
