@@ -44,7 +44,8 @@ type Env struct {
 // scoped by tenant and route (nil: idemhttp's default, the path). On a
 // webhook route (s.Webhook) the tenant is the sender, "webhook:" + the
 // preset's name, whatever tenant says: the signature, not the caller's
-// headers, says who sent it. Its fingerprint is s.Fingerprint's, its
+// headers, says who sent it; and its authority is "", not the Host
+// header, which the caller chooses. Its fingerprint is s.Fingerprint's, its
 // ErrorHandler s.Profile's (ProfileErrorHandler). Its KeySource is left
 // zero: KeySource, which reads the webhook secrets and can fail, makes
 // it, and Middleware sets it. The front end adds what is its own (a gRPC
@@ -94,6 +95,13 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 		EchoKey:        s.EchoKey,
 		LifetimeHeader: s.LifetimeHeader,
 		OnKey:          env.OnKey,
+	}
+	if s.Webhook != "" {
+		// The Host header is the caller's to choose, and signs nothing:
+		// scoped by it, a captured delivery sent again under another Host
+		// would be a new key and run again. The sender (the tenant above)
+		// and the route say whose delivery it is.
+		cfg.Authority = func(*http.Request) string { return "" }
 	}
 	if env.Blobs != nil {
 		cfg.Blobs = env.Blobs
