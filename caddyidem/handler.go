@@ -204,12 +204,15 @@ type Handler struct {
 	// duration (idem proxy's --lifetime-header).
 	LifetimeHeader bool `json:"lifetime_header,omitempty"`
 
-	covered  map[string]bool
-	mw       func(http.Handler) http.Handler
-	storeKey string // in the stores pool; "" when none was taken
-	blobKey  string // in the stores pool; "" when none was taken
-	quotaKey string // in the stores pool; "" when none was taken
-	logger   *slog.Logger
+	covered map[string]bool
+	// refusesUncovered: mw answers the methods it does not cover too (a
+	// webhook route: sidecar.Settings.RefusesUncovered).
+	refusesUncovered bool
+	mw               func(http.Handler) http.Handler
+	storeKey         string // in the stores pool; "" when none was taken
+	blobKey          string // in the stores pool; "" when none was taken
+	quotaKey         string // in the stores pool; "" when none was taken
+	logger           *slog.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -343,6 +346,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, meth := range s.Methods {
 		h.covered[meth] = true
 	}
+	h.refusesUncovered = s.RefusesUncovered()
 	store, key, err := takeStore(ctx, storeSpec{url: h.Store, prefix: h.Prefix, memLimit: h.memoryLimit(),
 		reapEvery: durationOr(h.ReapInterval, DefaultReapInterval)}, h.logger)
 	if err != nil {
@@ -415,7 +419,7 @@ type nextFailed struct{ err error }
 // cannot be reached, say) releases the key, and goes to Caddy as it came,
 // for its error handling (handle_errors) to answer: it is never stored.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
-	if !h.covered[r.Method] {
+	if !h.covered[r.Method] && !h.refusesUncovered {
 		metrics.Requests.WithLabelValues(outcomeNotCovered).Inc()
 		logField(r, zap.String("idempotency_outcome", outcomeNotCovered))
 		return next.ServeHTTP(w, r)

@@ -106,6 +106,20 @@ func TestWebhooks(t *testing.T) {
 				wantUnverified(t, "signed 10 minutes ago", forged, webhooktest.Send(t, stale))
 				unverified++
 			}
+			// Other methods are refused, not passed on unverified.
+			for _, method := range []string{"GET", "PUT"} {
+				req, _ := http.NewRequest(method, base+forged, nil)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(resp.Header.Get("Allow"), "POST") || up.Runs(forged) != 0 {
+					t.Errorf("unsigned %s: got %d Allow %q %s after %d executions, want 405, Allow with POST, after none",
+						method, resp.StatusCode, resp.Header.Get("Allow"), body, up.Runs(forged))
+				}
+			}
 			wantExecuted(t, "the genuine delivery after the forgeries", forged, webhooktest.Send(t, delivery(base, preset, forged, id, k.cur)))
 
 			next := "/" + preset + "/next"

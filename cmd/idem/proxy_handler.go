@@ -76,6 +76,9 @@ type route struct {
 	handler http.Handler    // the middleware around the upstream, or the upstream alone
 	tenant  func(*http.Request) string
 	routeOf func(*http.Request) string // idemhttp Config.Route
+	// refusesUncovered: the middleware answers the methods it does not
+	// cover too (a webhook route: sidecar.Settings.RefusesUncovered).
+	refusesUncovered bool
 }
 
 // ServeHTTP lets a route be registered on the ServeMux; the proxy only
@@ -210,6 +213,7 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 	if len(s.Methods) == 0 {
 		return rt, nil // nothing covered: straight to the upstream
 	}
+	rt.refusesUncovered = s.RefusesUncovered()
 	env := sidecar.Env{Metrics: p.metrics.Metrics, Logger: p.logger, Stop: p.stop, Quota: p.quota,
 		BlobTimeout: p.blob.timeout, V1Scopes: p.v1ScopesLeft(s.Retention),
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
@@ -288,7 +292,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt := p.find(r)
 	info := &reqInfo{}
-	if !rt.covered[r.Method] {
+	if !rt.covered[r.Method] && !rt.refusesUncovered {
 		info.outcome = outcomeNotCovered
 		p.metrics.Requests.WithLabelValues(outcomeNotCovered).Inc()
 	}

@@ -159,6 +159,17 @@ func testProxyWebhook(t *testing.T, preset string) {
 	unsigned := mustSend(t, "POST", p.url("/hooks/forged"), "", webhookBody(preset, id),
 		"X-GitHub-Delivery: "+id, "X-Shopify-Webhook-Id: "+id, "webhook-id: "+id)
 	wantUnverified("unsigned", "/hooks/forged", webhooktest.Answer{Status: unsigned.status, Header: unsigned.header, Body: string(unsigned.body)})
+	// The methods the route does not cover are refused too, not passed to
+	// the upstream unverified.
+	for _, method := range []string{"GET", "PUT", "DELETE", "post"} {
+		r := mustSend(t, method, p.url("/hooks/forged"), "", "", "X-GitHub-Delivery: "+id)
+		if r.status != http.StatusMethodNotAllowed || r.header.Get("Allow") == "" || !strings.Contains(string(r.body), "urn:idem:problem:method-not-allowed") {
+			t.Errorf("unsigned %s on the webhook route: got %d Allow %q %s, want 405 with Allow and the method-not-allowed problem",
+				method, r.status, r.header.Get("Allow"), r.body)
+		}
+	}
+	wantRuns(t, "unsigned requests of other methods", up, "/hooks/forged", 0)
+	const refusedMethods = 4 // counted as rejected, as the 400s are
 	genuine := webhooktest.Send(t, delivery("/hooks/forged", id, cur))
 	wantExecuted("the genuine delivery after the forgeries", "/hooks/forged", genuine, 1)
 	wantReplay("its redelivery", "/hooks/forged", webhooktest.Send(t, delivery("/hooks/forged", id, cur)), genuine)
@@ -212,8 +223,8 @@ func testProxyWebhook(t *testing.T, preset string) {
 	if got := p.metric(fmt.Sprintf(`idem_webhook_unverified_total{preset=%q}`, preset)); got != float64(unverified) {
 		t.Errorf("idem_webhook_unverified_total{preset=%q} = %v, want %d (the 401s)", preset, got, unverified)
 	}
-	if got := p.metric(`idem_requests_total{outcome="rejected"}`); got != float64(unverified+missing) {
-		t.Errorf(`idem_requests_total{outcome="rejected"} = %v, want %d (the 401s and the 400s)`, got, unverified+missing)
+	if got := p.metric(`idem_requests_total{outcome="rejected"}`); got != float64(unverified+missing+refusedMethods) {
+		t.Errorf(`idem_requests_total{outcome="rejected"} = %v, want %d (the 401s, 400s and 405s)`, got, unverified+missing+refusedMethods)
 	}
 	if leaked := webhooktest.Leaked(p.logText(), cur, next, retired, forger); leaked != "" {
 		t.Errorf("the proxy's stderr (--log-level debug) holds %s of [current, next, retired, forger]", leaked)

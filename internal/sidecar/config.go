@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -132,11 +133,15 @@ func (s Settings) fingerprint() func(*http.Request, []byte) idem.Fingerprint {
 }
 
 // Middleware is the idemhttp middleware of a route with settings s (see
-// Config, with KeySource's key source), in front of the upstream's
+// Config, with keySource's key source), in front of the upstream's
 // handler, gRPC calls answered and stored as gRPC (GRPCMiddleware: a gRPC
 // call gets its gRPC status whatever s.Profile). It reads the webhook
-// secrets (KeySource), each time it is called; its error is one line
-// that names what failed (a secrets file or variable, never a secret).
+// secrets, each time it is called; its error is one line that names what
+// failed (a secrets file or variable, never a secret). On a webhook route
+// a request of a method s does not cover is answered 405 (with Allow) and
+// counted as rejected, never passed to the upstream unverified: the front
+// ends send every request of such a route through it
+// (RefusesUncovered).
 func (s Settings) Middleware(store idem.Store, tenant, route func(*http.Request) string, env Env) (func(http.Handler) http.Handler, error) {
 	cfg := s.Config(tenant, route, env)
 	now := env.now
@@ -147,5 +152,36 @@ func (s Settings) Middleware(store idem.Store, tenant, route func(*http.Request)
 	if cfg.KeySource, err = s.keySource(env.Metrics, now); err != nil {
 		return nil, err
 	}
-	return GRPCMiddleware(store, cfg)
+	mw, err := GRPCMiddleware(store, cfg)
+	if err != nil || !s.RefusesUncovered() {
+		return mw, err
+	}
+	covered := map[string]bool{}
+	for _, m := range s.Methods {
+		covered[m] = true
+	}
+	allow := strings.Join(s.Methods, ", ")
+	return func(next http.Handler) http.Handler {
+		h := mw(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if covered[r.Method] {
+				h.ServeHTTP(w, r)
+				return
+			}
+			cfg.OnOutcome(r, idemhttp.OutcomeRejected)
+			w.Header().Set("Allow", allow)
+			idemhttp.WriteProblem(w, r, &idemhttp.Problem{Type: ProblemMethodNotAllowed, Title: "Method not allowed",
+				Status: http.StatusMethodNotAllowed,
+				Detail: "This route receives " + s.Webhook + " webhooks, whose signatures are checked on " + allow + " only; the request was not processed."})
+		})
+	}, nil
 }
+
+// ProblemMethodNotAllowed is the problem type of a webhook route's answer
+// to a method it does not cover (405).
+const ProblemMethodNotAllowed = "urn:idem:problem:method-not-allowed"
+
+// RefusesUncovered reports whether a request of a method s does not cover
+// must still go through s's Middleware, which refuses it (a webhook
+// route), rather than straight to the upstream.
+func (s Settings) RefusesUncovered() bool { return s.Webhook != "" }

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idem/internal/webhook"
 )
 
-// KeySource is the idemhttp.KeySource of a route with settings s: the
+// keySource is the idemhttp.KeySource of a route with settings s: the
 // Idempotency-Key header when neither Key nor Webhook is set; KeySpec(Key);
 // or, with Webhook, a source that reads the body and verifies each
 // request's signature with the preset (internal/webhook) before it names
@@ -28,12 +28,8 @@ import (
 // each reload, so that secrets rotate without a restart). An error names
 // the file or variable and the line of a bad secret, never a secret. It
 // expects settings that Validate accepts.
-func (s Settings) KeySource(m *Metrics) (idemhttp.KeySource, error) {
-	return s.keySource(m, time.Now)
-}
-
-// keySource is KeySource with the clock the signed timestamps are checked
-// against (tests pass the fixtures' signing time).
+// now is the clock the signed timestamps are checked against (tests
+// pass the fixtures' signing time).
 func (s Settings) keySource(m *Metrics, now func() time.Time) (idemhttp.KeySource, error) {
 	switch {
 	case s.Webhook != "":

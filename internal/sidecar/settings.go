@@ -185,6 +185,8 @@ func (s Settings) validateKeys(name func(string) string) error {
 			return fmt.Errorf("%s: %v", name("webhook"), err)
 		}
 		switch {
+		case len(s.Methods) == 0:
+			return fmt.Errorf("%s %s: the route covers no methods; want %s with POST", name("webhook"), s.Webhook, name("methods"))
 		case s.Key != "":
 			return fmt.Errorf("%s %q and %s %s: the preset names its key; drop %s", name("key"), s.Key, name("webhook"), s.Webhook, name("key"))
 		case (s.WebhookSecretFile == "") == (s.WebhookSecretEnv == ""):
