@@ -49,10 +49,28 @@
 // DynamoDB answers in the same round trip; a server that ignores it
 // (dynalite, which the tests run on) gets one consistent GetItem more.
 //
-// The SDK's retries are safe: a write repeated after a lost reply meets
-// its own first write and gets the same answer (Acquire with the same
-// LeaseID returns the same lease; Complete and Release of a record they
-// already completed or released return nil).
+// # Lost answers
+//
+// A request that gets no answer (its connection refused, reset or closed
+// before a response came: the SDK's *smithyhttp.RequestSendError, after
+// whatever retries the client makes) is sent again by the store where
+// that is safe: three attempts in all at most, the second after 5 to
+// 10 ms, the third 10 to 20 ms later, while the context lasts. A read (GetItem) is always
+// safe. So is every conditional write: repeated after its first attempt
+// applied, it meets that write and is recognised by the caller's lease.
+// Acquire finds the item in flight under its own LeaseID and returns
+// that lease with its token; Complete and Release find the record
+// completed or released with the lease's token and return nil; Renew's
+// condition still holds, and it extends the lease again. One answer can
+// differ: a Release whose first attempt applied, repeated after another
+// caller acquired the released key, returns ErrLeaseLost (the key is
+// released either way; idem.Store says the same of a caller's own
+// repeat). Delete is sent again only when its connection could not be
+// made: a repeat of a Delete that reached the server would find nothing
+// and report false. A request the server answered (a failed condition,
+// a throttling or validation error) is not sent again by the store; the
+// client's own retries (RetryMaxAttempts, 3 by default; they retry
+// throttling and lost answers) are safe for the same reasons.
 //
 // # dynalite
 //

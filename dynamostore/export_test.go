@@ -44,3 +44,7 @@ func Raw(ctx context.Context, c *dynamodb.Client, table, prefix string, key idem
 	ttl, err = strconv.ParseInt(x.Value, 10, 64)
 	return it.expires, ttl, it.token, true, err
 }
+
+// SendAttempts is how many times the store sends a request that gets no
+// answer.
+const SendAttempts = sendAttempts

@@ -5,12 +5,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/idemkit/idem"
 )
@@ -132,6 +135,65 @@ func ctxErr(ctx context.Context, op string, key idem.Key) error {
 	return nil
 }
 
+// sendAttempts is how many times the store sends a request that got no
+// answer (the SDK's *smithyhttp.RequestSendError: the connection was
+// refused, reset or closed before a response came, after whatever
+// retries the client makes itself), when sending it again is safe: see
+// "Lost answers" in the package doc.
+const sendAttempts = 3
+
+// sendBackoff is the wait before the second attempt; it doubles, with
+// jitter, before each later one.
+const sendBackoff = 10 * time.Millisecond
+
+// unanswered reports whether err is a request that got no answer: the
+// server may or may not have applied it.
+func unanswered(err error) bool {
+	var rse *smithyhttp.RequestSendError
+	return errors.As(err, &rse)
+}
+
+// unsent reports whether err is a request that never reached the server
+// (its connection could not be made).
+func unsent(err error) bool {
+	var op *net.OpError
+	return unanswered(err) && errors.As(err, &op) && op.Op == "dial"
+}
+
+// resend calls send until it returns an error that again(err) does not
+// take for a lost answer, sendAttempts times at most, backing off in
+// between, and stops when ctx ends.
+func resend[T any](ctx context.Context, again func(error) bool, send func() (T, error)) (T, error) {
+	wait := sendBackoff
+	for i := 1; ; i++ {
+		out, err := send()
+		if err == nil || i >= sendAttempts || !again(err) || ctx.Err() != nil {
+			return out, err
+		}
+		t := time.NewTimer(wait/2 + rand.N(wait/2))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return out, err
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
+// getItem is a GetItem, sent again after a lost answer (a read).
+func (s *Store) getItem(ctx context.Context, in *dynamodb.GetItemInput) (*dynamodb.GetItemOutput, error) {
+	return resend(ctx, unanswered, func() (*dynamodb.GetItemOutput, error) { return s.api.GetItem(ctx, in) })
+}
+
+// updateItem is an UpdateItem, sent again after a lost answer: every
+// UpdateItem of the store is a conditional write that, repeated after its
+// first attempt applied, is recognised by the caller's own lease (see the
+// package doc).
+func (s *Store) updateItem(ctx context.Context, in *dynamodb.UpdateItemInput) (*dynamodb.UpdateItemOutput, error) {
+	return resend(ctx, unanswered, func() (*dynamodb.UpdateItemOutput, error) { return s.api.UpdateItem(ctx, in) })
+}
+
 // item is a decoded item.
 type item struct {
 	state   idem.State
@@ -235,7 +297,7 @@ func (s *Store) oldItem(ctx context.Context, key idem.Key, err error) (it *item,
 	}
 	av := ccf.Item
 	if av == nil {
-		out, err := s.api.GetItem(ctx, &dynamodb.GetItemInput{TableName: s.table, Key: s.key(key), ConsistentRead: aws.Bool(true)})
+		out, err := s.getItem(ctx, &dynamodb.GetItemInput{TableName: s.table, Key: s.key(key), ConsistentRead: aws.Bool(true)})
 		if err != nil {
 			return nil, true, err
 		}
@@ -274,7 +336,7 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	now := s.clock()
 	nowMS := now.UnixMilli()
 	exp := end(nowMS, req.TTL)
-	out, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	out, err := s.updateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
 		Key:                      s.key(req.Key),
 		ConditionExpression:      aws.String("attribute_not_exists(#k) OR #s = :rel OR #e <= :now"),
@@ -297,15 +359,7 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		if err != nil {
 			return idem.Acquisition{}, false, fmt.Errorf("dynamostore: token %q: %w", tv.Value, err)
 		}
-		if int64(tok) > nowMS+s.skew.Milliseconds()/2 {
-			// The token runs ahead of the clock: keep the item until
-			// the clock has passed it (see the package doc).
-			if err := s.extendTTL(ctx, req.Key, req.LeaseID, exp, tok); err != nil {
-				return idem.Acquisition{}, false, err
-			}
-		}
-		l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: tok, TTL: req.TTL}
-		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, false, nil
+		return s.acquired(ctx, req, nowMS, exp, tok, req.TTL)
 	}
 	it, ok, err := s.oldItem(ctx, req.Key, err)
 	if err != nil || !ok {
@@ -317,8 +371,9 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	case !it.live(nowMS) || it.state == idem.StateReleased:
 		return idem.Acquisition{}, true, nil
 	case it.state == idem.StateInFlight && it.lease == req.LeaseID:
-		l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: it.token, TTL: it.ttl(now)}
-		return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, false, nil
+		// This Acquire again (the caller's, or the store's after a lost
+		// answer): the lease its first write took.
+		return s.acquired(ctx, req, nowMS, it.expires, it.token, it.ttl(now))
 	case it.fp != req.Fingerprint:
 		return idem.Acquisition{Outcome: idem.Mismatch}, false, nil
 	case it.state == idem.StateInFlight:
@@ -331,8 +386,22 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	return idem.Acquisition{Outcome: idem.Replay, Response: resp}, false, nil
 }
 
+// acquired answers an Acquire whose lease holds token tok and ends at exp
+// (epoch ms), ttl from now.
+func (s *Store) acquired(ctx context.Context, req idem.AcquireRequest, nowMS, exp int64, tok uint64, ttl time.Duration) (idem.Acquisition, bool, error) {
+	if int64(tok) > nowMS+s.skew.Milliseconds()/2 {
+		// The token runs ahead of the clock: keep the item until
+		// the clock has passed it (see the package doc).
+		if err := s.extendTTL(ctx, req.Key, req.LeaseID, exp, tok); err != nil {
+			return idem.Acquisition{}, false, err
+		}
+	}
+	l := idem.Lease{Key: req.Key, ID: req.LeaseID, Token: tok, TTL: ttl}
+	return idem.Acquisition{Outcome: idem.Acquired, Lease: l}, false, nil
+}
+
 func (s *Store) extendTTL(ctx context.Context, key idem.Key, id idem.LeaseID, exp int64, tok uint64) error {
-	_, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	_, err := s.updateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 s.table,
 		Key:                       s.key(key),
 		ConditionExpression:       aws.String("#l = :lid"),
@@ -360,7 +429,7 @@ func (s *Store) Renew(ctx context.Context, l idem.Lease, ttl time.Duration) erro
 	}
 	nowMS := s.clock().UnixMilli()
 	exp := end(nowMS, ttl)
-	_, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	_, err := s.updateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
 		Key:                      s.key(l.Key),
 		ConditionExpression:      aws.String(held),
@@ -405,7 +474,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 	}
 	nowMS := s.clock().UnixMilli()
 	exp := end(nowMS, retention)
-	_, err = s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	_, err = s.updateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
 		Key:                      s.key(l.Key),
 		ConditionExpression:      aws.String(held),
@@ -482,7 +551,7 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 	}
 	nowMS := s.clock().UnixMilli()
 	exp := end(nowMS, max(l.TTL, time.Millisecond))
-	_, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	_, err := s.updateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
 		Key:                      s.key(l.Key),
 		ConditionExpression:      aws.String(held),
@@ -503,7 +572,7 @@ func (s *Store) Get(ctx context.Context, key idem.Key) (idem.Record, bool, error
 	if err := ctxErr(ctx, "get", key); err != nil {
 		return idem.Record{}, false, err
 	}
-	out, err := s.api.GetItem(ctx, &dynamodb.GetItemInput{TableName: s.table, Key: s.key(key), ConsistentRead: aws.Bool(true)})
+	out, err := s.getItem(ctx, &dynamodb.GetItemInput{TableName: s.table, Key: s.key(key), ConsistentRead: aws.Bool(true)})
 	if err != nil {
 		return idem.Record{}, false, storeErr("get", key, err)
 	}
@@ -536,7 +605,11 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 	if err := ctxErr(ctx, "delete", key); err != nil {
 		return false, err
 	}
-	out, err := s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: s.key(key), ReturnValues: types.ReturnValueAllOld})
+	// Sent again only when it never reached the server: a repeat of a
+	// Delete that did would find nothing, and report false.
+	out, err := resend(ctx, unsent, func() (*dynamodb.DeleteItemOutput, error) {
+		return s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: s.key(key), ReturnValues: types.ReturnValueAllOld})
+	})
 	if err != nil {
 		return false, storeErr("delete", key, err)
 	}

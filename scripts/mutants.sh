@@ -124,6 +124,15 @@ mutant dynamo-ttl-push dynamostore/store.go ./dynamostore 'TestTTLAttribute' \
 mutant dynamo-omit-large dynamostore/store.go ./dynamostore 'TestItemTooLarge' \
 	'if len(enc) <= room || resp.Blob != nil' \
 	'if len(enc) <= room+MaxItemSize || resp.Blob != nil'
+mutant dynamo-lost-resend dynamostore/store.go ./dynamostore 'TestLostAnswers' \
+	'if err == nil || i >= sendAttempts || !again(err) || ctx.Err() != nil {' \
+	'if true {'
+mutant dynamo-lost-acquire-lease dynamostore/store.go ./dynamostore 'TestLostAnswers' \
+	'case it.state == idem.StateInFlight && it.lease == req.LeaseID:' \
+	'case false:'
+mutant dynamo-lost-delete-unsent dynamostore/store.go ./dynamostore 'TestLostAnswers' \
+	'resend(ctx, unsent, func()' \
+	'resend(ctx, unanswered, func()'
 
 # --- CompleteTx of an expired lease.
 mutant pgstore-completetx-expiry pgstore/sql.go ./pgstore 'TestCompleteTx$' \

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"go/build"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
@@ -47,11 +49,30 @@ const Region = "us-east-1"
 // attempt each ("server closed idle connection", "broken pipe",
 // "connection reset by peer"): failures of the test server, not of the
 // store.
+//
+// It also listens with a backlog of Backlog connections (the kernel caps
+// it at net.core.somaxconn) instead of Node.js's 511. A storm of new
+// connections (storetest's Concurrency: 2,000 callers at once) fills a
+// backlog of 511 faster than the busy server accepts them; Linux then
+// answers with SYN cookies and drops the handshakes it cannot queue, and
+// resets some of those connections later, when their cookie no longer
+// checks: the client, which took the connection for open and sent its
+// request on it, reads "connection reset by peer" (each one counted in
+// TcpExtSyncookiesFailed and TcpEstabResets). Clients from Client open
+// at most MaxConns connections, within even a small backlog.
 const serve = `const server = require(process.argv[1])({createTableMs: 0, deleteTableMs: 0, updateTableMs: 0});
 server.keepAliveTimeout = 0;
 server.headersTimeout = 0;
 server.requestTimeout = 0;
-server.listen(Number(process.argv[2]), "127.0.0.1");`
+server.listen(Number(process.argv[2]), "127.0.0.1", Number(process.argv[3]));`
+
+// Backlog is the listen backlog the server asks for.
+const Backlog = 4096
+
+// MaxConns is the most connections a client from Client opens to the
+// server (dynalite serves one request at a time: more would only queue
+// in the server, and past its backlog be reset).
+const MaxConns = 64
 
 // Server is one dynalite process.
 type Server struct {
@@ -86,7 +107,7 @@ func Start() (*Server, error) {
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
 		s := &Server{port: port, done: make(chan struct{})}
-		s.cmd = exec.Command("node", "-e", serve, filepath.Join(filepath.Dir(cli), "index.js"), strconv.Itoa(port))
+		s.cmd = exec.Command("node", "-e", serve, filepath.Join(filepath.Dir(cli), "index.js"), strconv.Itoa(port), strconv.Itoa(Backlog))
 		s.cmd.SysProcAttr = proctest.SysProcAttr()
 		if err := s.cmd.Start(); err != nil {
 			return nil, err
@@ -121,13 +142,18 @@ func (s *Server) wait() error {
 // Addr is host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
-// Client returns a client of the server.
+// Client returns a client of the server. It makes one attempt per call
+// (the SDK's retries off, so that the tests see what the code under test
+// does with a failure) over at most MaxConns connections.
 func (s *Server) Client() *dynamodb.Client {
 	return dynamodb.New(dynamodb.Options{
 		Region:           Region,
 		BaseEndpoint:     aws.String("http://" + s.Addr()),
 		Credentials:      credentials.NewStaticCredentialsProvider("idemtest", "idemtestsecret", ""),
 		RetryMaxAttempts: 1,
+		HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+			t.MaxConnsPerHost = MaxConns
+		}),
 	})
 }
 
