@@ -48,7 +48,7 @@ func TestWebhookDocRoutes(t *testing.T) {
 	blocks := docsBlocks(t, "../../docs/webhooks.md", "yaml")
 	secretPath := regexp.MustCompile(`/etc/idem/[a-z-]+\.secrets`)
 	presetOf := regexp.MustCompile(`(?m)^\s+webhook: ([a-z-]+)$`)
-	matchOf := regexp.MustCompile(`(?m)match: "POST (/[^"]*)"`)
+	matchOf := regexp.MustCompile(`(?m)match: "?(?:POST )?(/[^"\s]*)`)
 	seen := map[string]bool{}
 	for i, block := range blocks {
 		preset := ""
@@ -90,6 +90,9 @@ func TestWebhookDocRoutes(t *testing.T) {
 			altered.ID, altered.SentBody = "doc-"+preset+"-2", strings.Replace(d.Body, `"n":1`, `"n":2`, 1)
 			if err := webhooktest.CheckUnverified(webhooktest.Send(t, altered)); err != nil {
 				t.Errorf("%s delivery with a body altered after signing: %v", preset, err)
+			}
+			if put := mustSend(t, "PUT", p.url(path), "", d.Body); put.status != http.StatusMethodNotAllowed {
+				t.Errorf("%s: an unsigned PUT on the route got %d; want 405, not forwarded", preset, put.status)
 			}
 			if n := up.runsOf(""); n != 1 {
 				t.Errorf("%s: the upstream ran %d times; want once", preset, n)

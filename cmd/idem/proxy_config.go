@@ -351,7 +351,7 @@ func (o routeOverride) apply(s routeSettings) routeSettings {
 // and answer overrides. One key source per route: a route's key (or
 // webhook: "") drops an inherited webhook with its secrets and tolerance,
 // a route's webhook drops an inherited key (and another preset's
-// tolerance); one source of secrets, and one fingerprint list, which
+// secrets and tolerance); one source of secrets, and one fingerprint list, which
 // fingerprint: raw drops (a route that sets both of either kind gets
 // Validate's error).
 func (o routeOverride) applyKeys(s routeSettings) routeSettings {
@@ -366,7 +366,8 @@ func (o routeOverride) applyKeys(s routeSettings) routeSettings {
 	}
 	if o.Webhook != nil {
 		if *o.Webhook != s.Webhook {
-			s.WebhookTolerance = 0 // the inherited preset's, not this one's
+			// The inherited preset's secrets and tolerance, not this one's.
+			s.WebhookSecretFile, s.WebhookSecretEnv, s.WebhookTolerance = "", "", 0
 		}
 		s.Webhook = *o.Webhook
 	}

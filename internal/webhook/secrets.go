@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -29,6 +30,10 @@ type secretLine struct {
 // lines starting with "#" ignored. A file without any secret is an error
 // that names the file.
 func SecretsFromFile(path string) (Secrets, error) {
+	if strings.HasPrefix(path, "whsec_") {
+		// A secret given where its file's path goes: never quote it.
+		return Secrets{}, errors.New("webhook secret file: the setting holds a secret (whsec_...), not a path; want the path of a file that holds the secrets, one a line")
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		// os.PathError names the file and the cause, never its contents.
@@ -41,12 +46,20 @@ func SecretsFromFile(path string) (Secrets, error) {
 // SecretsFromFile's format (newline-separated). An unset variable, or one
 // without any secret, is an error that names the variable.
 func SecretsFromEnv(name string) (Secrets, error) {
+	if !envName.MatchString(name) {
+		// Perhaps the secret itself, given where its variable's name goes:
+		// never quote it.
+		return Secrets{}, errors.New("webhook secret: the environment variable's name is not a name; want letters, digits and _ ([A-Za-z_][A-Za-z0-9_]*), the name of a variable that holds the secrets")
+	}
 	text, ok := os.LookupEnv(name)
 	if !ok {
 		return Secrets{}, fmt.Errorf("webhook secret: environment variable %s is not set", name)
 	}
 	return parseSecrets("environment variable "+name, text)
 }
+
+// envName is what SecretsFromEnv takes for a variable's name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func parseSecrets(source, text string) (Secrets, error) {
 	s := Secrets{source: source}

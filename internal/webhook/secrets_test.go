@@ -102,3 +102,17 @@ func TestSecretsDoNotPrint(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsSettingHoldsASecret: a secret written where its file's path
+// or its variable's name goes is refused without being quoted.
+func TestSecretsSettingHoldsASecret(t *testing.T) {
+	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	if _, err := SecretsFromFile(secret); err == nil || strings.Contains(err.Error(), "MfKQ") {
+		t.Errorf("SecretsFromFile(a secret): %v, want an error that does not quote it", err)
+	}
+	for _, name := range []string{secret[6:] + "/+=", "my secret", "9LIVES"} {
+		if _, err := SecretsFromEnv(name); err == nil || strings.Contains(err.Error(), name) {
+			t.Errorf("SecretsFromEnv(%q): %v, want an error that does not quote it", name, err)
+		}
+	}
+}
