@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -45,8 +46,8 @@ type Env struct {
 // scoped by tenant and route (nil: idemhttp's default, the path). On a
 // webhook route (s.Webhook) the tenant is the sender, "webhook:" + the
 // preset's name, whatever tenant says: the signature, not the caller's
-// headers, says who sent it; and its authority is "", not the Host
-// header, which the caller chooses. Its fingerprint is s.Fingerprint's, its
+// headers, says who sent it; its authority is "", not the Host header,
+// which the caller chooses; and its route is webhookRoute's. Its fingerprint is s.Fingerprint's, its
 // ErrorHandler s.Profile's (ProfileErrorHandler). Its KeySource is left
 // zero: KeySource, which reads the webhook secrets and can fail, makes
 // it, and Middleware sets it. The front end adds what is its own (a gRPC
@@ -56,6 +57,7 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 	if s.Webhook != "" {
 		sender := "webhook:" + s.Webhook
 		tenant = func(*http.Request) string { return sender }
+		route = webhookRoute(route)
 	}
 	cfg := idemhttp.Config{
 		Methods:         s.Methods,
@@ -116,6 +118,25 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 		cfg.ShouldStore = func(_ *http.Request, status int) bool { return statuses[status] }
 	}
 	return cfg
+}
+
+// webhookRoute is the route of a webhook route's scope: route's (nil: the
+// path), cleaned (no empty or dot segments) and lower-cased, so that a
+// captured delivery sent again to /Hooks/Stripe, //hooks/stripe or
+// /hooks/./stripe, which a matcher may send to the same route (Caddy's
+// path matcher ignores case), is the same key and not run again. (The
+// proxy's --config routes have their pattern as route already.)
+func webhookRoute(route func(*http.Request) string) func(*http.Request) string {
+	if route == nil {
+		route = Route
+	}
+	return func(r *http.Request) string {
+		p := route(r)
+		if strings.HasPrefix(p, "/") {
+			p = path.Clean(p)
+		}
+		return strings.ToLower(p)
+	}
 }
 
 // fingerprint is the Config.Fingerprint of s.Fingerprint,
