@@ -26,7 +26,14 @@ import (
 // route with key json:/id and fingerprint_exclude replays a redelivery
 // whose attempt counter changed; one with key_header, profile stripe,
 // echo_key and lifetime_header answers in Stripe's JSON with the key and
-// the retention. A reload re-reads a rewritten secret file.
+// the retention. A route with fingerprint_fields /id /amount replays a
+// redelivery whose other fields changed, and one with fingerprint json
+// (sent by curl) one whose members were reordered and spaced otherwise
+// (a body that is not JSON: the same bytes); a changed amount or value is
+// a 422. One with profile acp answers another body and a key in flight
+// 409 in the Agentic Commerce Protocol's JSON; one with key
+// header:X-Request-Id takes its key from that header alone. A reload
+// re-reads a rewritten secret file.
 func TestWebhooks(t *testing.T) {
 	up := upstreamtest.StartCounter(t)
 	upstream := strings.TrimPrefix(up.URL, "http://")
@@ -44,6 +51,15 @@ func TestWebhooks(t *testing.T) {
 	}
 	fmt.Fprintf(&site, "\troute /orders/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-orders-%s:\n\t\t\tkey json:/id\n\t\t\tfingerprint_exclude /attempt\n\t\t}\n\t\treverse_proxy %s\n\t}\n", runID, upstream)
 	fmt.Fprintf(&site, "\troute /answers/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-answers-%s:\n\t\t\tkey_header X-Request-Id\n\t\t\tprofile stripe\n\t\t\techo_key\n\t\t\tlifetime_header\n\t\t\tretention 30m\n\t\t}\n\t\treverse_proxy %s\n\t}", runID, upstream)
+	for _, r := range []struct{ path, directives string }{
+		{"fields", "key json:/id\n\t\t\tfingerprint_fields /id /amount"},
+		{"canonical", "fingerprint json"},
+		{"acp", "profile acp\n\t\t\twait off"},
+		{"reqid", "key header:X-Request-Id"},
+	} {
+		fmt.Fprintf(&site, "\n\troute /%s/* {\n\t\tidempotency {\n\t\t\tprefix webhooks-%s-%s:\n\t\t\t%s\n\t\t}\n\t\treverse_proxy %s\n\t}",
+			r.path, r.path, runID, r.directives, upstream)
+	}
 	base := startCaddy(t, site.String())
 
 	seq := 0
@@ -135,6 +151,34 @@ func TestWebhooks(t *testing.T) {
 		})
 	}
 
+	// request POSTs body to path with the "Name: value" headers.
+	request := func(path, body string, hdr ...string) (*http.Response, string, error) {
+		req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+		if err != nil {
+			return nil, "", err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for _, h := range hdr {
+			name, value, _ := strings.Cut(h, ":")
+			req.Header.Set(name, strings.TrimSpace(value))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp, string(b), err
+	}
+	mustRequest := func(t *testing.T, path, body string, hdr ...string) (*http.Response, string) {
+		t.Helper()
+		resp, b, err := request(path, body, hdr...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, b
+	}
+
 	t.Run("json-key", func(t *testing.T) {
 		send := func(path, body string) answer { t.Helper(); return post(t, base+path, "", body) }
 		first := send("/orders/a", `{"id":"o-1-`+runID+`","attempt":1,"amount":5}`)
@@ -156,19 +200,7 @@ func TestWebhooks(t *testing.T) {
 		key := "a-1-" + runID
 		send := func(body string) (*http.Response, string) {
 			t.Helper()
-			req, err := http.NewRequest(http.MethodPost, base+"/answers/a", strings.NewReader(body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("X-Request-Id", key)
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return resp, string(b)
+			return mustRequest(t, "/answers/a", body, "X-Request-Id: "+key)
 		}
 		wantHeaders := func(what string, resp *http.Response) {
 			t.Helper()
@@ -197,6 +229,107 @@ func TestWebhooks(t *testing.T) {
 				other.StatusCode, other.Header.Get("Content-Type"), otherBody)
 		}
 		wantHeaders("a mismatch", other)
+	})
+
+	// fingerprint_fields /id /amount: only those fields are the request's;
+	// fingerprint json: its canonical JSON, or its bytes when it is not
+	// JSON.
+	t.Run("fingerprints", func(t *testing.T) {
+		wantOnce := func(what, path string, first, again answer) {
+			t.Helper()
+			if first.status != 201 || first.replayed != "" || again.status != 201 || again.replayed != "true" || again.body != first.body || up.Runs(path) != 1 {
+				t.Errorf("%s: got %d then %d (replayed %q) %q after %d executions, want 201 and its replay %q after 1",
+					what, first.status, again.status, again.replayed, again.body, up.Runs(path), first.body)
+			}
+		}
+		wantMismatch := func(what, path string, status int, body string) {
+			t.Helper()
+			if status != 422 || !strings.Contains(body, idemhttp.ProblemMismatch) || up.Runs(path) != 1 {
+				t.Errorf("%s: got %d %q after %d executions, want 422 mismatch after 1", what, status, body, up.Runs(path))
+			}
+		}
+		id := "f-1-" + runID
+		wantOnce("fingerprint_fields /id /amount, the other fields changed", "/fields/a",
+			post(t, base+"/fields/a", "", `{"id":"`+id+`","amount":5,"attempt":1,"sent_at":"2026-12-02T07:00:00Z"}`),
+			post(t, base+"/fields/a", "", `{"sent_at":"2026-12-02T07:05:00Z","attempt":2,"amount":5,"id":"`+id+`","trace":"t-2"}`))
+		a := post(t, base+"/fields/a", "", `{"id":"`+id+`","amount":6,"attempt":1,"sent_at":"2026-12-02T07:00:00Z"}`)
+		wantMismatch("fingerprint_fields /id /amount, the amount changed", "/fields/a", a.status, a.body)
+
+		// curl, another client than Go's.
+		key := "c-1-" + runID
+		first := curlPost(t, base+"/canonical/a", key, `{"id":"c-1","amount":5,"items":[{"sku":"a","n":1}]}`)
+		again := curlPost(t, base+"/canonical/a", key, "{ \"items\" : [ { \"n\":1, \"sku\":\"a\" } ],\n  \"amount\": 5, \"id\": \"c-1\" }")
+		if first.err != nil || again.err != nil {
+			t.Fatalf("curl: %v, %v", first.err, again.err)
+		}
+		wantOnce("fingerprint json, members reordered and spaced otherwise", "/canonical/a",
+			answer{status: first.status, body: first.body, replayed: first.replayed}, answer{status: again.status, body: again.body, replayed: again.replayed})
+		r := curlPost(t, base+"/canonical/a", key, `{"id":"c-1","amount":5,"items":[{"sku":"a","n":2}]}`)
+		wantMismatch("fingerprint json, a value changed", "/canonical/a", r.status, r.body)
+		key = "c-2-" + runID
+		const notJSON = `{"id":"c-2","amount":5` // cut short: not JSON
+		wantOnce("fingerprint json, a body that is not JSON, the same bytes", "/canonical/b",
+			post(t, base+"/canonical/b", key, notJSON), post(t, base+"/canonical/b", key, notJSON))
+		a = post(t, base+"/canonical/b", key, `{"id": "c-2", "amount": 5`)
+		wantMismatch("fingerprint json, a body that is not JSON, spaced otherwise (raw: other bytes)", "/canonical/b", a.status, a.body)
+	})
+
+	// profile acp: another body under the key, and the key in flight,
+	// answered 409 in the Agentic Commerce Protocol's JSON.
+	t.Run("acp", func(t *testing.T) {
+		wantACP := func(what string, resp *http.Response, body, code string) {
+			t.Helper()
+			var a struct{ Type, Code, Message string }
+			if resp.StatusCode != 409 || resp.Header.Get("Content-Type") != "application/json" || json.Unmarshal([]byte(body), &a) != nil ||
+				a.Type != "invalid_request" || a.Code != code || a.Message == "" {
+				t.Errorf("profile acp, %s: got %d %s %s, want 409 application/json {\"type\":\"invalid_request\",\"code\":%q,\"message\":...}",
+					what, resp.StatusCode, resp.Header.Get("Content-Type"), body, code)
+			}
+		}
+		key := idemhttp.HeaderKey + ": acp-1-" + runID
+		if resp, body := mustRequest(t, "/acp/a", `{"n":1}`, key); resp.StatusCode != 201 {
+			t.Fatalf("profile acp, first: got %d %s, want 201", resp.StatusCode, body)
+		}
+		resp, body := mustRequest(t, "/acp/a", `{"n":2}`, key)
+		wantACP("the key with another body", resp, body, "idempotency_conflict")
+
+		key = idemhttp.HeaderKey + ": acp-2-" + runID
+		slow := make(chan error, 1)
+		go func() { _, _, err := request("/acp/slow", `{"n":1}`, key, "X-Test-Delay: 3s"); slow <- err }()
+		for deadline := time.Now().Add(10 * time.Second); up.Runs("/acp/slow") == 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the upstream did not start the slow request within 10s")
+			}
+		}
+		resp, body = mustRequest(t, "/acp/slow", `{"n":1}`, key)
+		wantACP("the key in flight", resp, body, "idempotency_in_flight")
+		if resp.Header.Get("Retry-After") == "" {
+			t.Errorf("profile acp, the key in flight: no Retry-After")
+		}
+		if err := <-slow; err != nil {
+			t.Errorf("the slow request: %v", err)
+		}
+	})
+
+	// key header:X-Request-Id: the key is that header's, and a request
+	// with only an Idempotency-Key has none.
+	t.Run("key-header", func(t *testing.T) {
+		key := "X-Request-Id: r-1-" + runID
+		first, firstBody := mustRequest(t, "/reqid/a", `{"n":1}`, key)
+		again, againBody := mustRequest(t, "/reqid/a", `{"n":1}`, key, idemhttp.HeaderKey+": other-"+runID)
+		if first.StatusCode != 201 || again.StatusCode != 201 || again.Header.Get(idemhttp.HeaderReplayed) != "true" || againBody != firstBody || up.Runs("/reqid/a") != 1 {
+			t.Errorf("key header:X-Request-Id: got %d then %d (replayed %q) %q after %d executions, want 201 and its replay %q after 1",
+				first.StatusCode, again.StatusCode, again.Header.Get(idemhttp.HeaderReplayed), againBody, up.Runs("/reqid/a"), firstBody)
+		}
+		if resp, body := mustRequest(t, "/reqid/a", `{"n":2}`, key); resp.StatusCode != 422 || !strings.Contains(body, idemhttp.ProblemMismatch) {
+			t.Errorf("key header:X-Request-Id, another body: got %d %s, want 422 mismatch", resp.StatusCode, body)
+		}
+		only := idemhttp.HeaderKey + ": k-1-" + runID
+		mustRequest(t, "/reqid/b", `{}`, only)
+		mustRequest(t, "/reqid/b", `{}`, only)
+		if n := up.Runs("/reqid/b"); n != 2 {
+			t.Errorf("key header:X-Request-Id, a request with only %s (no key: passed through): the upstream ran it %d times, want 2", idemhttp.HeaderKey, n)
+		}
 	})
 
 	// A reload provisions the handlers again, and they read the secret

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/proctest"
 )
 
 // curlPost sends a POST through curl (another HTTP client than Go's),
@@ -21,7 +22,7 @@ func curlPost(t *testing.T, url, key, body string, args ...string) result {
 	t.Helper()
 	all := append([]string{"-sS", "-i", "--max-time", "10", "-X", "POST", "-H", "Content-Type: application/json",
 		"-H", idemhttp.HeaderKey + ": " + key, "--data-binary", body}, args...)
-	out, err := exec.Command("curl", append(all, url)...).Output()
+	out, err := exec.Command(proctest.RequireTool(t, "curl"), append(all, url)...).Output()
 	if err != nil {
 		t.Fatalf("curl %q: %v", all, err)
 	}

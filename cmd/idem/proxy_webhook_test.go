@@ -334,7 +334,12 @@ func testProxyKeySources(t *testing.T) {
 // testProxyFingerprint: with fingerprint_exclude: [/attempt], a
 // redelivery that bumped its attempt counter (and reordered its members)
 // is a replay, and one that changed anything else a 422; without it, the
-// changed counter is a 422.
+// changed counter is a 422. With fingerprint_fields: [/id, /amount], a
+// redelivery whose other fields changed (or are new) is a replay, and one
+// whose amount changed or is gone a 422. With fingerprint: json (sent by
+// curl), members reordered and spaced otherwise are a replay and a value
+// changed a 422; a body that is not JSON is fingerprinted raw: the same
+// bytes replay, and bytes that differ only in spacing are a 422.
 func testProxyFingerprint(t *testing.T) {
 	p, up := routesProxy(t, `routes:
   - match: "POST /exclude/"
@@ -344,6 +349,13 @@ func testProxyFingerprint(t *testing.T) {
   - match: "POST /raw/"
     methods: [POST]
     key: json:/id
+  - match: "POST /fields/"
+    methods: [POST]
+    key: json:/id
+    fingerprint_fields: [/id, /amount]
+  - match: "POST /canonical/"
+    methods: [POST]
+    fingerprint: json
 `)
 	post := func(path, body string) result { t.Helper(); return mustSend(t, "POST", p.url(path), "", body) }
 	wantOnce(t, "fingerprint_exclude [/attempt], the attempt bumped", up, "/exclude/a",
@@ -354,6 +366,29 @@ func testProxyFingerprint(t *testing.T) {
 	wantStatus(t, "the raw fingerprint, the attempt bumped", post("/raw/a", `{"id":"r-1","attempt":2}`),
 		http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
 	wantRuns(t, "the raw fingerprint", up, "/raw/a", 1)
+
+	first := post("/fields/a", `{"id":"f-1","amount":5,"attempt":1,"sent_at":"2026-12-02T07:00:00Z"}`)
+	again := post("/fields/a", `{"sent_at":"2026-12-02T07:05:00Z","attempt":2,"amount":5,"id":"f-1","trace":"t-2"}`)
+	wantOnce(t, "fingerprint_fields [/id, /amount], the other fields changed", up, "/fields/a", first, again)
+	wantStatus(t, "fingerprint_fields [/id, /amount], the amount changed", post("/fields/a", `{"id":"f-1","amount":6,"attempt":1,"sent_at":"2026-12-02T07:00:00Z"}`),
+		http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
+	wantStatus(t, "fingerprint_fields [/id, /amount], the amount gone", post("/fields/a", `{"id":"f-1","attempt":3}`),
+		http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
+	wantRuns(t, "fingerprint_fields [/id, /amount]", up, "/fields/a", 1)
+
+	// curl, another client than Go's, for the canonical JSON.
+	first = curlPost(t, p.url("/canonical/a"), "c-1", `{"id":"c-1","amount":5,"items":[{"sku":"a","n":1}]}`)
+	again = curlPost(t, p.url("/canonical/a"), "c-1", "{ \"items\" : [ { \"n\":1, \"sku\":\"a\" } ],\n  \"amount\": 5, \"id\": \"c-1\" }")
+	wantOnce(t, "fingerprint json, members reordered and spaced otherwise", up, "/canonical/a", first, again)
+	wantStatus(t, "fingerprint json, a value changed", curlPost(t, p.url("/canonical/a"), "c-1", `{"id":"c-1","amount":5,"items":[{"sku":"a","n":2}]}`),
+		http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
+	const notJSON = `{"id":"c-2","amount":5` // cut short: not JSON
+	first = curlPost(t, p.url("/canonical/b"), "c-2", notJSON)
+	again = curlPost(t, p.url("/canonical/b"), "c-2", notJSON)
+	wantOnce(t, "fingerprint json, a body that is not JSON, the same bytes", up, "/canonical/b", first, again)
+	wantStatus(t, "fingerprint json, a body that is not JSON, spaced otherwise (raw: other bytes)",
+		curlPost(t, p.url("/canonical/b"), "c-2", `{"id": "c-2", "amount": 5`), http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
+	wantRuns(t, "fingerprint json, a body that is not JSON", up, "/canonical/b", 1)
 }
 
 // testProxyProfiles: profile acp and stripe answer a mismatch and a key in
