@@ -33,7 +33,9 @@ const MaxIDLen = 32
 // line or an error by mistake leaks nothing (they have value receivers,
 // so that a Ring printed by value, not through its pointer, does not print
 // its ciphers' key schedules either). It keeps no key bytes of its
-// own, only the ciphers made from them.
+// own, only the ciphers made from them. Make one with ParseRing,
+// RingFromFile or RingFromEnv: the zero Ring holds no key, and its Seal
+// and Open panic.
 type Ring struct {
 	source  string // "file PATH" or "environment variable NAME", for errors
 	primary *ringKey
