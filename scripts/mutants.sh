@@ -180,8 +180,8 @@ mutant proxy-sendonce-getbody cmd/idem/proxy_upstream.go ./cmd/idem 'TestSendOnc
 	$'\tout.GetBody = nil\n' \
 	$'\t_ = out.GetBody\n'
 mutant proxy-sendonce-key-header cmd/idem/proxy_upstream.go ./cmd/idem 'TestSendOnceWithGetBody|TestProxyNeverResendsUpstream' \
-	$'\t\tout.Header = hideReplayHints(out.Header)\n' \
-	$'\t\t_ = hideReplayHints\n'
+	$'\t\t\t\tout.Header = sidecar.HideReplayHints(out.Header)\n' \
+	$'\t\t\t\t_ = sidecar.HideReplayHints\n'
 
 if ((${#names[@]} == 0)); then
 	echo "mutants.sh: no mutant matches '$only'" >&2
