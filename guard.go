@@ -79,6 +79,22 @@ type Config struct {
 	// last successful renewal or the acquire), less a tenth of the lease.
 	// Default 0: no retry. Negative is an error.
 	CompleteRetry time.Duration
+
+	// Seal, when set, seals every response the Guard stores (Complete,
+	// FinishMany, Attempt.Stored) and opens every sealed one it reads: the
+	// status, headers and body are encrypted and authenticated under the
+	// Sealer's key, bound to the record's key and fingerprint as associated
+	// data. Clear records written before sealing was turned on still
+	// replay. A sealed record that does not open is never replayed nor run
+	// again: Do and Begin return a *SealError (ErrUnsealable). idemhttp also
+	// seals the blobs it writes with it. Default nil: records are stored in
+	// clear, and a sealed record read is ErrUnsealable.
+	Seal Sealer
+
+	// OpenOnly, with Seal set, stores new responses in clear while sealed
+	// ones still open: the way to turn sealing off (set it, wait out the
+	// Retention, then drop Seal).
+	OpenOnly bool
 }
 
 // Guard runs work at most once per key, replaying the stored result to

@@ -49,7 +49,7 @@ const (
 //	bits 3-4  body form: 0 = the rest, 1 (bit 3) = zstd-compressed,
 //	          2 (bit 4) = omitted, 3 = in a blob store (a BlobRef)
 //	bits 5-7  version - 1 (0); 7 (a first byte of 0xE0 or more, "version
-//	          8") is reserved: internal/seal's envelopes start with 0xFF, so
+//	          8") is reserved: package seal's envelopes start with 0xFF, so
 //	          that no clear record is taken for a sealed one
 //
 // Then the status when its form asks for it, then (unless bit 2) a uvarint

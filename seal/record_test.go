@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/seal"
+	"github.com/idemkit/idem/seal"
 )
 
 // clearRecords returns the root package's own encoding of responses of

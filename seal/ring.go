@@ -5,7 +5,7 @@
 // re-encryption: what the old primary sealed still opens while its key is
 // in the ring.
 //
-// The package stands alone: nothing in idem calls it yet.
+// Ring is meant to implement idem.Sealer (being wired in, issue 34).
 package seal
 
 import (

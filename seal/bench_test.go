@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/seal"
+	"github.com/idemkit/idem/seal"
 )
 
 var benchSizes = []struct {
