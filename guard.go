@@ -91,10 +91,10 @@ type Config struct {
 	// clear, and a sealed record read is ErrUnsealable.
 	Seal Sealer
 
-	// OpenOnly, with Seal set, stores new responses in clear while sealed
-	// ones still open: the way to turn sealing off (set it, wait out the
-	// Retention, then drop Seal).
-	OpenOnly bool
+	// SealOpenOnly, with Seal set, stores new responses in clear while
+	// sealed ones still open: the way to turn sealing off (set it, wait out
+	// the Retention, then drop Seal).
+	SealOpenOnly bool
 }
 
 // Guard runs work at most once per key, replaying the stored result to

@@ -116,6 +116,13 @@ type Config struct {
 	// at most idem.MaxEncodedBody.
 	MaxResponseSize int
 
+	// Seal, when set, seals the responses stored at rest, and SealOpenOnly
+	// stores new ones in clear while sealed ones still open: see
+	// idem.Config's fields of the same names. A stored response that does
+	// not open is never replayed nor run again.
+	Seal         idem.Sealer
+	SealOpenOnly bool
+
 	// ShouldStore decides from the handler's final code whether its
 	// outcome is stored (and replayed from then on) or the key is
 	// released so the call can be run again. ctx is the handler's context
@@ -357,7 +364,7 @@ func NewUnaryServerInterceptor(store idem.Store, cfg Config) (grpc.UnaryServerIn
 	eng, err := engine.New(store, engine.Config{Name: "idemgrpc", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
 		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger,
-		V1Scopes: cfg.V1Scopes})
+		V1Scopes: cfg.V1Scopes, Seal: cfg.Seal, SealOpenOnly: cfg.SealOpenOnly})
 	if err != nil {
 		return nil, err
 	}

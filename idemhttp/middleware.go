@@ -199,6 +199,13 @@ type Config struct {
 	// (blobstore.SweepOptions.Unqualified).
 	Blobs idem.BlobStore
 
+	// Seal, when set, seals the responses stored at rest (and the blobs
+	// written to Blobs), and SealOpenOnly stores new ones in clear while
+	// sealed ones still open: see idem.Config's fields of the same names.
+	// A stored response that does not open is never replayed nor run again.
+	Seal         idem.Sealer
+	SealOpenOnly bool
+
 	// BlobTimeout bounds how long a blob operation (a write, the commit,
 	// opening or reading for a replay) may go without progress before it
 	// is given up: a write then stores the response without its body, a
@@ -409,7 +416,7 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 	eng, err := engine.New(store, engine.Config{Name: "idemhttp", Lease: cfg.Lease, Retention: cfg.Retention,
 		MaxResponseSize: cfg.MaxResponseSize, OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
 		Wait: engine.WaitOrDefault(cfg.Wait, DefaultWait), MaxExecution: cfg.MaxExecution, StopContext: cfg.StopContext, FailOpen: cfg.FailOpen, Logger: cfg.Logger,
-		V1Scopes: cfg.V1Scopes})
+		V1Scopes: cfg.V1Scopes, Seal: cfg.Seal, SealOpenOnly: cfg.SealOpenOnly})
 	if err != nil {
 		return nil, err
 	}

@@ -67,6 +67,12 @@ type Config struct {
 	// (see idem.Config.OnRenew). It must not block.
 	OnRenew func(key idem.Key, err error)
 
+	// Seal, when set, seals the results stored at rest, and SealOpenOnly
+	// stores new ones in clear while sealed ones still open: see
+	// idem.Config's fields of the same names.
+	Seal         idem.Sealer
+	SealOpenOnly bool
+
 	// CompleteRetry is how long recording a handler's result (Executed or
 	// DeadLettered; by Handle and HandleBatch) is tried again when the
 	// store fails, before the key is released: the handler's effect is
@@ -224,7 +230,8 @@ func New(store idem.Store, cfg Config) (*Deduplicator, error) {
 		cfg.CompleteRetry = cmp.Or(cfg.Lease, idem.DefaultLease)
 	}
 	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, OnRenew: cfg.OnRenew,
-		CompleteRetry: max(cfg.CompleteRetry, 0), TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+		CompleteRetry: max(cfg.CompleteRetry, 0), TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
+		Seal: cfg.Seal, SealOpenOnly: cfg.SealOpenOnly})
 	if err != nil {
 		return nil, err
 	}

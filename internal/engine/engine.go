@@ -67,6 +67,9 @@ type Config struct {
 	OnRenew          func(key idem.Key, err error)
 	TracerProvider   trace.TracerProvider
 	MeterProvider    metric.MeterProvider
+	// Seal and SealOpenOnly go to the idem.Guard too.
+	Seal         idem.Sealer
+	SealOpenOnly bool
 
 	// Wait, when positive, makes Acquire wait up to this long for an
 	// in-flight key's result (Config.Wait of both packages, through
@@ -137,7 +140,8 @@ func New(store idem.Store, cfg Config) (*Engine, error) {
 	}
 	// idem.New refuses a nil store, and an interface holding a nil pointer.
 	g, err := idem.New(store, idem.Config{Lease: cfg.Lease, Retention: cfg.Retention, MaxResponseSize: cfg.MaxResponseSize,
-		OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
+		OnRenew: cfg.OnRenew, TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider,
+		Seal: cfg.Seal, SealOpenOnly: cfg.SealOpenOnly})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
