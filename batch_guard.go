@@ -56,7 +56,9 @@ func (g *Guard) BeginMany(ctx context.Context, reqs []BeginRequest) []Begun {
 			out[i].Acquisition = Acquisition{}
 			forget = append(forget, Lease{Key: areqs[i].Key, ID: areqs[i].LeaseID, TTL: areqs[i].TTL})
 		case r.Outcome == Acquired:
-			out[i].Attempt = g.newAttempt(ctx, r.Lease, sent)
+			out[i].Attempt = g.newAttempt(ctx, r.Lease, reqs[i].Fingerprint, sent)
+		case r.Outcome == Replay:
+			out[i].Err = g.openReplay(reqs[i].Key, reqs[i].Fingerprint, &out[i].Acquisition)
 		}
 	}
 	if len(forget) > 0 {
@@ -143,7 +145,13 @@ func (g *Guard) FinishMany(ctx context.Context, fs []Finish) []error {
 			}
 			continue
 		}
-		cs = append(cs, Completion{Lease: a.lease, Response: f.Response, Retention: g.cfg.Retention})
+		stored, err := a.sealStored(f.Response)
+		if err != nil {
+			out[i] = err
+			forgets = append(forgets, a.lease)
+			continue
+		}
+		cs = append(cs, Completion{Lease: a.lease, Response: stored, Retention: g.cfg.Retention})
 		csAt = append(csAt, i)
 	}
 

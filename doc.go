@@ -86,4 +86,21 @@
 // short body. Blobs whose attempt never completed, and blobs of expired
 // records, are removed by a sweep (blobstore.Sweep), which judges only the
 // blobs of its own store's namespace.
+//
+// # Sealed records
+//
+// With Config.Seal (a Sealer: seal.Ring, or KMS data keys), the Guard seals
+// every response it stores: status, headers and body (or blob reference)
+// are encrypted and authenticated, bound by the associated data
+// "idem/record/v1\x00" ‖ the 16-byte Key ‖ the 16-byte Fingerprint, so a
+// record copied under another key, or given another fingerprint, does not
+// open. Stores never see a key: they keep the sealed value (first byte
+// SealedMark) as they keep any encoding, and read it back as a carrier
+// (Response.Sealed) that the Guard opens in Begin, BeginMany and Do, and
+// OpenResponse opens for readers of Store.Get. A sealed record that does
+// not open (altered, under a key id the Sealer no longer holds, or read
+// without a Sealer) is never replayed and never run again: a *SealError
+// (ErrUnsealable), outcome "unsealable". Clear records written before
+// sealing was turned on still replay; Config.OpenOnly stores new records
+// in clear while sealed ones still open.
 package idem

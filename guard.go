@@ -201,11 +201,17 @@ type Result struct {
 // stored (the lease was lost, the store failed), Do returns the response
 // with that error: the work ran, and a later call may run it again. With
 // ErrNotReplicated the result was stored, and later calls replay it, but
-// a failover may still lose it.
+// a failover may still lose it. A completed record whose sealed response
+// does not open (see Config.Seal) is a *SealError: fn is not run.
 func (g *Guard) Do(ctx context.Context, key Key, fp Fingerprint, fn func(context.Context) (*Response, error)) (Result, error) {
 	att, acq, err := g.Begin(ctx, key, fp)
 	if err != nil {
-		g.tel.Outcome(ctx, "guard", "store_error")
+		var se *SealError
+		if errors.As(err, &se) {
+			g.tel.Outcome(ctx, "guard", "unsealable")
+		} else {
+			g.tel.Outcome(ctx, "guard", "store_error")
+		}
 		return Result{}, err
 	}
 	switch acq.Outcome {
@@ -251,7 +257,10 @@ func (g *Guard) Do(ctx context.Context, key Key, fp Fingerprint, fn func(context
 // result whether to store it (the HTTP middleware stores 2xx and releases
 // on 5xx). It acquires key and returns the acquisition. When its Outcome is
 // Acquired, the *Attempt is non-nil and must be finished with Complete or
-// Release; until then its lease is renewed in the background.
+// Release; until then its lease is renewed in the background. A replayed
+// response that is sealed is opened (Config.Seal); one that does not open
+// gives a *SealError, with the Acquisition's Outcome Replay and its
+// Response nil.
 func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, Acquisition, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, Acquisition{}, &StoreError{Op: "acquire", Key: key, Err: err}
@@ -275,10 +284,24 @@ func (g *Guard) Begin(ctx context.Context, key Key, fp Fingerprint) (*Attempt, A
 		}
 		return nil, acq, err
 	}
+	if acq.Outcome == Replay {
+		return nil, acq, g.openReplay(key, fp, &acq)
+	}
 	if acq.Outcome != Acquired {
 		return nil, acq, nil
 	}
-	return g.newAttempt(ctx, acq.Lease, sent), acq, nil
+	return g.newAttempt(ctx, acq.Lease, fp, sent), acq, nil
+}
+
+// openReplay opens acq's Response when it is sealed. When it does not
+// open, acq.Response is set to nil and the error is a *SealError.
+func (g *Guard) openReplay(key Key, fp Fingerprint, acq *Acquisition) error {
+	if !acq.Response.Sealed() {
+		return nil
+	}
+	resp, err := OpenResponse(g.cfg.Seal, key, fp, acq.Response)
+	acq.Response = resp
+	return err
 }
 
 // forgetTimeout bounds a background release; maxForgets bounds how many
@@ -313,6 +336,7 @@ var errFinished = errors.New("idem: attempt finished")
 type Attempt struct {
 	g      *Guard
 	lease  Lease
+	fp     Fingerprint // bound into a sealed response's associated data
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -326,11 +350,12 @@ type Attempt struct {
 	renewStopped bool // StopRenewal
 	finished     bool
 	lost         bool
+	sealing      *sealState // made by the first Stored that seals
 }
 
-func (g *Guard) newAttempt(parent context.Context, l Lease, sent time.Time) *Attempt {
+func (g *Guard) newAttempt(parent context.Context, l Lease, fp Fingerprint, sent time.Time) *Attempt {
 	ctx, cancel := context.WithCancelCause(context.WithValue(parent, leaseKey{}, l))
-	a := &Attempt{g: g, lease: l, ctx: ctx, cancel: cancel, validUntil: sent.Add(l.TTL)}
+	a := &Attempt{g: g, lease: l, fp: fp, ctx: ctx, cancel: cancel, validUntil: sent.Add(l.TTL)}
 	// Short work pays no renewal: the first one fires after a third of the
 	// lease.
 	a.mu.Lock() // renew may run before AfterFunc returns
@@ -351,11 +376,78 @@ func (a *Attempt) Lease() Lease { return a.lease }
 // is kept, for callers that complete it themselves (pgstore.CompleteTx).
 func (a *Attempt) Retention() time.Duration { return a.g.cfg.Retention }
 
+// Stored returns resp as Complete stores it: without its body when that
+// is larger than the guard's MaxResponseSize (see Config), and, when the
+// guard seals (Config.Seal set, OpenOnly not), a copy that AppendBinary
+// seals, bound to the attempt's key and fingerprint. Pass it, not resp, to
+// a store's own completion (pgstore.CompleteTx, tieredstore.CompleteTx and
+// Relay): every response Stored returns for one attempt encodes the same
+// content to the same bytes, so that a store recognises a repeated
+// completion. It returns resp itself when there is nothing to change, and
+// never changes resp.
+func (a *Attempt) Stored(resp *Response) *Response {
+	if resp == nil || resp.sealed != nil {
+		return resp // sealed already: written as it was read
+	}
+	if resp.Blob == nil && (resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize) {
+		resp = omitBody(resp)
+	} else if resp.sealing != nil {
+		c := *resp // another attempt's: seal it with this one's
+		c.sealing = nil
+		resp = &c
+	}
+	st := a.sealState()
+	if st == nil {
+		return resp
+	}
+	c := *resp
+	c.sealing = st
+	return &c
+}
+
+// sealState returns the attempt's sealing state, nil when the guard does
+// not seal.
+func (a *Attempt) sealState() *sealState {
+	if a.g.cfg.Seal == nil || a.g.cfg.OpenOnly {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sealing == nil {
+		a.sealing = &sealState{s: a.g.cfg.Seal, ad: recordAD(a.lease.Key, a.fp)}
+	}
+	return a.sealing
+}
+
+// Open returns resp, a response of the attempt's key and fingerprint read
+// from the store (tieredstore's AlreadyCompletedError holds one), as Begin
+// returns a replay: opened when it is sealed (a *SealError when it does
+// not open), as it is otherwise.
+func (a *Attempt) Open(resp *Response) (*Response, error) {
+	return OpenResponse(a.g.cfg.Seal, a.lease.Key, a.fp, resp)
+}
+
+// sealStored is Stored, sealed at once when the guard seals, so that a
+// Sealer's failure is known before the store is called (and never taken
+// for the store's).
+func (a *Attempt) sealStored(resp *Response) (*Response, error) {
+	stored := a.Stored(resp)
+	if stored.sealing != nil {
+		if _, err := stored.AppendBinary(nil); err != nil {
+			return nil, fmt.Errorf("idem: complete %s: %w", a.lease.Key, err)
+		}
+	}
+	return stored, nil
+}
+
 // Complete stores resp and ends the attempt. A body larger than the
 // guard's MaxResponseSize is not stored (see Config). A response with a
 // Blob is stored as it is, reference and all: the caller has written the
 // whole blob before (idemhttp does, for large bodies), so a completed
-// record never points to a blob still being written. If the lease was lost,
+// record never points to a blob still being written. When the guard seals
+// (Config.Seal), the response is sealed once, before the store is called
+// (see Stored); a Sealer's error releases the key and is returned. If the
+// lease was lost,
 // Complete returns ErrLeaseLost and writes nothing. If the store fails,
 // Complete releases the key (best effort) so that a retry need not wait
 // for the lease to end, and returns the store's error; ErrNotReplicated
@@ -378,11 +470,13 @@ func (a *Attempt) Complete(ctx context.Context, resp *Response) error {
 		}
 		return err
 	}
-	if resp.Blob == nil && (resp.BodyOmitted || len(resp.Body) > a.g.cfg.MaxResponseSize) {
-		resp = omitBody(resp)
+	resp, err := a.sealStored(resp)
+	if err != nil {
+		a.g.forget(ctx, a.lease)
+		return err
 	}
 	start := time.Now()
-	err := a.g.ops.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
+	err = a.g.ops.Complete(ctx, a.lease, resp, a.g.cfg.Retention)
 	if a.g.cfg.CompleteRetry > 0 && retryableComplete(err) {
 		err = a.retryComplete(ctx, start, resp, err)
 	}

@@ -29,7 +29,21 @@ type Response struct {
 	// Complete (idemhttp streams large bodies there), and replays read it
 	// with OpenBlob, which checks its size and digest.
 	Blob *BlobRef
+
+	// sealed is a store's value that starts with SealedMark, kept as it is
+	// (a "sealed carrier": see Sealed); the fields above are then zero.
+	sealed []byte
+	// sealing, set by the Guard on the response it stores, makes
+	// AppendBinary seal the clear encoding (see sealState).
+	sealing *sealState
 }
+
+// Sealed reports whether r is a sealed response not opened: a store's
+// value that UnmarshalBinary kept as it is because it starts with
+// SealedMark. Its Status, Header and body are zero; AppendBinary writes it
+// back unchanged (a store relaying or caching it), and OpenResponse, or
+// the Guard that reads it, opens it.
+func (r *Response) Sealed() bool { return r != nil && r.sealed != nil }
 
 // Limits of the record encoding.
 const (
@@ -111,11 +125,35 @@ var (
 
 // AppendBinary appends the compact encoding of r to b. Bodies of at least
 // CompressMinSize bytes are compressed when that saves at least an eighth
-// and the response does not already carry a Content-Encoding.
+// and the response does not already carry a Content-Encoding. A sealed
+// response (Sealed) is appended as it was read. A response the Guard
+// stores with Config.Seal set (Attempt.Stored) is encoded, then sealed:
+// the same content gives the same bytes every time (a store may recognise
+// a repeated completion by its bytes), a copy with other content (a store
+// cutting the body) is sealed on its own.
 func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 	if err := r.validate(); err != nil {
 		return b, err
 	}
+	if r.sealed != nil {
+		return append(b, r.sealed...), nil
+	}
+	if r.sealing != nil {
+		clear, err := r.appendClear(nil)
+		if err != nil {
+			return b, err
+		}
+		sealed, err := r.sealing.seal(clear)
+		if err != nil {
+			return b, err
+		}
+		return append(b, sealed...), nil
+	}
+	return r.appendClear(b)
+}
+
+// appendClear is AppendBinary without sealing; r is valid.
+func (r *Response) appendClear(b []byte) ([]byte, error) {
 	flagAt := len(b)
 	b = append(b, 0)
 	var flags byte
@@ -165,6 +203,8 @@ func (r *Response) validate() error {
 	switch {
 	case r == nil:
 		return errors.New("idem: nil *Response")
+	case r.sealed != nil:
+		return nil // written as it was read
 	case r.Status < 0 || r.Status > 999:
 		return fmt.Errorf("idem: response status %d out of range 0..999", r.Status)
 	case len(r.Body) > MaxEncodedBody:
@@ -178,9 +218,21 @@ func (r *Response) validate() error {
 }
 
 // UnmarshalBinary decodes data written by AppendBinary. It copies what it
-// keeps. Malformed input gives an error wrapping ErrCorrupt.
+// keeps. Malformed input gives an error wrapping ErrCorrupt. A sealed value
+// (one that starts with SealedMark) is kept as it is, unopened: r is then
+// Sealed, with its other fields zero.
 func (r *Response) UnmarshalBinary(data []byte) error {
 	*r = Response{}
+	if len(data) > 0 && data[0] == SealedMark {
+		r.sealed = slices.Clone(data)
+		return nil
+	}
+	return r.decodeClear(data, false)
+}
+
+// decodeClear decodes a clear encoding into r, which is zero. With own,
+// data is r's to keep: the body may alias it.
+func (r *Response) decodeClear(data []byte, own bool) error {
 	if len(data) == 0 {
 		return corrupt("empty response")
 	}
@@ -235,6 +287,8 @@ func (r *Response) UnmarshalBinary(data []byte) error {
 			return corrupt("compressed body: got %d bytes, want %d (%v)", len(body), n, err)
 		}
 		r.Body = body
+	case len(p) > 0 && own:
+		r.Body = p
 	case len(p) > 0:
 		r.Body = slices.Clone(p)
 	}

@@ -1,8 +1,10 @@
 package idem
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // Sealer seals stored responses at rest: it encrypts and authenticates
@@ -71,3 +73,96 @@ func (e *SealError) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, ErrUnsealable) true.
 func (e *SealError) Is(target error) bool { return target == ErrUnsealable }
+
+// recordADTag starts the associated data of a sealed record: the tag, then
+// the record's 16-byte Key and its 16-byte Fingerprint.
+const recordADTag = "idem/record/v1\x00"
+
+const recordADLen = len(recordADTag) + len(Key{}) + len(Fingerprint{})
+
+// recordAD returns the associated data that binds a sealed record to its
+// key and fingerprint.
+func recordAD(key Key, fp Fingerprint) [recordADLen]byte {
+	var ad [recordADLen]byte
+	n := copy(ad[:], recordADTag)
+	n += copy(ad[n:], key[:])
+	copy(ad[n:], fp[:])
+	return ad
+}
+
+// errNoSealer is SealError.Err for a sealed record read by a Guard, or
+// given to OpenResponse, without a Sealer.
+var errNoSealer = errors.New("the record is sealed and the Guard has no Config.Seal (nil Sealer); set the Sealer, with the key that sealed it, to read it")
+
+// OpenResponse opens resp, a response read with Store.Get for key, whose
+// record holds the fingerprint fp: a sealed one (Response.Sealed) is
+// opened with s, bound to key and fp as the Guard sealed it; a clear one
+// (or nil) is returned as it is. A sealed response that does not open
+// (altered, under a key id s does not hold, copied from another key or
+// fingerprint, or s nil) is a *SealError (ErrUnsealable). The Guard opens
+// what it replays itself; this is for readers of Store.Get (inspect, an
+// operator's tools).
+func OpenResponse(s Sealer, key Key, fp Fingerprint, resp *Response) (*Response, error) {
+	if !resp.Sealed() {
+		return resp, nil
+	}
+	if s == nil {
+		return nil, &SealError{Key: key, Err: errNoSealer}
+	}
+	ad := recordAD(key, fp)
+	plain, err := s.Open(nil, resp.sealed, ad[:])
+	if err == nil && len(plain) > 0 && plain[0] == SealedMark {
+		err = corrupt("an opened record is sealed again")
+	}
+	var out *Response
+	if err == nil {
+		out = new(Response)
+		err = out.decodeClear(plain, true)
+	}
+	if err != nil {
+		id, _ := s.KeyID(resp.sealed)
+		return nil, &SealError{Key: key, KeyID: id, Err: err}
+	}
+	return out, nil
+}
+
+// sealMemoSize is how many (clear encoding, sealed value) pairs an
+// attempt's sealing state keeps.
+const sealMemoSize = 4
+
+// sealState is the sealing of one attempt's stored responses: the Sealer,
+// the record's associated data, and a memo so that the same clear encoding
+// seals to the same bytes every time it is encoded (a completion resent by
+// CompleteRetry, a store encoding twice, tieredstore's CompleteTx then
+// Relay), with random nonces all the same. Responses that share it may be
+// encoded concurrently.
+type sealState struct {
+	s  Sealer
+	ad [recordADLen]byte
+
+	mu   sync.Mutex
+	memo [sealMemoSize]struct{ clear, sealed []byte }
+	next int
+}
+
+// seal returns the sealed form of clear (which seal may keep). The result
+// is shared: callers copy it.
+func (st *sealState) seal(clear []byte) ([]byte, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, m := range st.memo {
+		if m.sealed != nil && bytes.Equal(m.clear, clear) {
+			return m.sealed, nil
+		}
+	}
+	sealed, err := st.s.Seal(nil, clear, st.ad[:])
+	if err != nil {
+		return nil, fmt.Errorf("idem: sealing a response: %w", err)
+	}
+	if len(sealed) == 0 || sealed[0] != SealedMark {
+		return nil, fmt.Errorf("idem: sealing a response: the Sealer (%T) made a value that does not start with SealedMark (0x%02X)", st.s, SealedMark)
+	}
+	st.memo[st.next] = struct{ clear, sealed []byte }{clear, sealed}
+	st.next = (st.next + 1) % sealMemoSize
+	return sealed, nil
+}

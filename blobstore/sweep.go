@@ -292,6 +292,11 @@ type LegacyNamespacer interface {
 func keeps(rec idem.Record, name string, token uint64) bool {
 	switch rec.State {
 	case idem.StateCompleted:
+		if rec.Response.Sealed() {
+			// Its reference cannot be read without the key: keep the blob
+			// of the attempt that completed it (its name holds the token).
+			return rec.Token == token
+		}
 		return rec.Response != nil && rec.Response.Blob != nil && rec.Response.Blob.Name == name
 	case idem.StateInFlight:
 		return rec.Token == token

@@ -27,7 +27,9 @@ type Beginner interface {
 //  3. Stop the lease's renewal (Attempt.StopRenewal): a renewal sent now
 //     would wait on the row CompleteTx locks, find it completed once the
 //     transaction commits, and cancel the attempt's context.
-//  4. CompleteTx with att's lease and retention, in the transaction.
+//  4. CompleteTx with att's lease and retention, in the transaction, and
+//     the response as the Guard stores it (Attempt.Stored: sealed when
+//     the Guard seals).
 //  5. Commit, and finish the attempt (Attempt.Stop).
 //
 // The transaction's statements after fn, the commit and the release run
@@ -70,7 +72,7 @@ func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
 		resp = &idem.Response{}
 	}
 	att.StopRenewal()
-	if err := s.CompleteTx(finish, tx, att.Lease(), resp, att.Retention()); err != nil {
+	if err := s.CompleteTx(finish, tx, att.Lease(), att.Stored(resp), att.Retention()); err != nil {
 		return idem.Result{}, err
 	}
 	if err := tx.Commit(finish); err != nil {

@@ -51,22 +51,74 @@ func TestClearRecordsAreNotSealed(t *testing.T) {
 	}
 }
 
-// TestSealedRecordIsCorruptToUnsealedIdem: an idem that does not know
-// sealing finds a sealed record corrupt, never a response it would replay.
-func TestSealedRecordIsCorruptToUnsealedIdem(t *testing.T) {
+// A Ring is the Sealer the Guard takes.
+var _ idem.Sealer = (*seal.Ring)(nil)
+
+// TestSealedRecordIsACarrier: a sealed record read from a store is kept as
+// it is (a carrier: Sealed, AppendBinary writes it back unchanged), opens
+// with idem.OpenResponse under its own key and fingerprint to the response
+// sealed, and is, to an idem built before sealing, a record of the
+// reserved encoding version 8 (corrupt, never a response it would replay).
+func TestSealedRecordIsACarrier(t *testing.T) {
 	ring, err := seal.ParseRing("k1 " + base64.StdEncoding.EncodeToString(make([]byte, seal.KeySize)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	key, fp := idem.Key{1}, idem.Fingerprint{2}
+	ad := []byte("idem/record/v1\x00" + string(key[:]) + string(fp[:]))
 	for name, b := range clearRecords(t) {
-		sealed := ring.Seal(nil, b, []byte(name))
-		var r idem.Response
-		if err := r.UnmarshalBinary(sealed); !errors.Is(err, idem.ErrCorrupt) {
-			t.Errorf("%s: UnmarshalBinary(sealed record): error %v; want ErrCorrupt", name, err)
+		sealed, err := ring.Seal(nil, b, ad)
+		if err != nil {
+			t.Fatal(err)
 		}
-		opened, err := ring.Open(nil, sealed, []byte(name))
-		if err != nil || !bytes.Equal(opened, b) {
-			t.Errorf("%s: Open(Seal(record)) = %x, %v; want the record", name, opened, err)
+		if v := sealed[0]>>5 + 1; v != 8 {
+			t.Errorf("%s: a sealed record's first byte says encoding version %d; want the reserved 8", name, v)
+		}
+		var r idem.Response
+		if err := r.UnmarshalBinary(sealed); err != nil || !r.Sealed() {
+			t.Fatalf("%s: UnmarshalBinary(sealed record): Sealed %t, error %v; want a carrier", name, r.Sealed(), err)
+		}
+		if r.Status != 0 || r.Header != nil || r.Body != nil || r.Blob != nil || r.BodyOmitted {
+			t.Errorf("%s: the carrier has fields set: %+v", name, r)
+		}
+		if again, err := r.AppendBinary(nil); err != nil || !bytes.Equal(again, sealed) {
+			t.Errorf("%s: AppendBinary(carrier) = %d bytes, %v; want the sealed value as it is", name, len(again), err)
+		}
+		opened, err := idem.OpenResponse(ring, key, fp, &r)
+		if err != nil {
+			t.Fatalf("%s: OpenResponse: %v", name, err)
+		}
+		if enc, err := opened.AppendBinary(nil); err != nil || !bytes.Equal(enc, b) {
+			t.Errorf("%s: OpenResponse gave a response that encodes to %x, %v; want %x", name, enc, err, b)
+		}
+		if _, err := idem.OpenResponse(ring, idem.Key{3}, fp, &r); !errors.Is(err, idem.ErrUnsealable) || !errors.Is(err, seal.ErrTampered) {
+			t.Errorf("%s: OpenResponse under another key: error %v; want ErrUnsealable wrapping ErrTampered", name, err)
+		}
+	}
+}
+
+func TestKeyID(t *testing.T) {
+	ring, err := seal.ParseRing("key-2026.1 " + base64.StdEncoding.EncodeToString(make([]byte, seal.KeySize)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := ring.Seal(nil, []byte("x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := ring.KeyID(sealed); !ok || id != "key-2026.1" {
+		t.Errorf("KeyID(sealed) = %q, %t; want key-2026.1, true", id, ok)
+	}
+	for name, b := range map[string][]byte{
+		"clear record":   {0x04, 'x'},
+		"other envelope": {0xFF, 'S', 'K', 1, 1, 'k'},
+		"version 2":      append([]byte{0xFF, 'S', 'L', 2}, sealed[4:]...),
+		"truncated id":   sealed[:6],
+		"bad id":         {0xFF, 'S', 'L', 1, 2, 'k', ' '},
+		"empty":          nil,
+	} {
+		if id, ok := ring.KeyID(b); ok {
+			t.Errorf("KeyID(%s) = %q, true; want false", name, id)
 		}
 	}
 }

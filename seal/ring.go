@@ -5,7 +5,9 @@
 // re-encryption: what the old primary sealed still opens while its key is
 // in the ring.
 //
-// Ring is meant to implement idem.Sealer (being wired in, issue 34).
+// A Ring is an idem.Sealer: set it as idem.Config.Seal, and the Guard
+// seals every response it stores, bound to the record's key and
+// fingerprint, and opens every sealed one it replays.
 package seal
 
 import (

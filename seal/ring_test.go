@@ -19,6 +19,16 @@ func testKey(c byte) ([]byte, string) {
 	return k, base64.StdEncoding.EncodeToString(k)
 }
 
+// mustSeal is r.Seal, whose error is always nil.
+func mustSeal(t testing.TB, r *Ring, dst, plaintext, ad []byte) []byte {
+	t.Helper()
+	b, err := r.Seal(dst, plaintext, ad)
+	if err != nil {
+		t.Fatalf("Seal: %v", err)
+	}
+	return b
+}
+
 func mustRing(t testing.TB, text string) *Ring {
 	t.Helper()
 	r, err := ParseRing(text)
@@ -56,7 +66,7 @@ func TestParseRingBase64Forms(t *testing.T) {
 	for i := range k {
 		k[i] = byte(0xF8 + i%8) // bytes that give + / (- _ in URL-safe) in base64
 	}
-	want := mustRing(t, "k "+base64.StdEncoding.EncodeToString(k)).Seal(nil, []byte("x"), nil)
+	want := mustSeal(t, mustRing(t, "k "+base64.StdEncoding.EncodeToString(k)), nil, []byte("x"), nil)
 	for _, e := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
 		r := mustRing(t, "k "+e.EncodeToString(k))
 		if _, err := r.Open(nil, want, nil); err != nil {

@@ -66,11 +66,30 @@ func (r *Ring) Overhead() int { return headerMin + len(r.primary.id) + nonceSize
 func IsSealed(b []byte) bool { return bytes.HasPrefix(b, magic[:]) }
 
 // Seal appends to dst the envelope of plaintext sealed under the primary
-// key with associated data ad, and returns the extended slice. dst and
-// plaintext must not overlap. The same ad must be given to Open: it is not
-// stored in the envelope.
-func (r *Ring) Seal(dst, plaintext, ad []byte) []byte {
-	return r.seal(dst, plaintext, ad, nil)
+// key with associated data ad, and returns the extended slice; its error
+// is always nil (idem.Sealer's form: other Sealers reach a network). dst
+// and plaintext must not overlap. The same ad must be given to Open: it is
+// not stored in the envelope.
+func (r *Ring) Seal(dst, plaintext, ad []byte) ([]byte, error) {
+	return r.seal(dst, plaintext, ad, nil), nil
+}
+
+// KeyID returns the key id that sealed's header names, and false when
+// sealed is not this package's envelope (its magic, version 1, a well-formed
+// id). The id is the value's say-so, for logs: Open tells whether it holds.
+func (r *Ring) KeyID(sealed []byte) (string, bool) {
+	if !IsSealed(sealed) || len(sealed) < headerMin || sealed[len(magic)] != version {
+		return "", false
+	}
+	n := int(sealed[len(magic)+1])
+	if len(sealed) < headerMin+n {
+		return "", false
+	}
+	id := sealed[headerMin : headerMin+n]
+	if !validID(id) {
+		return "", false
+	}
+	return string(id), true
 }
 
 // seal is Seal with the nonce given, for tests that need the same envelope

@@ -22,7 +22,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		plain := bytes.Repeat([]byte("card 4111 1111 1111 1111;"), n/25+1)[:n]
 		for _, ad := range [][]byte{nil, []byte("idem/record\x00key")} {
 			prefix := []byte("prefix")
-			sealed := r.Seal(prefix, plain, ad)
+			sealed := mustSeal(t, r, prefix, plain, ad)
 			if !bytes.Equal(sealed[:len(prefix)], prefix) {
 				t.Fatalf("Seal did not keep dst's bytes: %q", sealed[:len(prefix)])
 			}
@@ -46,7 +46,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		}
 	}
 	p := []byte("same")
-	if a, b := r.Seal(nil, p, nil), r.Seal(nil, p, nil); bytes.Equal(a, b) {
+	if a, b := mustSeal(t, r, nil, p, nil), mustSeal(t, r, nil, p, nil); bytes.Equal(a, b) {
 		t.Error("two Seals of one plaintext are equal; want distinct (random nonces)")
 	}
 }
@@ -60,11 +60,11 @@ func TestRotation(t *testing.T) {
 	ad := []byte("ad")
 	plain := []byte(`{"card":"4111 1111 1111 1111","cvv":"123"}`)
 
-	byK1 := old.Seal(nil, plain, ad)
+	byK1 := mustSeal(t, old, nil, plain, ad)
 	if got, err := rotated.Open(nil, byK1, ad); err != nil || !bytes.Equal(got, plain) {
 		t.Errorf("ring with k2 primary: Open of what k1 sealed = %q, %v; want the plaintext", got, err)
 	}
-	byK2 := rotated.Seal(nil, plain, ad)
+	byK2 := mustSeal(t, rotated, nil, plain, ad)
 	if got, err := retired.Open(nil, byK2, ad); err != nil || !bytes.Equal(got, plain) {
 		t.Errorf("ring of k2 alone: Open of what k2 sealed = %q, %v; want the plaintext", got, err)
 	}
@@ -94,7 +94,7 @@ func TestRotation(t *testing.T) {
 func TestFlippedBit(t *testing.T) {
 	r := ring12(t)
 	ad := []byte("record/key")
-	sealed := r.Seal(nil, []byte("X-Session-Token: tok-for-canary"), ad)
+	sealed := mustSeal(t, r, nil, []byte("X-Session-Token: tok-for-canary"), ad)
 	idAt, idEnd := headerMin, headerMin+len(r.Primary())
 	mod := make([]byte, len(sealed))
 	var unknown, tampered int
@@ -129,7 +129,7 @@ func TestFlippedBit(t *testing.T) {
 
 func TestOtherAD(t *testing.T) {
 	r := ring12(t)
-	sealed := r.Seal(nil, []byte("body"), []byte("name\x00key-A"))
+	sealed := mustSeal(t, r, nil, []byte("body"), []byte("name\x00key-A"))
 	for _, ad := range [][]byte{nil, []byte("name\x00key-B"), []byte("name\x00key-A\x00"), []byte("name\x00key-")} {
 		if _, err := r.Open(nil, sealed, ad); !errors.Is(err, ErrTampered) {
 			t.Errorf("Open under ad %q (sealed under %q): error %v; want ErrTampered", ad, "name\x00key-A", err)
@@ -140,7 +140,7 @@ func TestOtherAD(t *testing.T) {
 func TestTruncatedAndMalformed(t *testing.T) {
 	r := ring12(t)
 	ad := []byte("ad")
-	sealed := r.Seal(nil, []byte("0123456789abcdef0123456789"), ad)
+	sealed := mustSeal(t, r, nil, []byte("0123456789abcdef0123456789"), ad)
 	for n := range len(sealed) {
 		if got, err := r.Open(nil, sealed[:n], ad); !errors.Is(err, ErrTampered) {
 			t.Errorf("Open of the first %d of %d bytes = %q, %v; want ErrTampered", n, len(sealed), got, err)
@@ -175,7 +175,12 @@ func TestConcurrent(t *testing.T) {
 			ad := []byte{byte(g)}
 			plain := bytes.Repeat([]byte{byte(g)}, 300)
 			for range 200 {
-				got, err := r.Open(nil, r.Seal(nil, plain, ad), ad)
+				sealed, err := r.Seal(nil, plain, ad)
+				if err != nil {
+					t.Errorf("goroutine %d: Seal: %v", g, err)
+					return
+				}
+				got, err := r.Open(nil, sealed, ad)
 				if err != nil || !bytes.Equal(got, plain) {
 					t.Errorf("goroutine %d: round trip = %d bytes, %v", g, len(got), err)
 					return

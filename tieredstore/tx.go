@@ -204,7 +204,7 @@ func (s *Store) BeginFunc(ctx context.Context, db pgstore.Beginner, att *idem.At
 	}
 	att.StopRenewal()
 	l := att.Lease()
-	_, enc, err := s.completeTx(finish, tx, l, resp, att.Retention())
+	_, enc, err := s.completeTx(finish, tx, l, att.Stored(resp), att.Retention())
 	var ace *AlreadyCompletedError
 	if errors.As(err, &ace) {
 		done = true
@@ -213,7 +213,11 @@ func (s *Store) BeginFunc(ctx context.Context, db pgstore.Beginner, att *idem.At
 		if ace.Mismatch {
 			return idem.Result{}, err
 		}
-		return idem.Result{Response: ace.Response, Replayed: true}, nil
+		opened, err := att.Open(ace.Response) // sealed when the Guard seals
+		if err != nil {
+			return idem.Result{}, err
+		}
+		return idem.Result{Response: opened, Replayed: true}, nil
 	}
 	if err != nil {
 		return idem.Result{}, err
