@@ -159,7 +159,12 @@
 // names, Keep-Alive, Transfer-Encoding, Upgrade, TE, Trailer, Proxy-*),
 // Config.ReplayHeaderDenylist, and Idempotency-Key with Config.EchoKey and
 // Idempotency-Key-Lifetime with Config.LifetimeHeader (a replay sends the
-// retry's own). 1xx informational responses are not stored.
+// retry's own). With Config.ReplayHeaderAllowlist, only the headers it
+// names are stored, and those that say what the body is (Content-Type,
+// Content-Encoding, gRPC's status and encoding). The lists shape the
+// record and its replays only: the request that ran the handler gets
+// every header the handler set. 1xx informational responses are not
+// stored.
 //
 // Trailers are stored with the header, each under http.TrailerPrefix and
 // its name ("Trailer:Grpc-Status"): those the handler announced in its
@@ -167,7 +172,8 @@
 // so for an upstream's trailers), and those it set under the prefix. A
 // replay sends them as trailers, after the body (HTTP/2 trailers; on
 // HTTP/1.1 the replay is chunked). gRPC's grpc-status, grpc-message and
-// trailing metadata live there. A denied name is dropped as a trailer too.
+// trailing metadata live there. A denied name is dropped as a trailer too,
+// and an allowlist keeps a trailer if it names it (or it is gRPC's status).
 // A v1.0 process replaying such a record hands the entries to net/http
 // under the same names, which sends them as trailers as well.
 //

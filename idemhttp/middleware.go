@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
@@ -320,8 +321,31 @@ type Config struct {
 	// ReplayHeaderDenylist names response headers never stored nor
 	// replayed, besides Set-Cookie and the hop-by-hop headers, which are
 	// always dropped (and Idempotency-Key with EchoKey,
-	// Idempotency-Key-Lifetime with LifetimeHeader).
+	// Idempotency-Key-Lifetime with LifetimeHeader). It wins over
+	// ReplayHeaderAllowlist. It may not name Content-Encoding,
+	// Grpc-Encoding or Grpc-Status: the stored body and its answer cannot
+	// be read without them.
 	ReplayHeaderDenylist []string
+
+	// ReplayHeaderAllowlist, when not empty, names the only response
+	// headers stored and replayed (and those of ReplayHeaderDenylist are
+	// dropped still). Whatever it names, the headers that say what the
+	// stored body is are kept with it: Content-Type, Content-Encoding (a
+	// gzip body replayed without it would be bytes the client cannot
+	// read), and gRPC's Grpc-Encoding, Grpc-Status, Grpc-Message and
+	// Grpc-Status-Details-Bin (as headers of a trailers-only answer and
+	// as trailers), so that a gRPC call behind the middleware still
+	// replays as gRPC; Content-Length is not (net/http sends the stored
+	// body's). Naming a header that is never stored (Set-Cookie, a
+	// hop-by-hop header, Idempotent-Replayed) is an error.
+	//
+	// In both lists names match whatever their case, and a trailer
+	// (http.TrailerPrefix) is matched by its name; an empty name or one
+	// that is not an HTTP token is an error. The lists decide what is
+	// stored, and what a record stored before they changed replays: the
+	// answer to the request that ran the handler carries every header it
+	// set.
+	ReplayHeaderAllowlist []string
 
 	// ErrorHandler writes the middleware's own error answers. Default
 	// WriteProblem (application/problem+json).
@@ -380,6 +404,55 @@ func DefaultShouldStore(_ *http.Request, status int) bool {
 var alwaysDenied = []string{
 	"Set-Cookie", "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",
 	"Upgrade", "Te", "Trailer", "Proxy-Authenticate", "Proxy-Authorization", HeaderReplayed, headerCallerCookies,
+}
+
+// answerHeaders say what a stored body is: an allowlist keeps them
+// (Config.ReplayHeaderAllowlist). Of them, bodyReaders may not be denied:
+// without them a replay is not the answer the first client read.
+var (
+	answerHeaders = []string{"Content-Type", "Content-Encoding", "Grpc-Encoding", "Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin"}
+	bodyReaders   = []string{"Content-Encoding", "Grpc-Encoding", "Grpc-Status"}
+)
+
+// headerLists sets m.deny and m.allow from cfg's replay header lists.
+func (m *middleware) headerLists(cfg Config) error {
+	for _, h := range alwaysDenied {
+		m.deny[http.CanonicalHeaderKey(h)] = true
+	}
+	for _, h := range cfg.ReplayHeaderDenylist {
+		if !httpguts.ValidHeaderFieldName(h) {
+			return fmt.Errorf("idemhttp: Config.ReplayHeaderDenylist: %q is not a header name", h)
+		}
+		c := http.CanonicalHeaderKey(h)
+		if slices.Contains(bodyReaders, c) {
+			return fmt.Errorf("idemhttp: Config.ReplayHeaderDenylist: %s says how to read the stored body (a replay without it is not the answer the client got); drop it", c)
+		}
+		m.deny[c] = true
+	}
+	if len(cfg.ReplayHeaderAllowlist) == 0 {
+		return nil
+	}
+	m.allow = map[string]bool{}
+	for _, h := range cfg.ReplayHeaderAllowlist {
+		if !httpguts.ValidHeaderFieldName(h) {
+			return fmt.Errorf("idemhttp: Config.ReplayHeaderAllowlist: %q is not a header name", h)
+		}
+		c := http.CanonicalHeaderKey(h)
+		if slices.ContainsFunc(alwaysDenied, func(d string) bool { return strings.EqualFold(d, c) }) {
+			return fmt.Errorf("idemhttp: Config.ReplayHeaderAllowlist: %s is never stored (Set-Cookie, hop-by-hop headers and idem's own are dropped whatever the lists say); drop it", c)
+		}
+		m.allow[c] = true
+	}
+	for _, h := range answerHeaders {
+		m.allow[h] = true
+	}
+	return nil
+}
+
+// dropped reports whether the header or trailer name (canonical, without
+// http.TrailerPrefix) is never stored nor replayed.
+func (m *middleware) dropped(name string) bool {
+	return m.deny[name] || (m.allow != nil && !m.allow[name])
 }
 
 // Middleware returns net/http middleware that makes covered requests
@@ -446,8 +519,8 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 		}
 		m.methods[meth] = true
 	}
-	for _, h := range slices.Concat(alwaysDenied, cfg.ReplayHeaderDenylist) {
-		m.deny[http.CanonicalHeaderKey(h)] = true
+	if err := m.headerLists(cfg); err != nil {
+		return nil, err
 	}
 	// The middleware's own headers are the request's, never stored (see
 	// stamped).
@@ -497,6 +570,7 @@ type middleware struct {
 	quota   *quota.Set // Config.Quota's counts; nil: no quota
 	methods map[string]bool
 	deny    map[string]bool // canonical header names
+	allow   map[string]bool // canonical header names; nil: no allowlist
 	gate    *blobGate       // whether Config.Blobs answers (unused without it)
 	blobNS  idem.Namespacer // the store's, for blob names (asked per blob: a store id may be read late); nil if it has none
 	cookies cookieMatcher   // Config.TrackingCookies
@@ -917,7 +991,7 @@ func (m *middleware) storable(h http.Header) http.Header {
 		}
 	}
 	for name := range h {
-		if c := trailerless(name); m.deny[c] || named[c] {
+		if c := trailerless(name); m.dropped(c) || named[c] {
 			delete(h, name)
 		}
 	}
@@ -966,9 +1040,10 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key id
 func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
-		if name == headerCallerCookies || m.deny[trailerless(name)] {
+		if name == headerCallerCookies || m.dropped(trailerless(name)) {
 			// Denied headers again, whatever their case: a record stored
-			// before a name was denied (v1.0 stored h["set-cookie"]).
+			// before a name was denied (v1.0 stored h["set-cookie"]), or
+			// before an allowlist left it out.
 			continue
 		}
 		// Clipped: requests handed the same stored response share its

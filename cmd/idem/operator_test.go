@@ -203,6 +203,10 @@ var opBadByName = map[string]opBad{
 	"bench rate":                {"x", "want a number"},
 	"bench physical-limit":      {"x", "want a number"},
 	"bench instances":           {"x", "want a whole number"},
+
+	// The replay header lists.
+	"proxy replay-headers-allow": {"Location,set-cookie", "Set-Cookie is never stored"},
+	"proxy replay-headers-deny":  {"X-Debug,X Trace", `"X Trace" is not a header name`},
 }
 
 // opNoBadValue are the flags without a bad value, and why.
@@ -364,6 +368,12 @@ func TestOperatorConfigMistakes(t *testing.T) {
 		{"fingerprint-pointer.yaml", "routes:\n  - match: /a\n    fingerprint_exclude: [ts]\n", nil, []string{`fingerprint_exclude: "ts" is not a JSON Pointer`}},
 		{"profile.yaml", "routes:\n  - match: /a\n    profile: paypal\n", nil, []string{`profile "paypal": want one of ietf, acp, stripe`}},
 		{"echo-key.yaml", "routes:\n  - match: /a\n    echo_key: maybe\n", nil, []string{"line 3: echo_key: cannot unmarshal", "into bool"}},
+		{"replay-allow.yaml", "routes:\n  - match: /a\n    replay_headers_allow: [Location, Set-Cookie]\n", nil,
+			[]string{`routes[0] (match "/a")`, "replay_headers_allow: Set-Cookie is never stored"}},
+		{"replay-deny.yaml", "routes:\n  - match: /a\n    replay_headers_deny: X-Token\n", nil, []string{"line 3:", "X-Token is not a list"}},
+		{"replay-deny-name.yaml", "routes:\n  - match: /a\n    replay_headers_deny: [\"X Token\"]\n", nil, []string{`replay_headers_deny: "X Token" is not a header name`}},
+		{"replay-flag.yaml", "routes:\n  - match: /a\n    require_key: true\n", []string{"--replay-headers-deny", "Content-Encoding"},
+			[]string{"--replay-headers-deny: Content-Encoding says how to read the stored body"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -68,6 +68,7 @@ type proxyOptions struct {
 
 	keyHeader                           string // --key-header: settings.Key "header:NAME"
 	fingerprintExclude, fingerprintOnly string // --fingerprint-exclude, --fingerprint-fields: comma-separated pointers
+	replayAllow, replayDeny             string // --replay-headers-allow, --replay-headers-deny: comma-separated header names
 }
 
 // The flags of the TLS files, as errors name them.
@@ -146,6 +147,8 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.StringVar(&o.settings.Profile, "profile", "", "how a key sent with another request and a key in flight are answered: ietf (422 and 409 problem+json), acp (409 idempotency_conflict and idempotency_in_flight, the Agentic Commerce Protocol's) or stripe (400 and 409 idempotency_error, as Stripe answers); default ietf")
 	fs.BoolVar(&o.settings.EchoKey, "echo-key", false, "answer every keyed request with its key in an Idempotency-Key header (executed, replayed and refused alike); default off")
 	fs.BoolVar(&o.settings.LifetimeHeader, "lifetime-header", false, "answer every request of a covered method with the --retention in an Idempotency-Key-Lifetime header (an ISO 8601 duration, such as PT24H); default off")
+	fs.StringVar(&o.replayAllow, "replay-headers-allow", "", "comma-separated response headers (such as Location,X-Request-Id): the only ones stored and replayed, besides Content-Type, Content-Encoding and gRPC's status; the first answer carries every header; default all but Set-Cookie, the hop-by-hop headers and --replay-headers-deny")
+	fs.StringVar(&o.replayDeny, "replay-headers-deny", "", "comma-separated response headers (such as X-Session-Token) never stored nor replayed, whatever --replay-headers-allow says (Set-Cookie and the hop-by-hop headers never are); default none")
 	fs.BoolVar(&o.settings.FailOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	o.quota.register(fs)
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
@@ -329,8 +332,9 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 			}
 		}
 	}
-	o.settings.FingerprintExclude = pointerList(o.fingerprintExclude)
-	o.settings.FingerprintFields = pointerList(o.fingerprintOnly)
+	o.settings.FingerprintExclude = commaList(o.fingerprintExclude)
+	o.settings.FingerprintFields = commaList(o.fingerprintOnly)
+	o.settings.ReplayHeadersAllow, o.settings.ReplayHeadersDeny = commaList(o.replayAllow), commaList(o.replayDeny)
 	if err := o.settings.Validate(settingFlag); err != nil {
 		return nil, usageError{err.Error()}
 	}
@@ -347,9 +351,10 @@ func settingFlag(n string) string {
 	return flagName(n)
 }
 
-// pointerList is a comma-separated list of JSON Pointers, each trimmed;
-// nil for "". An empty item stays, for Validate to refuse.
-func pointerList(list string) []string {
+// commaList is a comma-separated list (JSON Pointers, header names),
+// each item trimmed; nil for "". An empty item stays, for Validate to
+// refuse.
+func commaList(list string) []string {
 	if list == "" {
 		return nil
 	}

@@ -79,6 +79,10 @@ type routeOverride struct {
 	Profile            *string   `yaml:"profile"`
 	EchoKey            *bool     `yaml:"echo_key"`
 	LifetimeHeader     *bool     `yaml:"lifetime_header"`
+	// ReplayHeadersAllow and ReplayHeadersDeny: each replaces the
+	// inherited list ([]: none).
+	ReplayHeadersAllow *[]string `yaml:"replay_headers_allow"`
+	ReplayHeadersDeny  *[]string `yaml:"replay_headers_deny"`
 }
 
 // routeFields lists routeOverride's fields, as the file names them, for
@@ -406,6 +410,12 @@ func (o routeOverride) applyKeys(s routeSettings) routeSettings {
 	}
 	if o.LifetimeHeader != nil {
 		s.LifetimeHeader = *o.LifetimeHeader
+	}
+	if o.ReplayHeadersAllow != nil {
+		s.ReplayHeadersAllow = slices.Clone(*o.ReplayHeadersAllow)
+	}
+	if o.ReplayHeadersDeny != nil {
+		s.ReplayHeadersDeny = slices.Clone(*o.ReplayHeadersDeny)
 	}
 	return s
 }

@@ -246,3 +246,39 @@ func TestProxyKeyFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyConfigReplayHeaders: a route's replay_headers_allow and
+// replay_headers_deny each replace the flags' list ([]: none), and a
+// route that sets neither keeps both.
+func TestProxyConfigReplayHeaders(t *testing.T) {
+	t.Parallel()
+	flags := sidecar.DefaultSettings()
+	flags.ReplayHeadersAllow, flags.ReplayHeadersDeny = []string{"Location"}, []string{"X-Session-Token"}
+	for _, c := range []struct {
+		route       string
+		allow, deny []string
+	}{
+		{"require_key: true", []string{"Location"}, []string{"X-Session-Token"}},
+		{"replay_headers_allow: [X-Request-Id, Location]", []string{"X-Request-Id", "Location"}, []string{"X-Session-Token"}},
+		{"replay_headers_allow: []", []string{}, []string{"X-Session-Token"}},
+		{"replay_headers_deny: [X-Debug]", []string{"Location"}, []string{"X-Debug"}},
+		{"replay_headers_deny: []\nreplay_headers_allow: [ETag]", []string{"ETag"}, []string{}},
+	} {
+		path := filepath.Join(t.TempDir(), "routes.yaml")
+		text := "routes:\n  - match: /pay/\n    methods: [POST]\n"
+		for line := range strings.Lines(c.route) {
+			text += "    " + strings.TrimSuffix(line, "\n") + "\n"
+		}
+		writeFile(t, path, text)
+		routes, err := loadProxyConfig(path, flags)
+		if err != nil {
+			t.Fatalf("route %q: %v", c.route, err)
+		}
+		if s := routes[0].settings; !reflect.DeepEqual(s.ReplayHeadersAllow, c.allow) || !reflect.DeepEqual(s.ReplayHeadersDeny, c.deny) {
+			t.Errorf("route %q: allow %q, deny %q; want %q, %q", c.route, s.ReplayHeadersAllow, s.ReplayHeadersDeny, c.allow, c.deny)
+		}
+	}
+	if !slices.Equal(flags.ReplayHeadersAllow, []string{"Location"}) {
+		t.Errorf("the flags' list was changed: %q", flags.ReplayHeadersAllow)
+	}
+}

@@ -92,12 +92,14 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 		OnRenew:     m.OnRenew,
 		BlobTimeout: env.BlobTimeout,
 		// idem_responses_not_kept_total: replays of these answer 500.
-		OnBodyOmitted:  func(*http.Request) { m.NotKept.Inc() },
-		Fingerprint:    s.fingerprint(),
-		ErrorHandler:   ProfileErrorHandler(s.Profile, nil),
-		EchoKey:        s.EchoKey,
-		LifetimeHeader: s.LifetimeHeader,
-		OnKey:          env.OnKey,
+		OnBodyOmitted:         func(*http.Request) { m.NotKept.Inc() },
+		Fingerprint:           s.fingerprint(),
+		ErrorHandler:          ProfileErrorHandler(s.Profile, nil),
+		EchoKey:               s.EchoKey,
+		LifetimeHeader:        s.LifetimeHeader,
+		OnKey:                 env.OnKey,
+		ReplayHeaderAllowlist: s.ReplayHeadersAllow,
+		ReplayHeaderDenylist:  s.ReplayHeadersDeny,
 	}
 	if s.Webhook != "" {
 		// The Host header is the caller's to choose, and signs nothing:

@@ -97,6 +97,12 @@ type Settings struct {
 	// advertises the retention in an Idempotency-Key-Lifetime header
 	// (idemhttp Config.LifetimeHeader).
 	LifetimeHeader bool
+	// ReplayHeadersAllow, when not empty, names the only response headers
+	// stored and replayed, besides those that say what the body is
+	// (idemhttp Config.ReplayHeaderAllowlist); ReplayHeadersDeny names
+	// headers never stored, and wins (Config.ReplayHeaderDenylist).
+	ReplayHeadersAllow []string
+	ReplayHeadersDeny  []string
 }
 
 // Profiles are the names Settings.Profile takes.
@@ -166,6 +172,39 @@ func (s Settings) Validate(name func(string) string) error {
 	for _, st := range s.StoreStatuses {
 		if st < 200 || st > 599 {
 			return fmt.Errorf("%s: %d is not a final HTTP status (200-599)", name("store-statuses"), st)
+		}
+	}
+	return s.validateReplayHeaders(name)
+}
+
+// Headers the replay header lists may not name: an allowlist those never
+// stored, a denylist those without which the stored body is unreadable.
+// They are idemhttp's rules (NewMiddleware refuses the same names;
+// TestReplayHeadersAsIdemhttp checks), checked here to name the setting.
+var (
+	neverStored = []string{"Set-Cookie", "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te",
+		"Trailer", "Proxy-Authenticate", "Proxy-Authorization", idemhttp.HeaderReplayed, "Idempotent-Caller-Cookies"}
+	bodyReaders = []string{"Content-Encoding", "Grpc-Encoding", "Grpc-Status"}
+)
+
+// validateReplayHeaders checks the replay header lists.
+func (s Settings) validateReplayHeaders(name func(string) string) error {
+	for _, list := range []struct {
+		setting string
+		names   []string
+		refused []string
+		why     string
+	}{
+		{"replay-headers-allow", s.ReplayHeadersAllow, neverStored, "is never stored (Set-Cookie, hop-by-hop headers and idem's own are dropped whatever the lists say)"},
+		{"replay-headers-deny", s.ReplayHeadersDeny, bodyReaders, "says how to read the stored body (a replay without it is not the answer the client got)"},
+	} {
+		for _, h := range list.names {
+			if !httpguts.ValidHeaderFieldName(h) {
+				return fmt.Errorf("%s: %q is not a header name", name(list.setting), h)
+			}
+			if c := http.CanonicalHeaderKey(h); slices.Contains(list.refused, c) {
+				return fmt.Errorf("%s: %s %s; drop it", name(list.setting), c, list.why)
+			}
 		}
 	}
 	return nil

@@ -3,11 +3,13 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
 )
 
 // TestSettingsValidate: each bad setting is one error that names it as
@@ -59,6 +61,13 @@ func TestSettingsValidate(t *testing.T) {
 			`--fingerprint-exclude: "attempt" is not a JSON Pointer to a field`, `fingerprint_exclude: "attempt"`},
 		{func(s *Settings) { s.FingerprintFields = []string{""} }, `--fingerprint-fields: "" is not a JSON Pointer to a field`, `fingerprint_fields: ""`},
 		{func(s *Settings) { s.Profile = "aws" }, `--profile "aws": want one of ietf, acp, stripe`, `profile "aws"`},
+		{func(s *Settings) { s.ReplayHeadersAllow = []string{"X-Ok", ""} }, `--replay-headers-allow: "" is not a header name`, `replay_headers_allow: ""`},
+		{func(s *Settings) { s.ReplayHeadersAllow = []string{"X Debug"} }, `--replay-headers-allow: "X Debug" is not a header name`, `replay_headers_allow: "X Debug"`},
+		{func(s *Settings) { s.ReplayHeadersAllow = []string{"set-cookie"} }, `--replay-headers-allow: Set-Cookie is never stored`, `replay_headers_allow: Set-Cookie`},
+		{func(s *Settings) { s.ReplayHeadersAllow = []string{"connection"} }, `--replay-headers-allow: Connection is never stored`, `replay_headers_allow: Connection`},
+		{func(s *Settings) { s.ReplayHeadersDeny = []string{"X-A,X-B"} }, `--replay-headers-deny: "X-A,X-B" is not a header name`, `replay_headers_deny: "X-A,X-B"`},
+		{func(s *Settings) { s.ReplayHeadersDeny = []string{"content-encoding"} }, `--replay-headers-deny: Content-Encoding says how to read the stored body`,
+			`replay_headers_deny: Content-Encoding`},
 	} {
 		s := DefaultSettings()
 		tc.set(&s)
@@ -77,6 +86,9 @@ func TestSettingsValidate(t *testing.T) {
 		func(s *Settings) { s.Fingerprint, s.FingerprintExclude = "json", []string{"/attempt", "/a~1b"} },
 		func(s *Settings) { s.FingerprintFields = []string{"/amount"} },
 		func(s *Settings) { s.Profile = "stripe" },
+		func(s *Settings) {
+			s.ReplayHeadersAllow, s.ReplayHeadersDeny = []string{"x-request-id", "Content-Type"}, []string{"Set-Cookie", "X-Session-Token"}
+		},
 	} {
 		s := DefaultSettings()
 		set(&s)
@@ -104,6 +116,33 @@ func TestSettingsConfig(t *testing.T) {
 	}
 	if got := DefaultSettings().Config(nil, nil, Env{}).Wait; got != idemhttp.DefaultWait {
 		t.Errorf("default Wait %v, want idemhttp.DefaultWait", got)
+	}
+	s.ReplayHeadersAllow, s.ReplayHeadersDeny = []string{"X-Request-Id"}, []string{"X-Session-Token"}
+	if cfg := s.Config(nil, nil, Env{Metrics: NewMetrics(Underscored)}); !slices.Equal(cfg.ReplayHeaderAllowlist, s.ReplayHeadersAllow) ||
+		!slices.Equal(cfg.ReplayHeaderDenylist, s.ReplayHeadersDeny) {
+		t.Errorf("ReplayHeaderAllowlist %q, ReplayHeaderDenylist %q: want the settings' lists", cfg.ReplayHeaderAllowlist, cfg.ReplayHeaderDenylist)
+	}
+}
+
+// TestReplayHeadersAsIdemhttp: Validate refuses a name in a replay header
+// list exactly when idemhttp.NewMiddleware does (it checks them first, to
+// name the setting).
+func TestReplayHeadersAsIdemhttp(t *testing.T) {
+	names := []string{"", "X Y", "X-Ok", "content-type", "Content-Length", "Date", "Location", "Grpc-Message", "Grpc-Status-Details-Bin",
+		"Idempotency-Key", "Idempotency-Key-Lifetime", "Authorization", "Cookie", "Vary", "ETag"}
+	names = append(names, neverStored...)
+	names = append(names, bodyReaders...)
+	for _, n := range slices.Clone(names) {
+		names = append(names, strings.ToLower(n), strings.ToUpper(n))
+	}
+	for _, n := range names {
+		for _, s := range []Settings{{ReplayHeadersAllow: []string{n}}, {ReplayHeadersDeny: []string{n}}} {
+			_, mwErr := idemhttp.NewMiddleware(memstore.New(memstore.Options{}), idemhttp.Config{ReplayHeaderAllowlist: s.ReplayHeadersAllow,
+				ReplayHeaderDenylist: s.ReplayHeadersDeny})
+			if err := s.validateReplayHeaders(Underscored); (err == nil) != (mwErr == nil) {
+				t.Errorf("allow %q, deny %q: Validate says %v, idemhttp %v", s.ReplayHeadersAllow, s.ReplayHeadersDeny, err, mwErr)
+			}
+		}
 	}
 }
 
