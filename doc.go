@@ -101,6 +101,6 @@
 // not open (altered, under a key id the Sealer no longer holds, or read
 // without a Sealer) is never replayed and never run again: a *SealError
 // (ErrUnsealable), outcome "unsealable". Clear records written before
-// sealing was turned on still replay; Config.OpenOnly stores new records
+// sealing was turned on still replay; Config.SealOpenOnly stores new records
 // in clear while sealed ones still open.
 package idem

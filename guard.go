@@ -378,7 +378,7 @@ func (a *Attempt) Retention() time.Duration { return a.g.cfg.Retention }
 
 // Stored returns resp as Complete stores it: without its body when that
 // is larger than the guard's MaxResponseSize (see Config), and, when the
-// guard seals (Config.Seal set, OpenOnly not), a copy that AppendBinary
+// guard seals (Config.Seal set, SealOpenOnly not), a copy that AppendBinary
 // seals, bound to the attempt's key and fingerprint. Pass it, not resp, to
 // a store's own completion (pgstore.CompleteTx, tieredstore.CompleteTx and
 // Relay): every response Stored returns for one attempt encodes the same
@@ -408,7 +408,7 @@ func (a *Attempt) Stored(resp *Response) *Response {
 // sealState returns the attempt's sealing state, nil when the guard does
 // not seal.
 func (a *Attempt) sealState() *sealState {
-	if a.g.cfg.Seal == nil || a.g.cfg.OpenOnly {
+	if a.g.cfg.Seal == nil || a.g.cfg.SealOpenOnly {
 		return nil
 	}
 	a.mu.Lock()

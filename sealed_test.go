@@ -171,7 +171,7 @@ func TestSealingOverClearAndOpenOnly(t *testing.T) {
 	if _, err := g.Do(ctx, idem.Key{2}, fp, fn); err != nil {
 		t.Fatal(err)
 	}
-	oo := mustGuard(t, s, idem.Config{Seal: ring, OpenOnly: true})
+	oo := mustGuard(t, s, idem.Config{Seal: ring, SealOpenOnly: true})
 	if _, err := oo.Do(ctx, idem.Key{3}, fp, fn); err != nil {
 		t.Fatal(err)
 	}
