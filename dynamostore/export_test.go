@@ -20,7 +20,7 @@ func Corrupt(ctx context.Context, c *dynamodb.Client, table, prefix string, key 
 		Key:                       s.key(key),
 		UpdateExpression:          aws.String("SET #r = :r"),
 		ExpressionAttributeNames:  map[string]string{"#r": attrResp},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":r": bin([]byte("\xff not a response"))},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":r": bin([]byte("\xc0 not a response"))},
 	})
 	return err
 }

@@ -20,8 +20,8 @@ func (s *Store) Corrupt(key idem.Key) error {
 		s.u.bytes.Add(RecordOverhead)
 		s.u.records.Add(1)
 	}
-	// 0xFF sets the version bits of the response encoding: no such version.
-	bad := []byte{0xFF}
+	// 0xC0 sets the version bits of the response encoding to version 7: no such version (0xFF would start a sealed value).
+	bad := []byte{0xC0}
 	s.u.bytes.Add(int64(cap(bad) - cap(r.resp)))
 	r.state, r.lease, r.resp = idem.StateCompleted, idem.LeaseID{}, bad
 	sh.setExpiry(r, expiry(now, time.Hour, r.token))

@@ -43,8 +43,8 @@ func TestConformance(t *testing.T) {
 			Store: s,
 			Sleep: time.Sleep,
 			Corrupt: func(key idem.Key) error {
-				// 0xFF sets the version bits of the response encoding: no such version.
-				_, err := db.Exec("UPDATE idem_records SET response = X'FF' WHERE namespace = ? AND `key` = ? AND state = 2", prefix, key[:])
+				// 0xC0 sets the version bits of the response encoding to version 7: no such version (0xFF would start a sealed value).
+				_, err := db.Exec("UPDATE idem_records SET response = X'C0' WHERE namespace = ? AND `key` = ? AND state = 2", prefix, key[:])
 				return err
 			},
 		}

@@ -40,9 +40,9 @@ func TestConformance(t *testing.T) {
 			Store: s,
 			Sleep: time.Sleep,
 			Corrupt: func(key idem.Key) error {
-				// 0xFF sets the version bits of the response encoding: no such version.
+				// 0xC0 sets the version bits of the response encoding to version 7: no such version (0xFF would start a sealed value).
 				_, err := pool.Exec(context.Background(),
-					`UPDATE idem_records SET response = '\xff' WHERE namespace = $1 AND key = $2 AND state = 2`, prefix, key[:])
+					`UPDATE idem_records SET response = '\xc0' WHERE namespace = $1 AND key = $2 AND state = 2`, prefix, key[:])
 				return err
 			},
 		}
