@@ -139,11 +139,14 @@ func (r *Response) AppendBinary(b []byte) ([]byte, error) {
 		return append(b, r.sealed...), nil
 	}
 	if r.sealing != nil {
+		if sealed := r.sealing.sealedAgain(r); sealed != nil {
+			return append(b, sealed...), nil
+		}
 		clear, err := r.appendClear(nil)
 		if err != nil {
 			return b, err
 		}
-		sealed, err := r.sealing.seal(clear)
+		sealed, err := r.sealing.seal(r, clear)
 		if err != nil {
 			return b, err
 		}

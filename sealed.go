@@ -143,15 +143,34 @@ type sealState struct {
 	mu   sync.Mutex
 	memo [sealMemoSize]struct{ clear, sealed []byte }
 	next int
+	// last is the response sealed last and lastSealed its sealed form:
+	// the same *Response encoded again (the store's write after the
+	// Guard's own sealing, a completion resent) is not encoded again. A
+	// copy of it (a store cutting the body) is another pointer and goes
+	// through the memo.
+	last       *Response
+	lastSealed []byte
 }
 
-// seal returns the sealed form of clear (which seal may keep). The result
-// is shared: callers copy it.
-func (st *sealState) seal(clear []byte) ([]byte, error) {
+// sealedAgain returns the sealed form of r when r is the response sealed
+// last, nil otherwise.
+func (st *sealState) sealedAgain(r *Response) []byte {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.last == r {
+		return st.lastSealed
+	}
+	return nil
+}
+
+// seal returns the sealed form of clear, r's clear encoding (which seal
+// may keep). The result is shared: callers copy it.
+func (st *sealState) seal(r *Response, clear []byte) ([]byte, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for _, m := range st.memo {
 		if m.sealed != nil && bytes.Equal(m.clear, clear) {
+			st.last, st.lastSealed = r, m.sealed
 			return m.sealed, nil
 		}
 	}
@@ -164,5 +183,6 @@ func (st *sealState) seal(clear []byte) ([]byte, error) {
 	}
 	st.memo[st.next] = struct{ clear, sealed []byte }{clear, sealed}
 	st.next = (st.next + 1) % sealMemoSize
+	st.last, st.lastSealed = r, sealed
 	return sealed, nil
 }

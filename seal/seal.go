@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Errors of Open. They arrive wrapped; branch on them with errors.Is.
@@ -97,6 +98,7 @@ func (r *Ring) KeyID(sealed []byte) (string, bool) {
 func (r *Ring) seal(dst, plaintext, ad, fixedNonce []byte) []byte {
 	k := r.primary
 	start := len(dst)
+	dst = slices.Grow(dst, headerMin+len(k.id)+nonceSize+len(plaintext)+tagSize)
 	dst = append(dst, magic[:]...)
 	dst = append(dst, version, byte(len(k.id)))
 	dst = append(dst, k.id...)
@@ -108,8 +110,8 @@ func (r *Ring) seal(dst, plaintext, ad, fixedNonce []byte) []byte {
 	} else {
 		rand.Read(nonce) // never fails (crypto/rand)
 	}
-	fullAD := associated(dst[start:headerEnd], ad)
-	return k.aead.Seal(dst, nonce, plaintext, fullAD)
+	var buf [adBufSize]byte
+	return k.aead.Seal(dst, nonce, plaintext, associated(buf[:0], dst[start:headerEnd], ad))
 }
 
 // Open checks and decrypts sealed, a value Seal made with the same ad,
@@ -143,17 +145,22 @@ func (r *Ring) Open(dst, sealed, ad []byte) ([]byte, error) {
 		return dst, fmt.Errorf("%w: key id %s (the ring, %s, does not hold it)", ErrUnknownKey, id, r)
 	}
 	nonce := sealed[headerEnd : headerEnd+nonceSize]
-	out, err := k.aead.Open(dst, nonce, sealed[headerEnd+nonceSize:], associated(sealed[:headerEnd], ad))
+	var buf [adBufSize]byte
+	out, err := k.aead.Open(dst, nonce, sealed[headerEnd+nonceSize:], associated(buf[:0], sealed[:headerEnd], ad))
 	if err != nil {
 		return dst, fmt.Errorf("%w: under key %s (altered, or sealed with other associated data)", ErrTampered, k.id)
 	}
 	return out, nil
 }
 
-// associated returns the data GCM authenticates: the envelope's header,
-// then the caller's associated data.
-func associated(header, ad []byte) []byte {
-	b := make([]byte, 0, len(header)+len(ad))
+// adBufSize is the stack buffer for the associated data of Seal and Open:
+// a header with the longest id and a record's associated data (47 bytes)
+// fit; longer ones are allocated.
+const adBufSize = 128
+
+// associated appends to b the data GCM authenticates: the envelope's
+// header, then the caller's associated data.
+func associated(b, header, ad []byte) []byte {
 	return append(append(b, header...), ad...)
 }
 

@@ -128,11 +128,16 @@ type Flags struct {
 // NewFlags defines idem bench's flags on fs; --impls chooses among catalog
 // and defaults to all of it.
 func NewFlags(fs *flag.FlagSet, catalog []Impl) *Flags {
-	names := ImplNames(catalog)
+	var names []string
+	for _, im := range catalog {
+		if !im.Extra {
+			names = append(names, im.Name)
+		}
+	}
 	return &Flags{
 		catalog:    catalog,
 		redisURL:   fs.String("redis", "", "Redis `URL` to use (default: start a private redis-server on loopback, which needs redis-server on PATH)"),
-		impls:      fs.String("impls", strings.Join(names, ","), "comma-separated `implementations` (none runs in scenario b only)"),
+		impls:      fs.String("impls", strings.Join(names, ","), "comma-separated `implementations` (none runs in scenario b only; idem-sealed, idem-rueidis with sealed records, only when named)"),
 		scen:       fs.String("scenarios", "a,b,c,d", "comma-separated `scenarios`: a (retry storm), b (overhead), c (hot keys), d (replays)"),
 		quick:      fs.Bool("quick", false, "every scenario at reduced size (a smoke check, under a minute)"),
 		rate:       fs.Float64("rate", 0, "open loop: send at this fixed rate (`requests/s`), latency from the scheduled send time; 0: closed loop"),

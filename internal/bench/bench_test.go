@@ -70,8 +70,15 @@ func TestBench(t *testing.T) {
 		got[r.Impl+"/"+r.Scenario] = r
 	}
 	for _, sc := range []string{"a", "b", "c", "d"} {
-		for _, impl := range ImplNames(Builtin()) {
+		for _, im := range Builtin() {
+			impl := im.Name
 			r, ok := got[impl+"/"+sc]
+			if im.Extra {
+				if ok {
+					t.Errorf("%s ran in scenario %s without --impls naming it", impl, sc)
+				}
+				continue
+			}
 			if impl == "none" && sc != "b" {
 				if ok {
 					t.Errorf("none ran in scenario %s", sc)
@@ -217,6 +224,70 @@ func TestInstancesAndPeers(t *testing.T) {
 	svg := RenderSVG(results, meta)
 	if !strings.Contains(svg, "its peers") || !strings.Contains(svg, "#000000") {
 		t.Errorf("SVG lacks the peers")
+	}
+}
+
+// TestBenchSealed runs idem-sealed (idem-rueidis with sealed records)
+// beside idem-rueidis, and checks that it ran each key once and that the
+// records it left in Redis are sealed: no value holds the handler's
+// answer in clear, while idem-rueidis's records (the control) do.
+func TestBenchSealed(t *testing.T) {
+	for _, c := range []struct {
+		impl   string
+		sealed bool
+	}{{"idem-sealed", true}, {"idem-rueidis", false}} {
+		t.Run(c.impl, func(t *testing.T) {
+			srv, err := redistest.StartServer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Stop()
+			var stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			o := parse(t, Builtin(), "--quick", "--requests", "200", "--redis", "redis://"+srv.Addr(),
+				"--impls", c.impl, "--scenarios", "d")
+			results, _, err := Run(ctx, o, &stderr)
+			if err != nil {
+				t.Fatalf("%v\nstderr:\n%s", err, stderr.String())
+			}
+			if len(results) != 1 || results[0].Duplicates != 0 || len(results[0].Errors) != 0 || results[0].Requests != 200 {
+				t.Fatalf("implausible results %+v", results)
+			}
+			rdb, err := NewGoredis("redis://" + srv.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			var values, clear int
+			iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
+			for iter.Next(ctx) {
+				typ, err := rdb.Type(ctx, iter.Val()).Result()
+				if err != nil || typ != "string" {
+					continue
+				}
+				v, err := rdb.Get(ctx, iter.Val()).Bytes()
+				if err != nil {
+					t.Fatal(err)
+				}
+				values++
+				if bytes.Contains(v, []byte(`"status":"captured"`)) {
+					clear++
+				}
+			}
+			if err := iter.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if values == 0 {
+				t.Fatal("no records left in Redis")
+			}
+			if c.sealed && clear != 0 {
+				t.Errorf("%d of %d values hold the answer in clear", clear, values)
+			}
+			if !c.sealed && clear == 0 {
+				t.Errorf("control: none of %d values holds the answer in clear (the check finds nothing)", values)
+			}
+		})
 	}
 }
 

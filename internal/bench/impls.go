@@ -3,6 +3,8 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/seal"
 )
 
 // Impl is one implementation idem bench can put in front of the handler.
@@ -31,6 +34,9 @@ type Impl struct {
 	// Peer: another library's idempotency layer (internal/benchpeers),
 	// which idem's targets are checked against.
 	Peer bool
+	// Extra: runs only when --impls names it (a variant measured on
+	// purpose, such as idem-sealed), not by default.
+	Extra bool
 	// Build starts one instance: its own clients and in-process state,
 	// against Redis at env.RedisURL, in front of env.App. With
 	// --instances N it is called N times per run.
@@ -64,8 +70,8 @@ func ImplNames(impls []Impl) []string {
 // order. "none" runs only in scenario b, as its baseline.
 func Builtin() []Impl {
 	var out []Impl
-	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait", "idem-409"} {
-		out = append(out, Impl{Name: name, Color: implColors[name], OnlyB: name == "none",
+	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait", "idem-409", "idem-sealed"} {
+		out = append(out, Impl{Name: name, Color: implColors[name], OnlyB: name == "none", Extra: name == "idem-sealed",
 			Build: func(ctx context.Context, env Env) (Server, error) { return buildBuiltin(ctx, name, env) }})
 	}
 	return out
@@ -185,17 +191,23 @@ func buildBuiltin(ctx context.Context, impl string, env Env) (Server, error) {
 	switch impl {
 	case "none":
 		return NetHTTP(app, logger, nil), nil
-	case "idem-rueidis", "idem-wait", "idem-409":
-		st, err := redisstore.Open(env.RedisURL, redisstore.Options{})
-		if err != nil {
-			return nil, err
-		}
+	case "idem-rueidis", "idem-wait", "idem-409", "idem-sealed":
 		cfg := idemhttp.Config{Retention: Retention, Logger: logger}
 		switch impl {
 		case "idem-wait":
 			cfg.Wait = benchWait
 		case "idem-409":
 			cfg.Wait = -1
+		case "idem-sealed":
+			ring, err := benchRing()
+			if err != nil {
+				return nil, err
+			}
+			cfg.Seal = ring
+		}
+		st, err := redisstore.Open(env.RedisURL, redisstore.Options{})
+		if err != nil {
+			return nil, err
 		}
 		mw := idemhttp.Middleware(st, cfg)
 		return NetHTTP(mw(app), logger, func() { st.Close() }), nil
@@ -228,6 +240,16 @@ func buildBuiltin(ctx context.Context, impl string, env Env) (Server, error) {
 		return nil, fmt.Errorf("unknown implementation %q", impl)
 	}
 	return NetHTTP(h, logger, func() { rdb.Close() }), nil
+}
+
+// benchRing returns idem-sealed's key ring: one fresh random AES-256 key,
+// the primary, as an operator's --seal-keys file would hold it.
+func benchRing() (*seal.Ring, error) {
+	key := make([]byte, seal.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	return seal.ParseRing("bench " + base64.StdEncoding.EncodeToString(key))
 }
 
 // NewGoredis returns a go-redis client for url with the bench's pool size.

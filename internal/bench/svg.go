@@ -17,6 +17,7 @@ var implColors = map[string]string{
 	"idem-goredis": "#17becf",
 	"idem-wait":    "#9467bd",
 	"idem-409":     "#8c564b",
+	"idem-sealed":  "#e377c2",
 }
 
 // colorOf is impl's color: its Impl's, else the built-in one, else gray.
