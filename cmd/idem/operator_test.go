@@ -210,8 +210,9 @@ var opBadByName = map[string]opBad{
 	"proxy replay-headers-deny":  {"X-Debug,X Trace", `"X Trace" is not a header name`},
 
 	// Sealing (the ring's other mistakes: TestOperatorSealKeyMistakes).
-	"proxy seal-keys": {"/nonexistent/ring", "/nonexistent/ring: no such file"},
-	"proxy seal-kms":  {"my-key", "want the ARN of a KMS key"},
+	"proxy seal-keys":   {"/nonexistent/ring", "/nonexistent/ring: no such file"},
+	"proxy seal-kms":    {"my-key", "want the ARN of a KMS key"},
+	"inspect seal-keys": {"/nonexistent/ring", "/nonexistent/ring: no such file"},
 }
 
 // opNoBadValue are the flags without a bad value, and why.
