@@ -282,7 +282,6 @@ func openSealed(sealer *sidecar.Sealer, keysFile string, key idem.Key, rec *idem
 	return info
 }
 
-
 // blobState is what inspect --blob found of a record's blob.
 type blobState struct {
 	Present bool   `json:"present"`
