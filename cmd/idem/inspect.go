@@ -385,6 +385,8 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case blobDeleted:
 		fmt.Fprintf(stdout, "deleted its blob %s\n", blobName)
+	case had && rec.Response.Sealed():
+		fmt.Fprintln(stdout, "its response was sealed: a body it kept in a blob store stays there until idem gc")
 	case blobName != "":
 		fmt.Fprintf(stdout, "its body stays in the blob store as %s until idem gc (or give --blob to delete it now)\n", blobName)
 	}

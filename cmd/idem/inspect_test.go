@@ -501,4 +501,13 @@ func TestInspectSealed(t *testing.T) {
 	if code != 2 || !strings.HasPrefix(errOut, "idem inspect: --seal-keys: open "+filepath.Join(dir, "missing")) {
 		t.Errorf("inspect with a missing ring: exit %d, stderr %q; want 2 naming --seal-keys and the file", code, errOut)
 	}
+
+	// purge deletes it, and says a blob of it stays for idem gc.
+	code, out, errOut = inspectExec(t, "purge", "--yes", "--store", storeURL, "--prefix", prefix, "--stored-key", key.String())
+	if code != 0 || !strings.HasPrefix(out, "purged "+key.String()+" (was completed") || !strings.Contains(out, "its response was sealed") {
+		t.Errorf("purge of a sealed record: exit %d, %q (stderr %q)", code, out, errOut)
+	}
+	if _, ok := inspectGet(t, store, key); ok {
+		t.Error("purge --yes left the sealed record")
+	}
 }
