@@ -21,7 +21,8 @@ var (
 	ErrBlobNotFound = errors.New("idem: blob not found")
 
 	// ErrBlobCorrupt reports a blob whose size or SHA-256 digest is not the
-	// one its BlobRef recorded.
+	// one its BlobRef recorded, or a sealed blob that does not open
+	// (SealBlobs: a *BlobSealError, also ErrUnsealable).
 	ErrBlobCorrupt = errors.New("idem: blob corrupt")
 )
 
