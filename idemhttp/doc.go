@@ -224,6 +224,13 @@
 // OnBlobError and OutcomeReplayFailed count these. A client that leaves
 // mid-body changes nothing: the rest is still written to the blob.
 //
+// With Config.Seal as well, the middleware wraps Config.Blobs with
+// idem.SealBlobs: blob contents are sealed at rest in 64 KiB chunks bound
+// to the blob's name, and a replay checks each chunk as it reads (the
+// AEAD in place of the digest; the size still). A sealed blob that does
+// not open (altered, truncated, moved, or under a key id not in the ring)
+// is handled as a corrupt one, logged at ERROR with its key_id.
+//
 // Before a new request runs, the blob store is probed (at most once a
 // second): when it does not answer, the request gets 503
 // (ProblemBlobStoreUnavailable) and the key is released, as for a failing

@@ -201,9 +201,13 @@ type Config struct {
 	Blobs idem.BlobStore
 
 	// Seal, when set, seals the responses stored at rest (and the blobs
-	// written to Blobs), and SealOpenOnly stores new ones in clear while
-	// sealed ones still open: see idem.Config's fields of the same names.
-	// A stored response that does not open is never replayed nor run again.
+	// written to Blobs: the middleware wraps Blobs with idem.SealBlobs,
+	// so pass the store itself), and SealOpenOnly stores new ones in clear
+	// while sealed ones still open: see idem.Config's fields of the same
+	// names. A stored response that does not open is never replayed nor
+	// run again; nor is a sealed blob that does not open (503
+	// ProblemStoredBodyUnavailable, as for a corrupt one, logged at ERROR
+	// with its key id).
 	Seal         idem.Sealer
 	SealOpenOnly bool
 
@@ -504,6 +508,11 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 		return nil, errors.New("idemhttp: Config.KeySource has NeedsBody but no Key function; want both, or the zero KeySource for Idempotency-Key")
 	case cfg.KeySource.Key == nil:
 		cfg.KeySource = defaultKeySource
+	}
+	if cfg.Blobs != nil && cfg.Seal != nil {
+		// The one place blobs are sealed, for every caller (idem proxy,
+		// Caddy, the sidecar): as the records are, with the same Sealer.
+		cfg.Blobs = idem.SealBlobs(cfg.Blobs, cfg.Seal, cfg.SealOpenOnly)
 	}
 	m := &middleware{cfg: cfg, key: cfg.KeySource, eng: eng, store: store, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
 	if cfg.Quota == nil {
