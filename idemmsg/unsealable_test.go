@@ -23,7 +23,11 @@ type lockedLog struct {
 	b  bytes.Buffer
 }
 
-func (l *lockedLog) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
 
 // lines returns the log lines that contain s, and forgets every line.
 func (l *lockedLog) lines(s string) []string {
