@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,10 @@ import (
 	"github.com/idemkit/idem/internal/sealtest"
 	"github.com/idemkit/idem/memstore"
 )
+
+// lastKey is the record key of the request sealedRoute's upstream last
+// ran.
+var lastKey atomic.Value
 
 // sealedRoute serves s's middleware over store with sealer (the
 // settings do not carry one here: the Sealer is set on the Config they
@@ -35,6 +40,9 @@ func sealedRoute(t *testing.T, s Settings, store idem.Store, sealer idem.Sealer)
 	}
 	rt.srv = httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt.runs.Add(1)
+		if l, ok := idem.LeaseFromContext(r.Context()); ok {
+			lastKey.Store(l.Key)
+		}
 		if IsGRPC(r) {
 			w.Header().Set("Content-Type", "application/grpc")
 			w.Header().Set("Grpc-Status", "0")
@@ -88,6 +96,15 @@ func TestUnsealableRecord(t *testing.T) {
 		}
 		if n := a.metric(t, "idem_requests_total", "outcome", "unsealable"); n != 0 {
 			t.Errorf(`profile %q: the series unsealable on a fresh route = %v, want 0 (made at zero)`, profile, n)
+		}
+		// One byte altered, read with the ring that sealed it.
+		if got := a.post(t, "{}", "Idempotency-Key", "x"); got.status != http.StatusCreated {
+			t.Fatalf("profile %q, x: %d", profile, got.status)
+		}
+		sealtest.Flip(t, store, lastKey.Load().(idem.Key))
+		if got := a.post(t, "{}", "Idempotency-Key", "x"); got.status != http.StatusInternalServerError || problemType(got) != idemhttp.ProblemResponseUnreadable ||
+			a.runs.Load() != 3 || a.metric(t, "idem_requests_total", "outcome", "unsealable") != 1 {
+			t.Errorf("profile %q, a flipped byte: got %d %s after %d runs, want 500 %s, 3 runs (h, g, x)", profile, got.status, got.body, a.runs.Load(), idemhttp.ProblemResponseUnreadable)
 		}
 	}
 }
