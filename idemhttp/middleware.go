@@ -205,9 +205,12 @@ type Config struct {
 	// so pass the store itself), and SealOpenOnly stores new ones in clear
 	// while sealed ones still open: see idem.Config's fields of the same
 	// names. A stored response that does not open is never replayed nor
-	// run again; nor is a sealed blob that does not open (503
-	// ProblemStoredBodyUnavailable, as for a corrupt one, logged at ERROR
-	// with its key id).
+	// run again: it is answered 500 ProblemResponseUnreadable (with
+	// Idempotent-Replayed: true, no Retry-After), outcome
+	// OutcomeUnsealable, and logged at ERROR with the key and the key id
+	// (never content), FailOpen or not; a sealed blob that does not open
+	// is answered 503 ProblemStoredBodyUnavailable, as for a corrupt one,
+	// logged at ERROR with its key id.
 	Seal         idem.Sealer
 	SealOpenOnly bool
 
@@ -869,6 +872,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.problem(w, r, problemInFlight)
 	case engine.OutcomeGone:
 		m.outcome(r, OutcomeGone) // nobody to answer, nothing to run
+	case engine.OutcomeUnsealable:
+		// It ran once; its result cannot be read. Never run again, not
+		// even with FailOpen: the store did not fail.
+		m.outcome(r, OutcomeUnsealable)
+		w.Header().Set(HeaderReplayed, "true")
+		m.problem(w, r, problemUnreadable)
 	default: // engine.OutcomeStoreError
 		m.outcome(r, OutcomeStoreError)
 		switch {
