@@ -22,7 +22,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -358,4 +360,94 @@ func TestProxySealTamperedAndMoved(t *testing.T) {
 	if got := p.metric(`idem_requests_total{outcome="unsealable"}`); got != 4 {
 		t.Errorf(`idem_requests_total{outcome="unsealable"}: got %v, want 4`, got)
 	}
+}
+
+// TestProxySealRotationUnderLoad: clients keep sending new keys while key
+// 2 is added to the ring as its primary and the proxy reloaded (SIGHUP):
+// no request fails, every record, under key 1 or key 2, replays byte for
+// byte without running again, and idem inspect names key k1 for a record
+// stored before the rotation and k2 for one stored after it.
+func TestProxySealRotationUnderLoad(t *testing.T) {
+	r := proxyRedis(t)
+	storeURL := "redis://" + r.Addr()
+	up := newCanaryUpstream(t)
+	ring := sealRingFile(t, sealRingLine("k1", 1))
+	p := startProxy(t, nil, "--upstream", up.URL, "--store", storeURL, "--seal-keys", ring)
+	type stored struct{ key, body string }
+	var (
+		mu     sync.Mutex
+		all    []stored
+		failed []string
+		stop   = make(chan struct{})
+		wg     sync.WaitGroup
+		n      atomic.Int64
+	)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := "rot-" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				a, err := send("POST", p.url("/payments"), key, `{"card":"`+sealCard+`"}`, "X-Session-Token: tok-"+key)
+				mu.Lock()
+				if err != nil || a.status != 201 || a.replayed() {
+					failed = append(failed, key+": "+strconv.Itoa(a.status)+" "+string(a.body)+" "+errString(err))
+				} else {
+					all = append(all, stored{key, string(a.body)})
+				}
+				mu.Unlock()
+				n.Add(1)
+			}
+		})
+	}
+	waitCount := func(min int64) {
+		for deadline := time.Now().Add(10 * time.Second); n.Load() < min; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d requests within 10s", n.Load())
+			}
+		}
+	}
+	waitCount(50)
+	mu.Lock()
+	before := all[0].key
+	mu.Unlock()
+	if err := os.WriteFile(ring, []byte(sealRingLine("k2", 2)+"\n"+sealRingLine("k1", 1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.hangup(t, `"msg":"reloaded","what":"seal keys"`, 1)
+	atReload := n.Load()
+	waitCount(atReload + 50)
+	close(stop)
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d requests failed across the rotation, e.g. %s", len(failed), n.Load(), failed[0])
+	}
+	after := all[len(all)-1].key
+	for _, s := range all {
+		a := mustSend(t, "POST", p.url("/payments"), s.key, `{"card":"`+sealCard+`"}`)
+		if a.status != 201 || !a.replayed() || string(a.body) != s.body {
+			t.Fatalf("%s after the rotation: got %d replayed %t %s, want the replay of %s", s.key, a.status, a.replayed(), a.body, s.body)
+		}
+		if runs := up.runsOf(s.key); runs != 1 {
+			t.Fatalf("%s: upstream ran %d times, want 1", s.key, runs)
+		}
+	}
+	for key, want := range map[string]string{before: "k1", after: "k2"} {
+		k, _ := idem.Scope{Method: "POST", Route: "/payments"}.Key(key)
+		code, out := runIdemOut(t, "inspect", "--store", storeURL, "--stored-key", k.String(), "--json")
+		if code != 0 || !strings.Contains(out, `"sealed": true`) || !strings.Contains(out, `"key_id": "`+want+`"`) || strings.Contains(out, sealCard) {
+			t.Errorf("inspect %s: exit %d, %s; want sealed, key_id %s, no card", key, code, out, want)
+		}
+	}
+	t.Logf("%d requests, %d after the reload, all replayed", len(all), n.Load()-atReload)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
