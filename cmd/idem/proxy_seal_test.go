@@ -211,15 +211,16 @@ func TestProxySealCanary(t *testing.T) {
 		args []string                // --store and --blob
 		dump func(*testing.T) []byte // what an operator reads
 		pad  int                     // filler after the canary
+		blob func(*testing.T) []byte // the blob store's files alone
 	}
 	stores := map[string]func(t *testing.T) store{
 		"redis": func(t *testing.T) store {
 			r := proxyRedis(t)
-			return store{[]string{"--store", "redis://" + r.Addr()}, func(t *testing.T) []byte { return redisValues(t, r.Addr()) }, 0}
+			return store{[]string{"--store", "redis://" + r.Addr()}, func(t *testing.T) []byte { return redisValues(t, r.Addr()) }, 0, nil}
 		},
 		"postgres": func(t *testing.T) store {
 			u := pgURL(t)
-			return store{[]string{"--store", u}, func(t *testing.T) []byte { return runDump(t, "pg_dump", "--data-only", u) }, 0}
+			return store{[]string{"--store", u}, func(t *testing.T) []byte { return runDump(t, "pg_dump", "--data-only", u) }, 0, nil}
 		},
 		"mysql": func(t *testing.T) store {
 			ms, err := mysqltest.Start()
@@ -234,7 +235,7 @@ func TestProxySealCanary(t *testing.T) {
 			host, port, _ := strings.Cut(ms.Addr(), ":")
 			return store{[]string{"--store", ms.URL(db)}, func(t *testing.T) []byte {
 				return runDump(t, "mysqldump", "-h", host, "-P", port, "-u", "root", "--protocol=tcp", "--hex-blob", "--skip-comments", db)
-			}, 0}
+			}, 0, nil}
 		},
 		"s3-blob": func(t *testing.T) store {
 			r := proxyRedis(t)
@@ -248,13 +249,15 @@ func TestProxySealCanary(t *testing.T) {
 				t.Fatal(err)
 			}
 			return store{[]string{"--store", "redis://" + r.Addr(), "--blob", srv.URL(bucket), "--max-response", "1KiB"},
-				func(t *testing.T) []byte { return append(filesUnder(t, srv.Dir()), redisValues(t, r.Addr())...) }, 64 * kib}
+				func(t *testing.T) []byte { return append(filesUnder(t, srv.Dir()), redisValues(t, r.Addr())...) }, 64 * kib,
+				func(t *testing.T) []byte { return filesUnder(t, srv.Dir()) }}
 		},
 		"file-blob": func(t *testing.T) store {
 			r := proxyRedis(t)
 			dir := filepath.Join(t.TempDir(), "blobs")
 			return store{[]string{"--store", "redis://" + r.Addr(), "--blob", "file://" + dir, "--max-response", "1KiB"},
-				func(t *testing.T) []byte { return append(filesUnder(t, dir), redisValues(t, r.Addr())...) }, 64 * kib}
+				func(t *testing.T) []byte { return append(filesUnder(t, dir), redisValues(t, r.Addr())...) }, 64 * kib,
+				func(t *testing.T) []byte { return filesUnder(t, dir) }}
 		},
 	}
 	for _, name := range []string{"redis", "postgres", "mysql", "s3-blob", "file-blob"} {
@@ -288,6 +291,9 @@ func TestProxySealCanary(t *testing.T) {
 					dump := st.dump(t)
 					if len(dump) == 0 {
 						t.Fatalf("sealed %t: the store's dump is empty", sealed)
+					}
+					if st.blob != nil && holdsCanary(st.blob(t), sealCard) == sealed {
+						t.Errorf("sealed %t, %s: the blob files hold the card: %t, want %t (the body offloaded there)", sealed, c.client, !sealed, !sealed)
 					}
 					for _, canary := range []string{sealCard, token} {
 						if got := holdsCanary(dump, canary); got == sealed {
