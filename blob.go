@@ -21,7 +21,8 @@ var (
 	ErrBlobNotFound = errors.New("idem: blob not found")
 
 	// ErrBlobCorrupt reports a blob whose size or SHA-256 digest is not the
-	// one its BlobRef recorded.
+	// one its BlobRef recorded, or a sealed blob that does not open
+	// (SealBlobs: a *BlobSealError, also ErrUnsealable).
 	ErrBlobCorrupt = errors.New("idem: blob corrupt")
 )
 
@@ -214,6 +215,12 @@ func isLowerHex(s string) bool {
 // of io.EOF, if the bytes read do not have ref's digest. So io.EOF means
 // that every byte read so far is the body that was stored. A missing blob
 // is an error wrapping ErrBlobNotFound.
+//
+// A blob read sealed, from a store SealBlobs returned, is not hashed: its
+// AEAD authenticates every byte and their order, bound to the blob's
+// unique name, and refuses the blob (an error wrapping ErrBlobCorrupt and
+// ErrUnsealable) as soon as a chunk does not open; its size is checked
+// as any other's. A clear blob is hashed, sealing on or not.
 func OpenBlob(ctx context.Context, bs BlobStore, ref BlobRef) (io.ReadCloser, error) {
 	rc, size, err := bs.Open(ctx, ref.Name)
 	if err != nil {
@@ -223,14 +230,18 @@ func OpenBlob(ctx context.Context, bs BlobStore, ref BlobRef) (io.ReadCloser, er
 		rc.Close()
 		return nil, fmt.Errorf("%w: blob %s has %d bytes, want %d", ErrBlobCorrupt, ref.Name, size, ref.Size)
 	}
-	return &blobReader{rc: rc, ref: ref, h: sha256.New()}, nil
+	r := &blobReader{rc: rc, ref: ref}
+	if _, sealed := rc.(*sealedBlobReader); !sealed {
+		r.h = sha256.New()
+	}
+	return r, nil
 }
 
 // blobReader verifies a blob as it is read (see OpenBlob).
 type blobReader struct {
 	rc  io.ReadCloser
 	ref BlobRef
-	h   hash.Hash
+	h   hash.Hash // nil for a sealed blob
 	n   int64
 	err error // sticky: the verdict once the end was seen, or a read error
 }
@@ -240,7 +251,9 @@ func (r *blobReader) Read(p []byte) (int, error) {
 		return 0, r.err
 	}
 	n, err := r.rc.Read(p)
-	r.h.Write(p[:n])
+	if r.h != nil {
+		r.h.Write(p[:n])
+	}
 	r.n += int64(n)
 	switch {
 	case r.n > r.ref.Size:
@@ -248,10 +261,13 @@ func (r *blobReader) Read(p []byte) (int, error) {
 		return 0, r.err
 	case errors.Is(err, io.EOF):
 		var sum [sha256.Size]byte
-		switch r.h.Sum(sum[:0]); {
+		if r.h != nil {
+			r.h.Sum(sum[:0])
+		}
+		switch {
 		case r.n != r.ref.Size:
 			r.err = fmt.Errorf("%w: blob %s ended after %d bytes, want %d", ErrBlobCorrupt, r.ref.Name, r.n, r.ref.Size)
-		case sum != r.ref.SHA256:
+		case r.h != nil && sum != r.ref.SHA256:
 			r.err = fmt.Errorf("%w: blob %s: SHA-256 %x, want %x", ErrBlobCorrupt, r.ref.Name, sum, r.ref.SHA256)
 		default:
 			r.err = io.EOF

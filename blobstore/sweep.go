@@ -253,7 +253,7 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 			}
 		}
 	}
-	if ab, ok := blobs.(interface {
+	if ab, ok := underneath(blobs).(interface {
 		abortUploads(context.Context, string, time.Time, func(string) bool) (int, error)
 	}); ok && !opts.DryRun {
 		n, err := ab.abortUploads(ctx, idem.BlobPrefix, cutoff, func(s string) bool {
@@ -266,6 +266,18 @@ func Sweep(ctx context.Context, blobs idem.BlobStore, store idem.Store, opts Swe
 		}
 	}
 	return res, nil
+}
+
+// underneath returns the store bs wraps (idem.SealBlobs: Unwrap), all the
+// way down: incomplete uploads are the S3 store's own.
+func underneath(bs idem.BlobStore) idem.BlobStore {
+	for {
+		u, ok := bs.(interface{ Unwrap() idem.BlobStore })
+		if !ok || u.Unwrap() == nil {
+			return bs
+		}
+		bs = u.Unwrap()
+	}
 }
 
 // LegacyNamespacer is implemented by a store whose namespace

@@ -57,6 +57,11 @@ func init() {
 //		profile              ietf|acp|stripe # ietf
 //		echo_key
 //		lifetime_header
+//		replay_headers_allow <header...>     # only these stored (and those of the body); default all
+//		replay_headers_deny  <header...>     # never stored
+//		seal_keys            <path>          # key ring file: ID BASE64 lines, the first the primary
+//		seal_kms             <key ARN>       # AWS KMS key
+//		seal_open_only                       # new records in clear; sealed ones still open
 //	}
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
@@ -240,12 +245,28 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "lifetime_header":
 			err = none()
 			h.LifetimeHeader = true
+		case "replay_headers_allow", "replay_headers_deny":
+			if len(args) == 0 {
+				return d.Errf("%s: want one or more header names, such as X-Request-Id Location", name)
+			}
+			if name == "replay_headers_allow" {
+				h.ReplayHeadersAllow = args
+			} else {
+				h.ReplayHeadersDeny = args
+			}
+		case "seal_keys":
+			h.SealKeys, err = one()
+		case "seal_kms":
+			h.SealKMS, err = one()
+		case "seal_open_only":
+			err = none()
+			h.SealOpenOnly = true
 		default:
 			return d.Errf("unknown subdirective %q (want store, prefix, memory_limit, reap_interval, methods, require_key, "+
 				"tenant_header, tenant_cookie, lease, retention, wait, fail_open, max_body, max_response, store_statuses, "+
 				"max_execution, client_write_timeout, cancel_on_disconnect, refuse_anonymous, blob, blob_timeout, quota_in_flight, quota_records, quota_bytes, "+
 				"key_header, key, webhook, webhook_secret_file, webhook_secret_env, webhook_tolerance, fingerprint, fingerprint_exclude, "+
-				"fingerprint_fields, profile, echo_key, lifetime_header)", name)
+				"fingerprint_fields, profile, echo_key, lifetime_header, replay_headers_allow, replay_headers_deny, seal_keys, seal_kms, seal_open_only)", name)
 		}
 		if err != nil {
 			return err

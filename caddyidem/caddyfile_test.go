@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 // adapt turns a Caddyfile into JSON config, failing the test on an error.
@@ -187,6 +188,18 @@ func TestCaddyfileKeyOptions(t *testing.T) {
 			key:  "header:X-Request-Id", fields: []string{"/amount", "/currency"},
 		},
 		{
+			body: "replay_headers_allow X-Request-Id Location\n\treplay_headers_deny X-Session-Token\n\tseal_keys /run/secrets/idem-ring\n\tseal_open_only",
+			json: []string{`"replay_headers_allow":["X-Request-Id","Location"]`, `"replay_headers_deny":["X-Session-Token"]`,
+				`"seal_keys":"/run/secrets/idem-ring"`, `"seal_open_only":true`},
+			want: Handler{ReplayHeadersAllow: []string{"X-Request-Id", "Location"}, ReplayHeadersDeny: []string{"X-Session-Token"},
+				SealKeys: "/run/secrets/idem-ring", SealOpenOnly: true},
+		},
+		{
+			body: "seal_kms arn:aws:kms:eu-west-2:111122223333:key/bc436485-5092-42b8-92a3-0aa8b93536dc",
+			json: []string{`"seal_kms":"arn:aws:kms:eu-west-2:111122223333:key/bc436485-5092-42b8-92a3-0aa8b93536dc"`},
+			want: Handler{SealKMS: "arn:aws:kms:eu-west-2:111122223333:key/bc436485-5092-42b8-92a3-0aa8b93536dc"},
+		},
+		{
 			body: "key json:/order/id\n\tfingerprint raw",
 			json: []string{`"key":"json:/order/id"`, `"fingerprint":"raw"`},
 			want: Handler{Key: "json:/order/id", Fingerprint: "raw"},
@@ -211,7 +224,9 @@ func TestCaddyfileKeyOptions(t *testing.T) {
 		s := got.settings()
 		if s.Key != tc.key || s.Webhook != got.Webhook || s.WebhookSecretFile != got.WebhookSecretFile || s.WebhookSecretEnv != got.WebhookSecretEnv ||
 			s.WebhookTolerance != tc.tolerate || s.Fingerprint != got.Fingerprint || !reflect.DeepEqual(s.FingerprintExclude, tc.exclude) ||
-			!reflect.DeepEqual(s.FingerprintFields, tc.fields) || s.Profile != got.Profile || s.EchoKey != got.EchoKey || s.LifetimeHeader != got.LifetimeHeader {
+			!reflect.DeepEqual(s.FingerprintFields, tc.fields) || s.Profile != got.Profile || s.EchoKey != got.EchoKey || s.LifetimeHeader != got.LifetimeHeader ||
+			!reflect.DeepEqual(s.ReplayHeadersAllow, got.ReplayHeadersAllow) || !reflect.DeepEqual(s.ReplayHeadersDeny, got.ReplayHeadersDeny) ||
+			s.Seal != (sidecar.SealSettings{Keys: got.SealKeys, KMS: got.SealKMS, OpenOnly: got.SealOpenOnly}) {
 			t.Errorf("%s: settings key %q webhook %q file %q env %q tolerance %v fingerprint %q exclude %q fields %q profile %q echo %v lifetime %v; want them from %s (key %q)",
 				strings.ReplaceAll(tc.body, "\n\t", "; "), s.Key, s.Webhook, s.WebhookSecretFile, s.WebhookSecretEnv, s.WebhookTolerance,
 				s.Fingerprint, s.FingerprintExclude, s.FingerprintFields, s.Profile, s.EchoKey, s.LifetimeHeader, raw, tc.key)
@@ -261,6 +276,15 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"profile", "profile: want one argument, got 0"},
 		{"echo_key true", "echo_key takes no argument, got 1"},
 		{"lifetime_header yes", "lifetime_header takes no argument, got 1"},
+		{"replay_headers_allow", "replay_headers_allow: want one or more header names"},
+		{"replay_headers_allow Location Set-Cookie", "replay_headers_allow: Set-Cookie is never stored"},
+		{"replay_headers_deny X-A,X-B", `replay_headers_deny: "X-A,X-B" is not a header name`},
+		{"replay_headers_deny content-encoding", "replay_headers_deny: Content-Encoding says how to read the stored body"},
+		{"seal_keys", "seal_keys: want one argument, got 0"},
+		{"seal_keys /a /b", "seal_keys: want one argument, got 2"},
+		{"seal_kms my-key", `seal_kms "my-key": want the ARN of a KMS key`},
+		{"seal_open_only", "seal_open_only needs seal_keys or seal_kms"},
+		{"seal_keys /r\n\tseal_open_only yes", "seal_open_only takes no argument, got 1"},
 	} {
 		cf := ":8080\nidempotency {\n\t" + tc.body + "\n}\nreverse_proxy app:8080\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
@@ -290,6 +314,10 @@ func TestJSONValidate(t *testing.T) {
 		{`{"fingerprint_exclude": ["ts"]}`, `fingerprint_exclude: "ts" is not a JSON Pointer`},
 		{`{"profile": "IETF"}`, `profile "IETF": want one of ietf, acp, stripe`},
 		{`{"webhook_tolerance": "-1s", "webhook": "stripe", "webhook_secret_file": "/s"}`, "webhook_tolerance -1s: must not be negative"},
+		{`{"replay_headers_allow": ["Connection"]}`, "replay_headers_allow: Connection is never stored"},
+		{`{"replay_headers_deny": ["Grpc-Status"]}`, "replay_headers_deny: Grpc-Status says how to read the stored body"},
+		{`{"seal_open_only": true}`, "seal_open_only needs seal_keys or seal_kms"},
+		{`{"seal_kms": "alias/idem"}`, `seal_kms "alias/idem": want the ARN of a KMS key`},
 	} {
 		var h Handler
 		if err := json.Unmarshal([]byte(tc.json), &h); err != nil {

@@ -204,6 +204,35 @@ type Handler struct {
 	// duration (idem proxy's --lifetime-header).
 	LifetimeHeader bool `json:"lifetime_header,omitempty"`
 
+	// ReplayHeadersAllow, when set, names the only response headers
+	// stored and replayed, besides those that say what the stored body is
+	// (Content-Type, Content-Encoding, gRPC's status and encoding); the
+	// first answer carries every header. ReplayHeadersDeny names headers
+	// never stored nor replayed, and wins over the allowlist. Set-Cookie,
+	// the hop-by-hop headers and idem's own are never stored. As idem
+	// proxy's --replay-headers-allow and --replay-headers-deny.
+	ReplayHeadersAllow []string `json:"replay_headers_allow,omitempty"`
+	ReplayHeadersDeny  []string `json:"replay_headers_deny,omitempty"`
+
+	// SealKeys is a key ring file that seals every stored response at
+	// rest (AES-256-GCM, bound to its key): one key a line, "ID BASE64"
+	// (32-byte keys), the first line the primary that seals, every line a
+	// key that opens. It is read when the handler is provisioned (at
+	// start and on each config load): a rotation is a new first line,
+	// then a config reload. As idem proxy's --seal-keys (a Caddy and a
+	// proxy with the same ring, store and prefix read each other's
+	// records). Default none: records are stored in clear.
+	SealKeys string `json:"seal_keys,omitempty"`
+
+	// SealKMS is the ARN of an AWS KMS key whose data keys seal the
+	// stored responses, as idem proxy's --seal-kms.
+	SealKMS string `json:"seal_kms,omitempty"`
+
+	// SealOpenOnly, with SealKeys or SealKMS, stores new responses in
+	// clear and still opens the sealed ones (turning sealing off without
+	// losing the records sealed so far), as idem proxy's --seal-open-only.
+	SealOpenOnly bool `json:"seal_open_only,omitempty"`
+
 	covered map[string]bool
 	// refusesUncovered: mw answers the methods it does not cover too (a
 	// webhook route: sidecar.Settings.RefusesUncovered).
@@ -296,6 +325,8 @@ func (h *Handler) settings() sidecar.Settings {
 	s.WebhookTolerance = time.Duration(h.WebhookTolerance)
 	s.Fingerprint, s.FingerprintExclude, s.FingerprintFields = h.Fingerprint, h.FingerprintExclude, h.FingerprintFields
 	s.Profile, s.EchoKey, s.LifetimeHeader = h.Profile, h.EchoKey, h.LifetimeHeader
+	s.ReplayHeadersAllow, s.ReplayHeadersDeny = h.ReplayHeadersAllow, h.ReplayHeadersDeny
+	s.Seal = sidecar.SealSettings{Keys: h.SealKeys, KMS: h.SealKMS, OpenOnly: h.SealOpenOnly}
 	// The quota: the fields set, else with the memory store
 	// idemhttp.DefaultQuota of its limit, else none.
 	q := sidecar.DefaultQuota(0)
@@ -347,6 +378,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.covered[meth] = true
 	}
 	h.refusesUncovered = s.RefusesUncovered()
+	// The ring is read on each provisioning, before anything is opened:
+	// a config reload rotates it.
+	sealer, err := sidecar.NewSealer(ctx, s.Seal, h.settingName)
+	if err != nil {
+		return err
+	}
+	if sealer != nil {
+		h.logger.Info("idempotency: stored responses are sealed", "seal", sealer) // the ring's file, key count and primary, never a key
+	}
 	store, key, err := takeStore(ctx, storeSpec{url: h.Store, prefix: h.Prefix, memLimit: h.memoryLimit(),
 		reapEvery: durationOr(h.ReapInterval, DefaultReapInterval)}, h.logger)
 	if err != nil {
@@ -357,7 +397,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.logger.Warn("idempotency: store memory keeps the records in this process: a restart forgets every key " +
 			"(its repeats run again), and other instances have their own; use redis://, postgres:// or mysql:// in production")
 	}
-	env := sidecar.Env{Metrics: m, Logger: h.logger, BlobTimeout: time.Duration(h.BlobTimeout),
+	env := sidecar.Env{Metrics: m, Logger: h.logger, BlobTimeout: time.Duration(h.BlobTimeout), Seal: sealer,
 		// The config's context ends once Caddy stopped its servers (after
 		// their grace period on a reload or a stop): the work still
 		// running then is cancelled, as idem proxy does past

@@ -34,6 +34,10 @@
 //	client leaves after the acquire  the handler runs to its end and its outcome is
 //	                                 stored; the retry waits (Aborted past Wait), then
 //	                                 gets the replay
+//	sealed outcome that does not     DataLoss (IDEMPOTENT_RESPONSE_UNSEALABLE) on every
+//	open (Config.Seal: altered, key  retry until the record expires; the handler does
+//	id not in the ring, no Sealer)   not run again, FailOpen or not; logged at ERROR
+//	                                 with the key id
 //
 // The interceptor's own errors carry a google.rpc.ErrorInfo with domain
 // ErrorDomain and a stable reason (the Reason constants; ErrorReason reads

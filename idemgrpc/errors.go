@@ -24,6 +24,7 @@ const (
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"         // Unavailable, with RetryInfo: the store failed; nothing ran
 	ReasonResponseOmitted  = "IDEMPOTENT_RESPONSE_NOT_STORED"        // DataLoss: completed, but its response was too large to keep
 	ReasonUnreplayable     = "IDEMPOTENT_RESPONSE_UNREADABLE"        // Internal: the stored response cannot be decoded
+	ReasonUnsealable       = "IDEMPOTENT_RESPONSE_UNSEALABLE"        // DataLoss: completed, but its sealed response cannot be opened (Config.Seal); not run again
 	ReasonNotFingerprinted = "IDEMPOTENCY_REQUEST_NOT_FINGERPRINTED" // Internal: the request could not be fingerprinted
 	ReasonAnonymous        = "IDEMPOTENCY_CALLER_UNIDENTIFIED"       // Unauthenticated: RefuseAnonymous, and nothing identifies the caller
 )

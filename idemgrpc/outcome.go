@@ -20,4 +20,9 @@ const (
 	// code (by default a transient one), it panicked, or its outcome could
 	// not be encoded. A retry runs the handler again.
 	OutcomeReleased = Outcome(engine.OutcomeReleased)
+	// OutcomeUnsealable ("unsealable"): the key is completed but its
+	// stored outcome is sealed and cannot be opened (idem.ErrUnsealable,
+	// logged at ERROR with the key id): DataLoss, reason
+	// ReasonUnsealable; nothing ran, nothing was replayed.
+	OutcomeUnsealable = Outcome(engine.OutcomeUnsealable)
 )

@@ -119,7 +119,10 @@ type Config struct {
 	// Seal, when set, seals the responses stored at rest, and SealOpenOnly
 	// stores new ones in clear while sealed ones still open: see
 	// idem.Config's fields of the same names. A stored response that does
-	// not open is never replayed nor run again.
+	// not open is never replayed nor run again: DataLoss with reason
+	// ReasonUnsealable (and idempotent-replayed: true), outcome
+	// OutcomeUnsealable, logged at ERROR with the key and the key id,
+	// FailOpen or not.
 	Seal         idem.Sealer
 	SealOpenOnly bool
 
@@ -552,6 +555,16 @@ func (s *server) serve(ctx context.Context, req any, method string, handler grpc
 	case engine.OutcomeGone:
 		s.outcome(ctx, method, OutcomeGone)
 		return nil, status.FromContextError(ctx.Err()).Err() // nobody to answer, nothing to run
+	case engine.OutcomeUnsealable:
+		// It ran once; its outcome cannot be read. Never run again, not
+		// even with FailOpen: the store did not fail.
+		s.outcome(ctx, method, OutcomeUnsealable)
+		if err := grpc.SetHeader(ctx, metadata.MD{MetadataReplayed: trueValue}); err != nil {
+			s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: replayed header metadata not set", slog.Any("error", err))
+		}
+		return nil, errorStatus(codes.DataLoss, ReasonUnsealable,
+			"idemgrpc: the call with this idempotency key was executed and will not be executed again, but its stored outcome is sealed "+
+				"and cannot be opened (altered in the store, or the key that sealed it is no longer configured)", 0)
 	}
 	// engine.OutcomeStoreError
 	s.outcome(ctx, method, OutcomeStoreError)

@@ -427,13 +427,23 @@ func (m *middleware) replayFailed(w http.ResponseWriter, r *http.Request, key id
 	case errors.Is(err, idem.ErrBlobNotFound) || errors.Is(err, idem.ErrBlobCorrupt):
 		p.RetryAfter = 0 // retrying will not help
 		msg := "idem: the stored body is missing from the blob store; answered 503, nothing ran, and so will every replay of the key until its record expires or is purged"
-		if errors.Is(err, idem.ErrBlobCorrupt) {
+		attrs := []slog.Attr{slog.String("key", key.String()), slog.String("blob", ref.Name)}
+		var se *idem.BlobSealError
+		switch {
+		case errors.As(err, &se):
+			msg = "idem: the stored body is sealed and does not open (altered, or under a key id not in the ring); answered 503, nothing ran, and so will every replay of the key until its record expires or is purged"
+			id := se.KeyID
+			if id == "" {
+				id = "unknown"
+			}
+			attrs = append(attrs, slog.String("key_id", id))
+		case errors.Is(err, idem.ErrBlobCorrupt):
 			msg = "idem: the stored body is corrupt in the blob store; answered 503, nothing ran, and so will every replay of the key until its record expires or is purged"
 		}
-		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, msg,
-			slog.String("key", key.String()), slog.String("blob", ref.Name), slog.Any("error", err),
+		attrs = append(attrs, slog.Any("error", err),
 			slog.String("fix", "to run the key again on its next request: idem purge --stored-key "+key.String()+
 				" --blob BLOB_URL --yes, with the --store and --prefix of this store"))
+		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, msg, attrs...)
 	case errors.Is(err, errNoBlobStore):
 		p.RetryAfter = 0
 		m.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "idem: the stored body is in a blob store, and this middleware has none (Config.Blobs); answered 503, nothing ran",

@@ -177,6 +177,15 @@
 // A v1.0 process replaying such a record hands the entries to net/http
 // under the same names, which sends them as trailers as well.
 //
+// With Config.Seal the record is sealed at rest (see idem's doc, Sealed
+// records). A completed record whose sealed response cannot be opened
+// (altered in the store, under a key id no longer in the ring, read
+// without a Sealer) is never replayed and never run again: every retry
+// gets 500 application/problem+json of type ProblemResponseUnreadable,
+// with Idempotent-Replayed: true and no Retry-After, its outcome is
+// OutcomeUnsealable, and each is logged at ERROR with the key and the
+// key_id, never content. FailOpen does not run it: the store did not fail.
+//
 // When the handler set no Content-Type, net/http sniffs one from the first
 // bytes, or sends none if the handler flushed before writing any; the
 // stored header records what the client got, and a replay sends exactly
@@ -223,6 +232,13 @@
 // on HTTP/2), so the client sees a broken response, never a short 200.
 // OnBlobError and OutcomeReplayFailed count these. A client that leaves
 // mid-body changes nothing: the rest is still written to the blob.
+//
+// With Config.Seal as well, the middleware wraps Config.Blobs with
+// idem.SealBlobs: blob contents are sealed at rest in 64 KiB chunks bound
+// to the blob's name, and a replay checks each chunk as it reads (the
+// AEAD in place of the digest; the size still). A sealed blob that does
+// not open (altered, truncated, moved, or under a key id not in the ring)
+// is handled as a corrupt one, logged at ERROR with its key_id.
 //
 // Before a new request runs, the blob store is probed (at most once a
 // second): when it does not answer, the request gets 503

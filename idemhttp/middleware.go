@@ -201,9 +201,16 @@ type Config struct {
 	Blobs idem.BlobStore
 
 	// Seal, when set, seals the responses stored at rest (and the blobs
-	// written to Blobs), and SealOpenOnly stores new ones in clear while
-	// sealed ones still open: see idem.Config's fields of the same names.
-	// A stored response that does not open is never replayed nor run again.
+	// written to Blobs: the middleware wraps Blobs with idem.SealBlobs,
+	// so pass the store itself), and SealOpenOnly stores new ones in clear
+	// while sealed ones still open: see idem.Config's fields of the same
+	// names. A stored response that does not open is never replayed nor
+	// run again: it is answered 500 ProblemResponseUnreadable (with
+	// Idempotent-Replayed: true, no Retry-After), outcome
+	// OutcomeUnsealable, and logged at ERROR with the key and the key id
+	// (never content), FailOpen or not; a sealed blob that does not open
+	// is answered 503 ProblemStoredBodyUnavailable, as for a corrupt one,
+	// logged at ERROR with its key id.
 	Seal         idem.Sealer
 	SealOpenOnly bool
 
@@ -504,6 +511,11 @@ func NewMiddleware(store idem.Store, cfg Config) (func(http.Handler) http.Handle
 		return nil, errors.New("idemhttp: Config.KeySource has NeedsBody but no Key function; want both, or the zero KeySource for Idempotency-Key")
 	case cfg.KeySource.Key == nil:
 		cfg.KeySource = defaultKeySource
+	}
+	if cfg.Blobs != nil && cfg.Seal != nil {
+		// The one place blobs are sealed, for every caller (idem proxy,
+		// Caddy, the sidecar): as the records are, with the same Sealer.
+		cfg.Blobs = idem.SealBlobs(cfg.Blobs, cfg.Seal, cfg.SealOpenOnly)
 	}
 	m := &middleware{cfg: cfg, key: cfg.KeySource, eng: eng, store: store, methods: map[string]bool{}, deny: map[string]bool{}, gate: &blobGate{bs: cfg.Blobs}}
 	if cfg.Quota == nil {
@@ -860,6 +872,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.problem(w, r, problemInFlight)
 	case engine.OutcomeGone:
 		m.outcome(r, OutcomeGone) // nobody to answer, nothing to run
+	case engine.OutcomeUnsealable:
+		// It ran once; its result cannot be read. Never run again, not
+		// even with FailOpen: the store did not fail.
+		m.outcome(r, OutcomeUnsealable)
+		w.Header().Set(HeaderReplayed, "true")
+		m.problem(w, r, problemUnreadable)
 	default: // engine.OutcomeStoreError
 		m.outcome(r, OutcomeStoreError)
 		switch {

@@ -29,4 +29,9 @@ const (
 	// tenant's Config.Quota: 429 ProblemQuotaExceeded with Retry-After;
 	// nothing was claimed and the handler did not run.
 	OutcomeQuotaExceeded = Outcome(engine.OutcomeQuotaExceeded)
+	// OutcomeUnsealable ("unsealable"): the key is completed but its
+	// stored response is sealed and cannot be opened (idem.ErrUnsealable,
+	// logged at ERROR with the key id): 500 ProblemResponseUnreadable;
+	// nothing ran, nothing was replayed.
+	OutcomeUnsealable = Outcome(engine.OutcomeUnsealable)
 )

@@ -34,6 +34,12 @@ const (
 	// (Problem.StatusExecuted) and the header Idempotent-Original-Status
 	// give the status it was executed with.
 	ProblemResponseNotKept = "urn:idem:problem:response-not-kept"
+	// 500: the request completed before, but its stored response is sealed
+	// (Config.Seal) and cannot be opened: altered in the store, sealed
+	// under a key id no longer in the ring, copied from another key, or
+	// read without a Sealer (idem.ErrUnsealable); it is not run again, and
+	// a retry gets this answer until the record expires
+	ProblemResponseUnreadable = "urn:idem:problem:response-unreadable"
 	// 401: the request carries an Idempotency-Key but nothing that
 	// identifies its caller, and Config.RefuseAnonymous is set; nothing ran
 	ProblemAnonymous = "urn:idem:problem:anonymous"
@@ -90,6 +96,10 @@ var (
 	problemAnonymous = Problem{Type: ProblemAnonymous, Title: "Caller not identified", Status: http.StatusUnauthorized,
 		Detail: "Requests with an Idempotency-Key must identify their caller (an Authorization header, an API key, a client certificate or the configured tenant source), so that no caller is answered with another's result. The request was not processed."}
 	problemNotKept    = Problem{Type: ProblemResponseNotKept, Title: "Response executed but not kept", Status: http.StatusInternalServerError}
+	problemUnreadable = Problem{Type: ProblemResponseUnreadable, Title: "Response executed but unreadable", Status: http.StatusInternalServerError,
+		Detail: "This request was executed and will not be executed again, but its stored response is sealed and cannot be opened " +
+			"(it was altered in the store, or the key that sealed it is no longer configured). It cannot be replayed; " +
+			"a retry with this key gets this answer until the record expires."}
 	problemStoredBody = Problem{Type: ProblemStoredBodyUnavailable, Title: "Stored response unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1,
 		Detail: "This request was processed before, but its stored response body cannot be read now. It was not processed again."}
 )

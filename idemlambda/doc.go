@@ -75,6 +75,18 @@
 // A handler that wants a failure kept returns it as part of its result (an
 // API Gateway response with status 400, say).
 //
+// With Config.Guard.Seal the stored results are sealed at rest (see idem's
+// doc, Sealed records). A repeat of an invocation whose sealed result
+// cannot be opened (altered in the store, under a key id no longer in the
+// ring, read without a Sealer) does not run the handler again and is not
+// replayed: when the result is an HTTP response it answers 500
+// application/problem+json of type ProblemResponseUnreadable (with
+// Idempotent-Replayed: true), as idemhttp does; otherwise it fails with
+// the *idem.SealError (errors.Is(err, idem.ErrUnsealable); Lambda reports
+// errorType "SealError"). WrapSQS counts such a record a success (it ran
+// once; a failure would only be delivered again). Each is logged at ERROR
+// with the key and the key id, never content.
+//
 // # Leases and the invocation's deadline
 //
 // While the handler runs, its key is held under a lease. An invocation

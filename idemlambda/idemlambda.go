@@ -245,6 +245,14 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 		return zero, err
 	}
 	att, acq, bounded, err := begin(ctx, w.gs, key, fp, w.cfg.Wait)
+	var se *idem.SealError
+	if errors.As(err, &se) {
+		logUnsealable(ctx, w.log, se, "")
+		if unreadable(&zero) {
+			return zero, nil
+		}
+		return zero, se
+	}
 	if err != nil {
 		return zero, err
 	}
@@ -294,6 +302,18 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 			"key", key.String(), "error", err)
 	}
 	return out, nil
+}
+
+// logUnsealable logs, at ERROR, a completed record whose sealed result
+// does not open: its key and key id (and the SQS record's messageId),
+// never content.
+func logUnsealable(ctx context.Context, log *slog.Logger, se *idem.SealError, messageID string) {
+	attrs := []slog.Attr{slog.String("key", se.Key.String()), slog.String("key_id", se.KeyID), slog.Any("error", se.Err)}
+	if messageID != "" {
+		attrs = append([]slog.Attr{slog.String("messageId", messageID)}, attrs...)
+	}
+	log.LogAttrs(ctx, slog.LevelError, "idemlambda: the stored result is sealed and cannot be opened (altered, or under a key id not in the ring); "+
+		"the handler ran once and is neither replayed nor run again", attrs...)
 }
 
 // waitMargin is how long before the invocation's deadline Config.Wait

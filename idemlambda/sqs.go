@@ -57,7 +57,9 @@ type SQSConfig struct {
 // an earlier record of the same batch held has that record's answer; a key in
 // flight elsewhere, a payload mismatch, a key that cannot be taken, a
 // store failure and an error from h are reported in BatchItemFailures,
-// so SQS delivers those records again and deletes the others. A record
+// so SQS delivers those records again and deletes the others. A key that
+// completed but whose sealed result cannot be opened (Guard.Seal) is a
+// success too, logged at ERROR with the key id: h ran for it once. A record
 // whose result could not be stored after h succeeded is a success (h's
 // effect happened; redelivering it would run h again) and is logged.
 //
@@ -171,7 +173,14 @@ func (b *batch) invoke(ctx context.Context, ev events.SQSEvent) (events.SQSEvent
 			continue
 		}
 		bg := begun[j]
+		var se *idem.SealError
 		switch {
+		case errors.As(bg.Err, &se):
+			// Completed before, its result sealed and unreadable: done,
+			// as a replay is (a failure would be delivered again, and
+			// never run).
+			logUnsealable(ctx, b.log, se, m.MessageId)
+			continue
 		case bg.Err != nil:
 			b.log.WarnContext(ctx, "idemlambda: the store failed before the SQS record ran; reported as failed",
 				"messageId", m.MessageId, "error", bg.Err)

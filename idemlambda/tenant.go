@@ -4,8 +4,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -19,6 +21,13 @@ import (
 // a keyed request from a caller that nothing identifies, when
 // Config.RefuseAnonymous is set.
 const ProblemAnonymous = "urn:idem:problem:anonymous"
+
+// ProblemResponseUnreadable is the problem type (RFC 9457) of the 500
+// answered, when the result is an HTTP response, to a repeat of a request
+// whose stored result is sealed (Config.Guard.Seal) and cannot be opened:
+// the handler ran once and does not run again. idemhttp's
+// ProblemResponseUnreadable.
+const ProblemResponseUnreadable = idemhttp.ProblemResponseUnreadable
 
 // AnonymousError is the error of a keyed invocation refused by
 // Config.RefuseAnonymous when its result type is not an API Gateway
@@ -416,26 +425,50 @@ func stripJSON(b []byte) []byte {
 func refusal[O any](out *O) bool {
 	const body = `{"type":"` + ProblemAnonymous + `","title":"Caller not identified","status":401,` +
 		`"detail":"This request carries an Idempotency-Key but nothing that identifies its caller (an authorizer's principal, an Authorization header or an API key); keyed requests must be authenticated."}`
+	return problemResponse(out, http.StatusUnauthorized, body, nil)
+}
+
+// unreadable sets *out to the 500 answered to a repeat of a request whose
+// stored result is sealed and cannot be opened, as idemhttp answers it
+// (ProblemResponseUnreadable, Idempotent-Replayed: true), when O is an
+// HTTP response type; false otherwise.
+func unreadable[O any](out *O) bool {
+	const body = `{"type":"` + ProblemResponseUnreadable + `","title":"Response executed but unreadable","status":500,` +
+		`"detail":"This request was executed and will not be executed again, but its stored response is sealed and cannot be opened ` +
+		`(it was altered in the store, or the key that sealed it is no longer configured). It cannot be replayed; ` +
+		`a retry with this key gets this answer until the record expires."}`
+	return problemResponse(out, http.StatusInternalServerError, body, map[string]string{idemhttp.HeaderReplayed: "true"})
+}
+
+// problemResponse sets *out to an application/problem+json answer of
+// status with body and the headers extra, when O is an HTTP response
+// type; false otherwise.
+func problemResponse[O any](out *O, status int, body string, extra map[string]string) bool {
 	h := func() map[string]string {
-		return map[string]string{"Content-Type": "application/problem+json", "Cache-Control": "no-store"}
+		m := map[string]string{"Content-Type": "application/problem+json", "Cache-Control": "no-store"}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
 	}
+	desc := strconv.Itoa(status) + " " + http.StatusText(status)
 	switch p := any(out).(type) {
 	case *events.APIGatewayProxyResponse:
-		*p = events.APIGatewayProxyResponse{StatusCode: 401, Headers: h(), Body: body}
+		*p = events.APIGatewayProxyResponse{StatusCode: status, Headers: h(), Body: body}
 	case **events.APIGatewayProxyResponse:
-		*p = &events.APIGatewayProxyResponse{StatusCode: 401, Headers: h(), Body: body}
+		*p = &events.APIGatewayProxyResponse{StatusCode: status, Headers: h(), Body: body}
 	case *events.APIGatewayV2HTTPResponse:
-		*p = events.APIGatewayV2HTTPResponse{StatusCode: 401, Headers: h(), Body: body}
+		*p = events.APIGatewayV2HTTPResponse{StatusCode: status, Headers: h(), Body: body}
 	case **events.APIGatewayV2HTTPResponse:
-		*p = &events.APIGatewayV2HTTPResponse{StatusCode: 401, Headers: h(), Body: body}
+		*p = &events.APIGatewayV2HTTPResponse{StatusCode: status, Headers: h(), Body: body}
 	case *events.ALBTargetGroupResponse:
-		*p = events.ALBTargetGroupResponse{StatusCode: 401, StatusDescription: "401 Unauthorized", Headers: h(), Body: body}
+		*p = events.ALBTargetGroupResponse{StatusCode: status, StatusDescription: desc, Headers: h(), Body: body}
 	case **events.ALBTargetGroupResponse:
-		*p = &events.ALBTargetGroupResponse{StatusCode: 401, StatusDescription: "401 Unauthorized", Headers: h(), Body: body}
+		*p = &events.ALBTargetGroupResponse{StatusCode: status, StatusDescription: desc, Headers: h(), Body: body}
 	case *events.LambdaFunctionURLResponse:
-		*p = events.LambdaFunctionURLResponse{StatusCode: 401, Headers: h(), Body: body}
+		*p = events.LambdaFunctionURLResponse{StatusCode: status, Headers: h(), Body: body}
 	case **events.LambdaFunctionURLResponse:
-		*p = &events.LambdaFunctionURLResponse{StatusCode: 401, Headers: h(), Body: body}
+		*p = &events.LambdaFunctionURLResponse{StatusCode: status, Headers: h(), Body: body}
 	default:
 		return false
 	}

@@ -186,7 +186,7 @@ func (b *batchRun) stopsBatch(res Result, err error) bool {
 	case InFlight, Released:
 		return true
 	case 0:
-		return err != nil && !errors.Is(err, idem.ErrInvalidKey) && !errors.Is(err, idem.ErrMismatch)
+		return err != nil && !errors.Is(err, idem.ErrInvalidKey) && !errors.Is(err, idem.ErrMismatch) && !errors.Is(err, idem.ErrUnsealable)
 	}
 	return false
 }
@@ -248,6 +248,7 @@ func (b *batchRun) prepare() []int {
 	for j, bg := range b.d.guard.BeginMany(b.ctx, reqs) {
 		i := at[j]
 		if bg.Err != nil {
+			b.d.unsealable(b.ctx, bg.Err) // logged when it is
 			b.decided(i, Result{}, bg.Err)
 			continue
 		}

@@ -26,9 +26,13 @@
 //
 // Handle returns an error with NoOutcome (the zero Outcome) when it could
 // not decide: an invalid key (idem.ErrInvalidKey), a key reused with
-// another fingerprint (idem.ErrMismatch), both permanent, or a store
-// failure (*idem.StoreError: the handler did not run; leave the message
-// for redelivery). It returns an error with an Outcome when the outcome holds
+// another fingerprint (idem.ErrMismatch), a completed key whose sealed
+// result cannot be opened (*idem.SealError, idem.ErrUnsealable: see
+// Sealed results), all three permanent, or a store failure
+// (*idem.StoreError: the handler did not run; leave the message for
+// redelivery). The adapters settle the permanent ones as DeadLettered:
+// acknowledged, or routed to their dead-letter destination with the
+// error's text. It returns an error with an Outcome when the outcome holds
 // but the store could not record it (for example Executed, with the
 // completion lost): act on the Outcome and log the error.
 //
@@ -40,6 +44,21 @@
 // "Idem-Outcome: dead-lettered" and the handler's error text as the body
 // (at most MaxErrorText bytes), so a later delivery tells DeadLettered
 // (with the kept error in Result.Err) from Replayed.
+//
+// # Sealed results
+//
+// With Config.Seal the stored results are sealed at rest (see idem's doc,
+// Sealed records). A completed key whose sealed result cannot be opened
+// (altered in the store, under a key id no longer in the ring, read
+// without a Sealer) is never handled again, and is not left to be
+// redelivered for ever either: Handle (and HandleBatch) log it at ERROR
+// to Config.Logger, with the key and the key id, never content, count it
+// as the outcome "unsealable", and return NoOutcome with the
+// *idem.SealError. Whether the key executed or was dead-lettered cannot
+// be read; the adapters settle it as DeadLettered (permanent, as a
+// mismatch): it reaches the dead-letter destination, when there is one,
+// for an operator to look at, and is acknowledged otherwise. With
+// HandleBatch InOrder it does not stop the batch.
 //
 // # Failure counting
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -69,9 +70,17 @@ type Config struct {
 
 	// Seal, when set, seals the results stored at rest, and SealOpenOnly
 	// stores new ones in clear while sealed ones still open: see
-	// idem.Config's fields of the same names.
+	// idem.Config's fields of the same names. A key whose stored result
+	// is sealed and does not open is never handled again: Handle returns
+	// an *idem.SealError (idem.ErrUnsealable), which the adapters treat as
+	// permanent, as a mismatch (see the package documentation).
 	Seal         idem.Sealer
 	SealOpenOnly bool
+
+	// Logger receives the ERROR line of each delivery whose key's stored
+	// result is sealed and cannot be opened, naming the key and the key
+	// id, never content. Default slog.Default().
+	Logger *slog.Logger
 
 	// CompleteRetry is how long recording a handler's result (Executed or
 	// DeadLettered; by Handle and HandleBatch) is tried again when the
@@ -226,6 +235,9 @@ func New(store idem.Store, cfg Config) (*Deduplicator, error) {
 	case cfg.MaxFailures < 0:
 		return nil, fmt.Errorf("idemmsg: Config.MaxFailures %d is negative", cfg.MaxFailures)
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	if cfg.CompleteRetry == 0 {
 		cfg.CompleteRetry = cmp.Or(cfg.Lease, idem.DefaultLease)
 	}
@@ -258,8 +270,11 @@ func (d *Deduplicator) Key(msgKey string) (idem.Key, error) { return d.scope.Key
 // (idem.LeaseFromContext) and is cancelled if the lease is lost. If fn
 // panics, the key is released and the panic goes on.
 //
-// Errors: an invalid key (wrapping idem.ErrInvalidKey) or a fingerprint
-// mismatch (idem.ErrMismatch) with a zero Result; a *idem.StoreError with a
+// Errors: an invalid key (wrapping idem.ErrInvalidKey), a fingerprint
+// mismatch (idem.ErrMismatch) or a completed key whose sealed result does
+// not open (an *idem.SealError, idem.ErrUnsealable: fn did not run, and
+// is never run for the key; logged at ERROR to Config.Logger) with a zero
+// Result; a *idem.StoreError with a
 // zero Result when the store failed before fn ran (fn did not run). When
 // fn ran but its result could not be recorded, even when tried again for
 // Config.CompleteRetry, Handle returns the Result (Executed, Released)
@@ -281,6 +296,8 @@ func (d *Deduplicator) observe(ctx context.Context, dl Delivery, res Result, err
 		outcome = "mismatch"
 	case errors.Is(err, idem.ErrInvalidKey):
 		outcome = "rejected"
+	case errors.Is(err, idem.ErrUnsealable):
+		outcome = "unsealable"
 	default:
 		outcome = "store_error"
 	}
@@ -300,6 +317,9 @@ func (d *Deduplicator) handle(ctx context.Context, dl Delivery, fn func(ctx cont
 		fp = d.cfg.Fingerprint(dl)
 	}
 	att, acq, err := d.guard.Begin(ctx, key, fp)
+	if ue := d.unsealable(ctx, err); ue != nil {
+		return Result{}, ue
+	}
 	if err != nil {
 		var se *idem.StoreError
 		if !errors.As(err, &se) {
@@ -352,6 +372,20 @@ func (d *Deduplicator) handle(ctx context.Context, dl Delivery, fn func(ctx cont
 		return Result{Outcome: DeadLettered, Err: ferr}, nil
 	}
 	return Result{Outcome: Released, Err: ferr}, att.Release(finish)
+}
+
+// unsealable returns err when it is an *idem.SealError (a completed key
+// whose sealed result does not open), logged at ERROR with the key and
+// the key id; nil otherwise.
+func (d *Deduplicator) unsealable(ctx context.Context, err error) error {
+	var se *idem.SealError
+	if !errors.As(err, &se) {
+		return nil
+	}
+	d.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: the stored result is sealed and cannot be opened (altered, or under a key id not in the ring); "+
+		"the key completed before and the message is not handled again",
+		slog.String("namespace", d.cfg.Namespace), slog.String("key", se.Key.String()), slog.String("key_id", se.KeyID), slog.Any("error", se.Err))
+	return se
 }
 
 // DeadLetterError is Result.Err for a key dead-lettered by an earlier

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/blobstore"
+	"github.com/idemkit/idem/internal/sidecar"
+	"github.com/idemkit/idem/seal"
 )
 
 func init() {
@@ -35,14 +38,18 @@ func init() {
 // inspectBodyShown is how much of a stored body inspect prints.
 const inspectBodyShown = 256
 
-const inspectUsage = `usage: idem inspect --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--blob URL] [--json]
+const inspectUsage = `usage: idem inspect --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--blob URL] [--seal-keys FILE] [--json]
 
 Shows the record of one key: its state, fencing token, the lease (in
 flight) or retention (completed) left, its stored size and fingerprint,
 and for a completed record the stored status, headers and the start of
 the body, or where the body lives when it is in a blob store (with
 --blob, also whether that blob is there with the size recorded). A
-missing (or expired) record prints "no record" and exits with status 1.
+sealed record (the proxy's --seal-keys) shows its metadata and the id of
+the key that sealed it, not its response, unless --seal-keys names the
+ring to open it with; one that does not open with that ring says so and
+exits with status 1. A missing (or expired) record prints "no record"
+and exits with status 1.
 `
 
 const purgeUsage = `usage: idem purge --store STORE (--key K --route R [--tenant T] [--method M] | --stored-key S) [--blob URL] --yes [--json]
@@ -98,6 +105,7 @@ func (s *inspectString) Set(v string) error {
 // inspectFlags are the flags inspect and purge share.
 type inspectFlags struct {
 	store, prefix, blob                   string
+	sealKeys                              string // inspect only
 	tenant, method, route, key, storedKey inspectString
 	json                                  bool
 	yes                                   bool // purge only
@@ -118,6 +126,8 @@ func newInspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *insp
 		map[bool]string{true: "to delete the record's blob too", false: "to check that the record's blob is there"}[name == "purge"])
 	if name == "purge" {
 		fs.BoolVar(&f.yes, "yes", false, "really delete the record")
+	} else {
+		fs.StringVar(&f.sealKeys, "seal-keys", "", "the key ring `FILE` the proxies seal with (their --seal-keys): a sealed record's response is opened and shown; without it, a sealed record shows its metadata and key id only")
 	}
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -185,6 +195,10 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	sealer, err := sidecar.NewSealer(ctx, sidecar.SealSettings{Keys: f.sealKeys}, flagName)
+	if err != nil {
+		return usageError{err.Error()}
+	}
 	var blobs *blobstore.Bucket
 	if f.blob != "" { // its URL checked whether or not the record has a blob
 		if blobs, err = openBlobs(ctx, f.blob); err != nil {
@@ -200,6 +214,10 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	rec, ok, err := store.Get(ctx, key)
 	if err != nil {
 		return err
+	}
+	var sealed *sealedInfo
+	if ok && rec.Response.Sealed() {
+		sealed = openSealed(sealer, f.sealKeys, key, &rec)
 	}
 	var blob *blobState
 	if ok && rec.Response != nil && rec.Response.Blob != nil && blobs != nil {
@@ -219,9 +237,49 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return f.noRecord(key)
 	}
 	if f.json {
-		return inspectJSON(stdout, newInspectRecord(key, rec, blob))
+		err = inspectJSON(stdout, newInspectRecord(key, rec, blob, sealed))
+	} else {
+		err = printRecord(stdout, key, rec, blob, sealed)
 	}
-	return printRecord(stdout, key, rec, blob)
+	if err == nil && sealed != nil && sealed.openErr != nil {
+		return sealed.openErr
+	}
+	return err
+}
+
+// sealedInfo is what inspect knows of a sealed record: the key id its
+// envelope names, and, given --seal-keys, whether it opened.
+type sealedInfo struct {
+	keyID   string // "" when the envelope names none inspect can read
+	opened  bool
+	openErr error // with --seal-keys: why it did not open
+}
+
+// openSealed opens rec's sealed response with sealer, the ring of
+// keysFile (nil without --seal-keys: only its key id is read), replacing rec.Response with the
+// clear one when it opens.
+func openSealed(sealer *sidecar.Sealer, keysFile string, key idem.Key, rec *idem.Record) *sealedInfo {
+	raw, _ := rec.Response.AppendBinary(nil) // a sealed carrier's bytes, as stored
+	info := &sealedInfo{}
+	if sealer == nil {
+		var ring seal.Ring // KeyID reads the envelope's header; it needs no key
+		info.keyID, _ = ring.KeyID(raw)
+		return info
+	}
+	info.keyID, _ = sealer.KeyID(raw)
+	resp, err := idem.OpenResponse(sealer, key, rec.Fingerprint, rec.Response)
+	if err != nil {
+		var se *idem.SealError
+		if errors.As(err, &se) && se.Err != nil {
+			err = se.Err
+		}
+		info.openErr = fmt.Errorf("the sealed response of stored key %s (key id %s) does not open with --seal-keys %s: %v",
+			key, cmp.Or(info.keyID, "unknown"), keysFile, err)
+		return info
+	}
+	info.opened = true
+	rec.Response = resp
+	return info
 }
 
 // blobState is what inspect --blob found of a record's blob.
@@ -327,6 +385,8 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case blobDeleted:
 		fmt.Fprintf(stdout, "deleted its blob %s\n", blobName)
+	case had && rec.Response.Sealed():
+		fmt.Fprintln(stdout, "its response was sealed: a body it kept in a blob store stays there until idem gc")
 	case blobName != "":
 		fmt.Fprintf(stdout, "its body stays in the blob store as %s until idem gc (or give --blob to delete it now)\n", blobName)
 	}
@@ -343,7 +403,11 @@ type inspectRecord struct {
 	TTLMS       int64            `json:"ttl_ms"`                // until the record expires: lease left (in flight), retention left (completed)
 	Fingerprint string           `json:"fingerprint,omitempty"` // hex; none when released
 	Size        int              `json:"size,omitempty"`        // stored bytes, when the store knows
-	Response    *inspectResponse `json:"response,omitempty"`    // completed
+	Sealed      bool             `json:"sealed,omitempty"`      // the response is sealed at rest
+	KeyID       string           `json:"key_id,omitempty"`      // the key that sealed it, as its envelope says
+	Opened      bool             `json:"opened,omitempty"`      // sealed, and opened with --seal-keys: Response is its content
+	OpenError   string           `json:"open_error,omitempty"`  // sealed, and did not open with --seal-keys
+	Response    *inspectResponse `json:"response,omitempty"`    // completed (sealed: only when opened)
 }
 
 type inspectResponse struct {
@@ -363,9 +427,18 @@ type inspectBlob struct {
 	Found  *blobState `json:"found,omitempty"` // with --blob
 }
 
-func newInspectRecord(key idem.Key, rec idem.Record, blob *blobState) inspectRecord {
+func newInspectRecord(key idem.Key, rec idem.Record, blob *blobState, sealed *sealedInfo) inspectRecord {
 	out := inspectRecord{StoredKey: key.String(), Found: true, State: rec.State.String(), Token: rec.Token,
 		TTLMS: rec.TTL.Milliseconds(), Size: rec.Size}
+	if sealed != nil {
+		out.Sealed, out.KeyID, out.Opened = true, sealed.keyID, sealed.opened
+		if sealed.openErr != nil {
+			out.OpenError = sealed.openErr.Error()
+		}
+		if !sealed.opened {
+			return out
+		}
+	}
 	if rec.State != idem.StateReleased {
 		out.Fingerprint = hex.EncodeToString(rec.Fingerprint[:])
 	}
@@ -393,7 +466,7 @@ func inspectJSON(w io.Writer, v any) error {
 }
 
 // printRecord prints rec as "name: value" lines.
-func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) error {
+func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState, sealed *sealedInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	line := func(name, format string, args ...any) {
 		fmt.Fprintf(tw, "%s:\t%s\n", name, fmt.Sprintf(format, args...))
@@ -415,6 +488,19 @@ func printRecord(w io.Writer, key idem.Key, rec idem.Record, blob *blobState) er
 	}
 	if rec.Size > 0 {
 		line("size", "%d bytes stored", rec.Size)
+	}
+	if sealed != nil {
+		id := cmp.Or(sealed.keyID, "unknown (not a key ring's envelope)")
+		switch {
+		case sealed.opened:
+			line("sealed", "yes, key id %s (opened with --seal-keys)", id)
+		case sealed.openErr != nil:
+			line("sealed", "yes, key id %s: does NOT open with --seal-keys (see the error)", id)
+			return tw.Flush()
+		default:
+			line("sealed", "yes, key id %s (its status, headers and body are encrypted; give --seal-keys FILE, the proxies' ring, to show them)", id)
+			return tw.Flush()
+		}
 	}
 	if resp := rec.Response; resp != nil {
 		line("status", "%d %s", resp.Status, http.StatusText(resp.Status))

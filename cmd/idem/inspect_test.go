@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +19,7 @@ import (
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/seal"
 )
 
 // inspectExec runs the idem command line in-process.
@@ -357,5 +362,152 @@ func TestPurgeIgnoresYesFromEnvironment(t *testing.T) {
 	code, _, errOut := inspectExec(t, "purge", "--route", "/a", "--key", "k")
 	if code != 2 || !strings.Contains(errOut, "without --yes") {
 		t.Fatalf("purge with IDEM_YES=true: exit %d, stderr %q; want 2 and the --yes refusal", code, errOut)
+	}
+}
+
+// TestInspectSealed: a sealed record (written by the middleware with a
+// key ring) shows its metadata and its key id, not its response (no byte
+// of the body or of a header is printed); with --seal-keys (or
+// IDEM_SEAL_KEYS) it is opened and shown as a clear one; with a ring that
+// lacks its key it says so, naming the key id, and exits 1. --json says
+// "sealed" and "key_id".
+func TestInspectSealed(t *testing.T) {
+	storeURL, prefix, store := inspectRedis(t)
+	dir := t.TempDir()
+	ringFile := filepath.Join(dir, "ring")
+	writeFile(t, ringFile, sealRingLine("k2", 2)+"\n"+sealRingLine("k1", 1)+"\n")
+	otherRing := filepath.Join(dir, "other")
+	writeFile(t, otherRing, sealRingLine("k3", 3)+"\n")
+	ring, err := seal.RingFromFile(ringFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Session-Token", "tok-canary")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"card":"4111 1111 1111 1111"}`)
+	})
+	api := httptest.NewServer(idemhttp.Middleware(store, idemhttp.Config{Seal: ring})(mux))
+	defer api.Close()
+	req, _ := http.NewRequest(http.MethodPost, api.URL+"/charges", strings.NewReader(`{}`))
+	req.Header.Set(idemhttp.HeaderKey, "sealed-42")
+	resp, err := api.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	key, _ := idem.Scope{Method: "POST", Route: "POST /charges"}.Key("sealed-42")
+	rec, ok := inspectGet(t, store, key)
+	if !ok || rec.State != idem.StateCompleted || !rec.Response.Sealed() {
+		t.Fatalf("record: got %+v, %v; want a completed, sealed one", rec, ok)
+	}
+	base := []string{"inspect", "--store", storeURL, "--prefix", prefix, "--stored-key", key.String()}
+	canary := func(what, out string) {
+		t.Helper()
+		if strings.Contains(out, "4111") || strings.Contains(out, "tok-canary") || strings.Contains(out, "X-Session-Token") {
+			t.Errorf("%s shows the sealed content:\n%s", what, out)
+		}
+	}
+
+	// Without the ring: the metadata and the key id.
+	code, out, errOut := inspectExec(t, base...)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d, want 0; stderr: %s", code, errOut)
+	}
+	f := inspectFields(t, out)
+	for name, want := range map[string]string{
+		"state": "completed",
+		"token": strconv.FormatUint(rec.Token, 10),
+		"size":  strconv.Itoa(rec.Size) + " bytes stored",
+	} {
+		if got := inspectField(t, f, name); got != want {
+			t.Errorf("%s: got %q, want %q", name, got, want)
+		}
+	}
+	if got := inspectField(t, f, "sealed"); !strings.HasPrefix(got, "yes, key id k2 (") || !strings.Contains(got, "--seal-keys") {
+		t.Errorf("sealed: got %q, want yes, key id k2, and a word on --seal-keys", got)
+	}
+	if _, shown := f["status"]; shown {
+		t.Errorf("a sealed record without the ring shows a status:\n%s", out)
+	}
+	canary("inspect without the ring", out)
+	code, out, _ = inspectExec(t, append(base, "--json")...)
+	var got inspectRecord
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil {
+		t.Fatalf("inspect --json: exit %d, %v\n%s", code, err, out)
+	}
+	if !got.Sealed || got.KeyID != "k2" || got.Opened || got.Response != nil || got.State != "completed" || got.Token != rec.Token {
+		t.Errorf("inspect --json without the ring: got %s; want sealed, key_id k2, no response", out)
+	}
+	if !strings.Contains(out, `"sealed": true`) || !strings.Contains(out, `"key_id": "k2"`) {
+		t.Errorf("inspect --json: %s; want \"sealed\": true and \"key_id\": \"k2\"", out)
+	}
+	canary("inspect --json without the ring", out)
+
+	// With the ring, from the flag or the environment: opened.
+	for _, env := range []bool{false, true} {
+		args := append(slices.Clone(base), "--seal-keys", ringFile)
+		if env {
+			t.Setenv("IDEM_SEAL_KEYS", ringFile)
+			args = base
+		}
+		code, out, errOut = inspectExec(t, args...)
+		if code != 0 {
+			t.Fatalf("inspect with the ring (env %v): exit %d; stderr: %s", env, code, errOut)
+		}
+		f = inspectFields(t, out)
+		if got := inspectField(t, f, "status"); got != "201 Created" {
+			t.Errorf("with the ring: status %q, want 201 Created", got)
+		}
+		if got := inspectField(t, f, "body"); got != `{"card":"4111 1111 1111 1111"} (30 bytes)` {
+			t.Errorf("with the ring: body %q", got)
+		}
+		if got := strings.Join(f["header"], "|"); !strings.Contains(got, "X-Session-Token: tok-canary") {
+			t.Errorf("with the ring: headers %q, want X-Session-Token", got)
+		}
+		if got := inspectField(t, f, "sealed"); got != "yes, key id k2 (opened with --seal-keys)" {
+			t.Errorf("with the ring: sealed %q", got)
+		}
+		code, out, _ = inspectExec(t, append(args, "--json")...)
+		got = inspectRecord{}
+		if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || !got.Sealed || got.KeyID != "k2" || !got.Opened ||
+			got.Response == nil || got.Response.Status != 201 || string(got.Response.Body) != `{"card":"4111 1111 1111 1111"}` {
+			t.Errorf("inspect --json with the ring: exit %d, %v, %s", code, err, out)
+		}
+	}
+	t.Setenv("IDEM_SEAL_KEYS", "")
+	os.Unsetenv("IDEM_SEAL_KEYS")
+
+	// A ring without its key: says so, names the key id, exit 1.
+	code, out, errOut = inspectExec(t, append(slices.Clone(base), "--seal-keys", otherRing)...)
+	if code != 1 || !strings.Contains(errOut, "key id k2") || !strings.Contains(errOut, "does not open with --seal-keys "+otherRing) ||
+		strings.Count(strings.TrimSuffix(errOut, "\n"), "\n") != 0 {
+		t.Errorf("inspect with another ring: exit %d, stderr %q; want 1 and one line naming key id k2 and the ring", code, errOut)
+	}
+	if got := inspectField(t, inspectFields(t, out), "sealed"); !strings.Contains(got, "key id k2: does NOT open") {
+		t.Errorf("inspect with another ring: sealed %q", got)
+	}
+	canary("inspect with another ring", out+errOut)
+	code, out, _ = inspectExec(t, append(slices.Clone(base), "--seal-keys", otherRing, "--json")...)
+	got = inspectRecord{}
+	if err := json.Unmarshal([]byte(out), &got); code != 1 || err != nil || !got.Sealed || got.KeyID != "k2" || got.Opened ||
+		!strings.Contains(got.OpenError, "key id k2") || got.Response != nil {
+		t.Errorf("inspect --json with another ring: exit %d, %v, %s", code, err, out)
+	}
+
+	// A bad ring: exit 2, one line naming the flag and the file.
+	code, _, errOut = inspectExec(t, append(slices.Clone(base), "--seal-keys", filepath.Join(dir, "missing"))...)
+	if code != 2 || !strings.HasPrefix(errOut, "idem inspect: --seal-keys: open "+filepath.Join(dir, "missing")) {
+		t.Errorf("inspect with a missing ring: exit %d, stderr %q; want 2 naming --seal-keys and the file", code, errOut)
+	}
+
+	// purge deletes it, and says a blob of it stays for idem gc.
+	code, out, errOut = inspectExec(t, "purge", "--yes", "--store", storeURL, "--prefix", prefix, "--stored-key", key.String())
+	if code != 0 || !strings.HasPrefix(out, "purged "+key.String()+" (was completed") || !strings.Contains(out, "its response was sealed") {
+		t.Errorf("purge of a sealed record: exit %d, %q (stderr %q)", code, out, errOut)
+	}
+	if _, ok := inspectGet(t, store, key); ok {
+		t.Error("purge --yes left the sealed record")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -207,6 +208,11 @@ var opBadByName = map[string]opBad{
 	// The replay header lists.
 	"proxy replay-headers-allow": {"Location,set-cookie", "Set-Cookie is never stored"},
 	"proxy replay-headers-deny":  {"X-Debug,X Trace", `"X Trace" is not a header name`},
+
+	// Sealing (the ring's other mistakes: TestOperatorSealKeyMistakes).
+	"proxy seal-keys":   {"/nonexistent/ring", "/nonexistent/ring: no such file"},
+	"proxy seal-kms":    {"my-key", "want the ARN of a KMS key"},
+	"inspect seal-keys": {"/nonexistent/ring", "/nonexistent/ring: no such file"},
 }
 
 // opNoBadValue are the flags without a bad value, and why.
@@ -408,6 +414,55 @@ func TestOperatorWebhookSecretMissing(t *testing.T) {
 	} {
 		r := opRun(t, c.env, append(slices.Clone(base), c.args...)...)
 		opOneLine(t, fmt.Sprintf("%q idem proxy %q", c.env, c.args), r, c.want...)
+	}
+}
+
+// A key ring (--seal-keys, IDEM_SEAL_KEYS) that does not load: missing,
+// a key of the wrong size, a duplicate id, no key (so no primary), a line
+// that is not ID BASE64; and --seal-open-only without keys. The proxy does
+// not start: exit 2 and one line naming the flag (or variable) and the
+// file, never a key.
+func TestOperatorSealKeyMistakes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key := func(n int, c byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{c}, n)) }
+	ring := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if text != "\x00missing" {
+			writeFile(t, path, text)
+		}
+		return path
+	}
+	base := []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}
+	missing := ring("missing", "\x00missing")
+	short := ring("short", "k1 "+key(16, 'a')+"\n")
+	dup := ring("dup", "k1 "+key(32, 'a')+"\nk2 "+key(32, 'b')+"\nk1 "+key(32, 'c')+"\n")
+	empty := ring("empty", "# no keys yet\n\n")
+	fields := ring("fields", key(32, 'd')+"\n")
+	notB64 := ring("not-base64", "k1 "+strings.Repeat("!", 44)+"\n")
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want []string
+	}{
+		{nil, []string{"--seal-keys", missing}, []string{"--seal-keys: open " + missing, "no such file or directory"}},
+		{[]string{"IDEM_SEAL_KEYS=" + missing}, nil, []string{"IDEM_SEAL_KEYS: --seal-keys: open " + missing}},
+		{nil, []string{"--seal-keys", short}, []string{"--seal-keys: file " + short + " line 1: key k1 has 16 bytes; want 32 (AES-256)"}},
+		{nil, []string{"--seal-keys", dup}, []string{"--seal-keys: file " + dup + " line 3: key id k1 is already on line 1"}},
+		{nil, []string{"--seal-keys", empty}, []string{"--seal-keys: file " + empty + " holds no key, so no primary"}},
+		{[]string{"IDEM_SEAL_KEYS=" + empty}, nil, []string{"IDEM_SEAL_KEYS: --seal-keys: file " + empty + " holds no key"}},
+		{nil, []string{"--seal-keys", fields}, []string{"--seal-keys: file " + fields + " line 1: 1 field(s); want ID BASE64"}},
+		{nil, []string{"--seal-keys", notB64}, []string{"--seal-keys: file " + notB64 + " line 1: key k1 is not base64"}},
+		{nil, []string{"--seal-open-only"}, []string{"--seal-open-only needs --seal-keys or --seal-kms"}},
+		{[]string{"IDEM_SEAL_OPEN_ONLY=true"}, nil, []string{"IDEM_SEAL_OPEN_ONLY: --seal-open-only needs --seal-keys"}},
+	} {
+		r := opRun(t, c.env, append(slices.Clone(base), c.args...)...)
+		opOneLine(t, fmt.Sprintf("%q idem proxy %q", c.env, c.args), r, c.want...)
+		for _, k := range []string{key(16, 'a'), key(32, 'a'), key(32, 'b'), key(32, 'c'), key(32, 'd')} {
+			if strings.Contains(r.stderr, k) {
+				t.Errorf("%q idem proxy %q: stderr %q shows a key", c.env, c.args, r.stderr)
+			}
+		}
 	}
 }
 

@@ -149,6 +149,9 @@ past --wait), 422 when the key comes with another request. Every flag can be set
 	fs.BoolVar(&o.settings.LifetimeHeader, "lifetime-header", false, "answer every request of a covered method with the --retention in an Idempotency-Key-Lifetime header (an ISO 8601 duration, such as PT24H); default off")
 	fs.StringVar(&o.replayAllow, "replay-headers-allow", "", "comma-separated response headers (such as Location,X-Request-Id): the only ones stored and replayed, besides Content-Type, Content-Encoding and gRPC's status; the first answer carries every header; default all but Set-Cookie, the hop-by-hop headers and --replay-headers-deny")
 	fs.StringVar(&o.replayDeny, "replay-headers-deny", "", "comma-separated response headers (such as X-Session-Token) never stored nor replayed, whatever --replay-headers-allow says (Set-Cookie and the hop-by-hop headers never are); default none")
+	fs.StringVar(&o.settings.Seal.Keys, "seal-keys", "", "seal every stored response at rest (AES-256-GCM, bound to its key) with the key ring in this `FILE`: one key a line, ID BASE64 (32 bytes, as openssl rand -base64 32 writes them), the first line the primary that seals, every line a key that opens; re-read on SIGHUP, so that a rotation (a new first line, then SIGHUP) needs no restart (see docs/proxy.md, \"Sealed records\"); default none: records are stored in clear")
+	fs.StringVar(&o.settings.Seal.KMS, "seal-kms", "", "seal every stored response with data keys of this AWS KMS key (its `KEY_ARN`; envelope encryption, the data key cached, never stored in clear), with the usual AWS region, endpoint and credential settings; with --seal-keys too, KMS seals new records and the ring still opens the older ones; default none")
+	fs.BoolVar(&o.settings.Seal.OpenOnly, "seal-open-only", false, "with --seal-keys or --seal-kms: store new responses in clear and still open the sealed ones (turning sealing off without losing the records sealed so far); default off")
 	fs.BoolVar(&o.settings.FailOpen, "fail-open", false, "forward requests without idempotency when the store fails (default: 503)")
 	o.quota.register(fs)
 	fs.Var(&o.maxBody, "max-body", "largest request body of a keyed request, in bytes or with a unit (64KiB, 1MiB); larger gets 413")
@@ -194,6 +197,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageError{"--config " + err.Error()}
 		}
 	}
+	sealer, err := sidecar.NewSealer(ctx, o.settings.Seal, settingFlag)
+	if err != nil {
+		return usageError{err.Error()}
+	}
 	logOut := logwriter.New(stderr) // one goroutine writes; lines logged meanwhile go together (internal/logwriter)
 	defer logOut.Close()            // before the caller prints the error returned
 	logger, err := startLogger(logOut, o.logFormat, o.logLevel)
@@ -209,7 +216,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer b.close() // the sweep, the blob store, then the store (its reaper first)
-	p, err := newProxy(target, t.upstream, b.store, o.settings, routes, b.metrics, logger, blobOptions{blobs: b.blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d)
+	p, err := newProxy(target, t.upstream, b.store, o.settings, routes, b.metrics, logger, blobOptions{blobs: b.blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d, sealer)
 	if err != nil {
 		return err
 	}
@@ -229,8 +236,17 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else if o.settings.Webhook != "" { // with --config, its reload reads them too
 		reloads = append(reloads, sidecar.Reload{What: "webhook secrets", Do: func() error { return p.setRoutes(nil) }})
 	}
+	if sealer.Reloads() {
+		reloads = append(reloads, sidecar.Reload{What: "seal keys", Do: func() error {
+			if err := sealer.Reload(); err != nil {
+				return err
+			}
+			logger.Info("seal keys loaded", "seal", sealer) // the ring's source, key count and primary, never a key
+			return nil
+		}})
+	}
 	sidecar.ReloadOnHangup(reloadCtx, hup, logger, reloads...)
-	o.logStart(logger, target, srv, b, p)
+	o.logStart(logger, target, srv, b, p, sealer)
 	select {
 	case err := <-srv.errs:
 		srv.close()

@@ -53,6 +53,9 @@ func TestRouteOverrideFields(t *testing.T) {
 		}
 	}
 	for _, sf := range reflect.VisibleFields(settings) {
+		if sf.Name == "Seal" {
+			continue // the process's (--seal-keys, --seal-kms, --seal-open-only), not a route's: the file does not set it
+		}
 		if !reached[sf.Name] {
 			t.Errorf("routeSettings.%s: no field of routeOverride sets it (a route setting the file cannot set)", sf.Name)
 		}

@@ -46,6 +46,9 @@ type proxy struct {
 	// are the flags': made once, so that its counts outlive reloads.
 	quota        *idemhttp.Quota
 	quotaTenants int
+	// seal is every route's sealer (--seal-keys, --seal-kms): made once,
+	// its ring re-read on SIGHUP; nil without sealing.
+	seal *sidecar.Sealer
 }
 
 // routeTable is the routes of a --config file, and the flags' route.
@@ -95,9 +98,9 @@ type reqInfoKey struct{}
 // newProxy builds the proxy's handler: a route for the defaults and one
 // per --config route, each a middleware in front of the same upstream.
 func newProxy(target *url.URL, upstreamTLS *tls.Config, store idem.Store, defaults routeSettings, routes []routeConfig,
-	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration) (*proxy, error) {
+	metrics *proxyMetrics, logger *slog.Logger, blob blobOptions, quotaTenants int, v1Scopes time.Duration, sealer *sidecar.Sealer) (*proxy, error) {
 	p := &proxy{logger: logger, metrics: metrics, upstream: newUpstream(target, upstreamTLS, metrics, logger), store: store,
-		defaults: defaults, blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes, started: time.Now()}
+		defaults: defaults, blob: blob, quotaTenants: quotaTenants, v1Scopes: v1Scopes, started: time.Now(), seal: sealer}
 	p.quota = defaults.Quota().New(quotaTenants)
 	p.stop, p.stopWork = context.WithCancel(context.Background())
 	if err := p.setRoutes(routes); err != nil {
@@ -215,7 +218,7 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 	}
 	rt.refusesUncovered = s.RefusesUncovered()
 	env := sidecar.Env{Metrics: p.metrics.Metrics, Logger: p.logger, Stop: p.stop, Quota: p.quota,
-		BlobTimeout: p.blob.timeout, V1Scopes: p.v1ScopesLeft(s.Retention),
+		BlobTimeout: p.blob.timeout, V1Scopes: p.v1ScopesLeft(s.Retention), Seal: p.seal,
 		OnOutcome: func(r *http.Request, o idemhttp.Outcome) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
 				info.outcome = string(o)

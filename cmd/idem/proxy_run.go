@@ -193,7 +193,7 @@ func (s *servers) close() {
 
 // logStart logs the start-up line (and the memory store's warning), once
 // every setting was found good.
-func (o *proxyOptions) logStart(logger *slog.Logger, target *url.URL, s *servers, b *backends, p *proxy) {
+func (o *proxyOptions) logStart(logger *slog.Logger, target *url.URL, s *servers, b *backends, p *proxy, sealer *sidecar.Sealer) {
 	blobName, blobNS := "", ""
 	if b.blobs != nil {
 		blobName = b.blobs.String()
@@ -206,7 +206,8 @@ func (o *proxyOptions) logStart(logger *slog.Logger, target *url.URL, s *servers
 	}
 	logger.Info("idem proxy listening", "listen", s.listenAddr, "tls", tlsMode(o.tls), "admin", s.adminAddr,
 		"upstream", target.Redacted(), "store", storeForLog(o.store), "blob", blobName, "blob_namespace", blobNS, "routes", p.routes.Load().n,
-		"methods", o.settings.Methods, "key", o.settings.KeyName(), "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String())
+		"methods", o.settings.Methods, "key", o.settings.KeyName(), "require_key", o.settings.RequireKey, "lease", o.settings.Lease.String(), "quota", p.quota.String(),
+		"seal", sealer.String())
 }
 
 // shutdown stops accepting, lets in-flight requests finish (their

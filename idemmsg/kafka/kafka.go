@@ -13,7 +13,8 @@
 //	DeadLettered           produced to DeadLetterTopic (when set), then done
 //	InFlight, Released     retried in place after a backoff; the records
 //	                       after it in its partition wait
-//	invalid key, mismatch  as DeadLettered (permanent)
+//	invalid key, mismatch, as DeadLettered (permanent)
+//	unsealable
 //	store failure          retried in place, as Released
 //
 // The backoff is min(100ms·n, 5s) for the n-th retry of a record, or, for
@@ -437,7 +438,7 @@ func (r *runner) decide(ctx context.Context, rec *kgo.Record, res idemmsg.Result
 		r.onError(fmt.Errorf("kafka: %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
 	}
 	outcome := res.Outcome
-	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if outcome == idemmsg.DeadLettered && r.DeadLetterTopic != "" {

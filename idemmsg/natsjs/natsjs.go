@@ -13,7 +13,7 @@
 //	Released               NakWithDelay(Backoff(attempt)), default
 //	                       min(attempt·1s, 30s)
 //	no key, invalid key,   as DeadLettered (permanent)
-//	mismatch
+//	mismatch, unsealable
 //	store failure before   held: InProgress, and decided again after
 //	the handler ran        Backoff(try), until the store answers
 //	store failure after    by its Outcome (Executed: Ack)
@@ -460,7 +460,7 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, meta *jetstrea
 		c.onError(fmt.Errorf("natsjs: %s: %w", describe(msg), err))
 	}
 	outcome := res.Outcome
-	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMsgID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if c.beforeAck != nil && !c.beforeAck(msg) {

@@ -147,7 +147,7 @@ func (r *run) processBatch(batch []amqp.Delivery) error {
 				c.onError(fmt.Errorf("rabbitmq: %s: %w", describe(e.d, e.key), err))
 			}
 			outcome := res.Outcome
-			if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+			if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 				outcome = idemmsg.DeadLettered // permanent: never handled
 			}
 			if c.beforeAck != nil && !c.beforeAck(e.d) {

@@ -15,7 +15,7 @@
 //	Released               Nack(requeue=true) after RetryDelay(attempt),
 //	                       default min(attempt·1s, 30s)
 //	no key, invalid key,   as DeadLettered (permanent)
-//	mismatch
+//	mismatch, unsealable
 //	store failure          as Released
 //
 // Several Run loops, on several channels, in one process or many, may
@@ -628,7 +628,7 @@ func (r *run) process(d amqp.Delivery) error {
 		c.onError(fmt.Errorf("rabbitmq: %s: %w", describe(d, key), err))
 	}
 	outcome := res.Outcome
-	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, ErrNoMessageID) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 		outcome = idemmsg.DeadLettered // permanent: never handled
 	}
 	if c.beforeAck != nil && !c.beforeAck(d) {

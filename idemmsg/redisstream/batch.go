@@ -94,7 +94,7 @@ func (r *runner) settleGroup(ctx context.Context, batch []redis.XMessage, group 
 			r.onError(fmt.Errorf("redisstream: %s %s: %w", r.Stream, msg.ID, err))
 		}
 		outcome := res.Outcome
-		if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+		if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 			outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 		}
 		if !outcome.Ack() {

@@ -17,7 +17,8 @@
 //	DeadLettered           XADD to DeadLetterStream (when set), then XACK
 //	InFlight, Released     nothing: the entry stays pending and is claimed
 //	                       again once idle for MinIdle
-//	invalid key, mismatch  as DeadLettered (permanent)
+//	invalid key, mismatch, as DeadLettered (permanent)
+//	unsealable
 //	store failure          nothing, as Released
 //
 // So MinIdle is the retry delay of a failed entry, and an entry whose
@@ -477,7 +478,7 @@ func (r *runner) process(ctx context.Context, msg redis.XMessage, attempt int) e
 		r.onError(fmt.Errorf("redisstream: %s %s: %w", r.Stream, msg.ID, err))
 	}
 	outcome := res.Outcome
-	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 		outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	if !outcome.Ack() {

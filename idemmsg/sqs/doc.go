@@ -14,7 +14,8 @@
 //	                       lease left): received again after it
 //	Released               visibility set to Backoff(attempt), default
 //	                       min(attempt·1s, 30s): received again after it
-//	invalid key, mismatch  as DeadLettered (permanent)
+//	invalid key, mismatch, as DeadLettered (permanent)
+//	unsealable
 //	store failure before   held (visibility extended) and decided again
 //	the handler ran        after Backoff(try), until the store answers
 //	store failure after    by its Outcome (Executed: deleted)

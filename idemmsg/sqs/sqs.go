@@ -525,7 +525,7 @@ func (r *runner) crash(msg types.Message) bool {
 // outcome is res's Outcome, with the permanent errors (an invalid key, a
 // mismatch) made DeadLettered and kept in res.Err.
 func (r *runner) outcome(res *idemmsg.Result, err error) idemmsg.Outcome {
-	if res.Outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch)) {
+	if res.Outcome == idemmsg.NoOutcome && (errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrUnsealable)) {
 		res.Outcome, res.Err = idemmsg.DeadLettered, err // permanent: never handled
 	}
 	return res.Outcome

@@ -52,6 +52,7 @@ const (
 	OutcomeReleased      Outcome = "released"       // the handler ran under a lease; the key was released
 	OutcomeReplayFailed  Outcome = "replay_failed"  // the stored body could not be read (idemhttp's blob store)
 	OutcomeQuotaExceeded Outcome = "quota_exceeded" // the tenant's quota refused a new key (idemhttp's Quota): nothing claimed
+	OutcomeUnsealable    Outcome = "unsealable"     // the key is completed but its sealed response cannot be opened (idem.ErrUnsealable): nothing ran, nothing replayed
 )
 
 // Config is what the engine takes from idemhttp's and idemgrpc's Config.
@@ -184,7 +185,8 @@ func (e *Engine) FallingBack() bool { return time.Now().Before(e.v1Until) }
 // it would have to v1.0. Otherwise, and once FallingBack is over, d is
 // returned as it is. A failure to read the old record is a store error
 // (the key released): a request that may have run before is not run
-// again on a guess.
+// again on a guess. An old record whose sealed response does not open is
+// OutcomeUnsealable, as Acquire answers it.
 //
 // The cost is one Get for each request that acquires its key (or meets a
 // mismatch) while the fallback lasts; replays of records stored since the
@@ -222,7 +224,14 @@ func (e *Engine) Fallback(ctx context.Context, d Decision, key idem.Key, fp idem
 	case rec.Fingerprint != oldFP:
 		return Decision{Outcome: OutcomeMismatch}
 	case rec.State == idem.StateCompleted:
-		return Decision{Outcome: OutcomeReplayed, Response: rec.Response}
+		// Read with Get, the record is as the store keeps it: a sealed
+		// one is opened here, as Begin opens its replays.
+		resp, err := idem.OpenResponse(e.g.Config().Seal, old, rec.Fingerprint, rec.Response)
+		var se *idem.SealError
+		if errors.As(err, &se) {
+			return e.unsealable(ctx, se, "")
+		}
+		return Decision{Outcome: OutcomeReplayed, Response: resp}
 	}
 	return Decision{Outcome: OutcomeInFlight, RetryAfter: max(rec.TTL, time.Millisecond)}
 }
@@ -248,6 +257,10 @@ func (e *Engine) Report(ctx context.Context, o Outcome) {
 //	                   to answer
 //	OutcomeStoreError  Err is the store's failure (logged); Unknown when
 //	                   the store answered an outcome it may not (logged)
+//	OutcomeUnsealable  the key is completed, but its sealed response does
+//	                   not open: Err is the *idem.SealError (logged, at
+//	                   ERROR). The work ran once; it is neither replayed
+//	                   nor run again
 //
 // Acquire reports none of them: the adapter reports the others, with its
 // own OnOutcome.
@@ -332,6 +345,12 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		case err != nil || acq.Outcome != idem.Acquired:
 			answer(nil, false) // they ask the store themselves
 		}
+		var se *idem.SealError
+		if errors.As(err, &se) {
+			// Not the store's failure: the record is there, completed,
+			// and cannot be read. Never a fallback, never a run.
+			return e.unsealable(ctx, se, method)
+		}
 		if err != nil && ctx.Err() != nil {
 			return Decision{Outcome: OutcomeGone} // or an outer deadline passed
 		}
@@ -390,6 +409,19 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 			return Decision{Outcome: OutcomeStoreError, Unknown: true}
 		}
 	}
+}
+
+// unsealable logs, at ERROR, a completed record whose sealed response does
+// not open, with the record's key (its digest, as every line names it) and
+// the id of the key that sealed it, never content, and returns the
+// decision OutcomeUnsealable.
+func (e *Engine) unsealable(ctx context.Context, se *idem.SealError, method string) Decision {
+	attrs := []slog.Attr{slog.String("key", se.Key.String()), slog.String("key_id", se.KeyID), slog.Any("error", se.Err)}
+	if method != "" {
+		attrs = append([]slog.Attr{slog.String("method", method)}, attrs...)
+	}
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: the stored response is sealed and cannot be opened (altered, or under a key id not in the ring); it ran once and is neither replayed nor run again", attrs...)
+	return Decision{Outcome: OutcomeUnsealable, Err: se}
 }
 
 // Release releases att's key when no work was started under it (the

@@ -36,6 +36,10 @@ type Env struct {
 	// idem inspect --stored-key takes) before it is claimed, for the front
 	// end's log line: never the client's raw key (idemhttp Config.OnKey).
 	OnKey func(*http.Request, idem.Key)
+	// Seal seals the responses the route stores and opens the sealed
+	// ones it replays (NewSealer, from Settings.Seal: one per process);
+	// nil: none are sealed, and a sealed one is answered as unreadable.
+	Seal *Sealer
 	// now is the clock webhook signatures' timestamps are checked
 	// against; nil: time.Now. Tests set it to their fixtures' signing
 	// time.
@@ -107,6 +111,9 @@ func (s Settings) Config(tenant, route func(*http.Request) string, env Env) idem
 		// would be a new key and run again. The sender (the tenant above)
 		// and the route say whose delivery it is.
 		cfg.Authority = func(*http.Request) string { return "" }
+	}
+	if env.Seal != nil {
+		cfg.Seal, cfg.SealOpenOnly = env.Seal, s.Seal.OpenOnly
 	}
 	if env.Blobs != nil {
 		cfg.Blobs = env.Blobs

@@ -214,6 +214,8 @@ func grpcCode(p *idemhttp.Problem) (codes.Code, string) {
 		return codes.Unavailable, idemgrpc.ReasonStoreUnavailable
 	case idemhttp.ProblemResponseNotKept:
 		return codes.DataLoss, idemgrpc.ReasonResponseOmitted
+	case idemhttp.ProblemResponseUnreadable:
+		return codes.DataLoss, idemgrpc.ReasonUnsealable
 	case idemhttp.ProblemAnonymous:
 		return codes.Unauthenticated, idemgrpc.ReasonAnonymous
 	case idemhttp.ProblemBodyTooLarge, idemhttp.ProblemQuotaExceeded:

@@ -54,6 +54,7 @@ func TestWriteGRPCProblem(t *testing.T) {
 		{idemhttp.Problem{Type: idemhttp.ProblemKeyMissing, Status: 400}, codes.InvalidArgument, idemgrpc.ReasonKeyMissing},
 		{idemhttp.Problem{Type: idemhttp.ProblemAnonymous, Status: 401}, codes.Unauthenticated, idemgrpc.ReasonAnonymous},
 		{idemhttp.Problem{Type: idemhttp.ProblemResponseNotKept, Status: 500}, codes.DataLoss, idemgrpc.ReasonResponseOmitted},
+		{idemhttp.Problem{Type: idemhttp.ProblemResponseUnreadable, Status: 500}, codes.DataLoss, idemgrpc.ReasonUnsealable},
 		{idemhttp.Problem{Type: idemhttp.ProblemBodyTooLarge, Status: 413}, codes.ResourceExhausted, ""},
 		{idemhttp.Problem{Type: idemhttp.ProblemQuotaExceeded, Status: 429}, codes.ResourceExhausted, ""},
 		{idemhttp.Problem{Type: "urn:idem:problem:bad-gateway", Status: 502}, codes.Unavailable, ""},

@@ -37,7 +37,7 @@ func NewMetrics(name func(string) string) *Metrics {
 	m := &Metrics{
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body or could not be reached, or an upgraded connection), replayed, in_flight (409: the key was still running past " + name("wait") + "), mismatch (422), rejected (400, 401, 405 or 413: a key missing or invalid, a webhook signature not verified, a method a webhook route does not take, a body too large), store_error (503), passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), quota_exceeded (429: the tenant was at its " + name("quota-*") + " limit; nothing forwarded), not_covered (method not covered). The log line of each request has the same outcome.",
+			Help: "Requests by what idem did with them: executed (forwarded under the key, response stored), released (forwarded under the key, then the key released for a retry: a status the storage policy does not store, by default 5xx, 408, 409, 425 and 429, an upstream that failed mid-body or could not be reached, or an upgraded connection), replayed, in_flight (409: the key was still running past " + name("wait") + "), mismatch (422), rejected (400, 401, 405 or 413: a key missing or invalid, a webhook signature not verified, a method a webhook route does not take, a body too large), store_error (503), passed_through (no key), gone (the client left before its key was acquired: nothing was forwarded), replay_failed (stored body unreadable from the blob store: 503 or aborted), quota_exceeded (429: the tenant was at its " + name("quota-*") + " limit; nothing forwarded), unsealable (500 urn:idem:problem:response-unreadable: the key completed but its sealed record cannot be opened, altered or under a key id not in " + name("seal-keys") + "; nothing forwarded, logged at ERROR with the key_id), not_covered (method not covered). The log line of each request has the same outcome.",
 		}, []string{"outcome"}),
 		Renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_lease_renewals_total",
@@ -66,7 +66,7 @@ func NewMetrics(name func(string) string) *Metrics {
 	}
 	for _, o := range []idemhttp.Outcome{idemhttp.OutcomeExecuted, idemhttp.OutcomeReleased, idemhttp.OutcomeReplayed, idemhttp.OutcomeInFlight,
 		idemhttp.OutcomeMismatch, idemhttp.OutcomeRejected, idemhttp.OutcomeStoreError, idemhttp.OutcomePassedThrough,
-		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed, idemhttp.OutcomeQuotaExceeded} {
+		idemhttp.OutcomeGone, idemhttp.OutcomeReplayFailed, idemhttp.OutcomeQuotaExceeded, idemhttp.OutcomeUnsealable} {
 		m.Requests.WithLabelValues(string(o))
 	}
 	m.Requests.WithLabelValues(OutcomeNotCovered)

@@ -21,7 +21,11 @@ import (
 //	stripe  400 {"error":{"type":"idempotency_error","message":...}}
 //	        409 {"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":...}}
 //
-// "" and "ietf" are next itself (422 and 409 problem+json).
+// "" and "ietf" are next itself (422 and 409 problem+json). Every other
+// problem keeps its problem+json form in every profile: the 503s of a
+// store, the 500s of a response not kept (urn:idem:problem:response-not-kept)
+// or sealed and unreadable (urn:idem:problem:response-unreadable), whose
+// type is what an operator's client branches on.
 func ProfileErrorHandler(profile string, next func(http.ResponseWriter, *http.Request, *idemhttp.Problem)) func(http.ResponseWriter, *http.Request, *idemhttp.Problem) {
 	if next == nil {
 		next = idemhttp.WriteProblem

@@ -162,11 +162,11 @@ func TestProfileErrorHandlerOthers(t *testing.T) {
 		plain, _ := http.NewRequest("POST", "http://h/", nil)
 		grpc, _ := http.NewRequest("POST", "http://h/", nil)
 		grpc.Header.Set("Content-Type", "application/grpc")
-		for _, typ := range []string{idemhttp.ProblemKeyMissing, idemhttp.ProblemStoreUnavailable, idemhttp.ProblemUnverified} {
+		for _, typ := range []string{idemhttp.ProblemKeyMissing, idemhttp.ProblemStoreUnavailable, idemhttp.ProblemUnverified, idemhttp.ProblemResponseUnreadable} {
 			h(httptest.NewRecorder(), plain, &idemhttp.Problem{Type: typ})
 		}
 		h(httptest.NewRecorder(), grpc, &idemhttp.Problem{Type: idemhttp.ProblemMismatch})
-		want := []string{idemhttp.ProblemKeyMissing, idemhttp.ProblemStoreUnavailable, idemhttp.ProblemUnverified, idemhttp.ProblemMismatch}
+		want := []string{idemhttp.ProblemKeyMissing, idemhttp.ProblemStoreUnavailable, idemhttp.ProblemUnverified, idemhttp.ProblemResponseUnreadable, idemhttp.ProblemMismatch}
 		if !reflect.DeepEqual(passed, want) {
 			t.Errorf("profile %s: passed on %v, want %v", profile, passed, want)
 		}

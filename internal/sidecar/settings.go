@@ -103,6 +103,10 @@ type Settings struct {
 	// headers never stored, and wins (Config.ReplayHeaderDenylist).
 	ReplayHeadersAllow []string
 	ReplayHeadersDeny  []string
+	// Seal is how stored responses are sealed at rest: the process's,
+	// not a route's (its Sealer, made once, is Env.Seal; idem proxy's
+	// --config file does not set it).
+	Seal SealSettings
 }
 
 // Profiles are the names Settings.Profile takes.
@@ -174,7 +178,10 @@ func (s Settings) Validate(name func(string) string) error {
 			return fmt.Errorf("%s: %d is not a final HTTP status (200-599)", name("store-statuses"), st)
 		}
 	}
-	return s.validateReplayHeaders(name)
+	if err := s.validateReplayHeaders(name); err != nil {
+		return err
+	}
+	return s.Seal.Validate(name)
 }
 
 // Headers the replay header lists may not name: an allowlist those never
