@@ -10,7 +10,7 @@
 #     mariadb-server-core (a private mariadbd); PostgreSQL and RabbitMQ
 #     (and starts them when they do not answer);
 #   - with go install: versitygw (S3), aws-lambda-rie (the Lambda runtime
-#     interface emulator), apidiff (scripts/apicheck.sh);
+#     interface emulator), local-kms (AWS KMS), apidiff (scripts/apicheck.sh);
 #   - with npm, into $(go env GOPATH): dynalite (DynamoDB), @grpc/grpc-js
 #     (a Node gRPC client and server), fauxqs (SQS)
 #     and the Node 22 it needs, and the webhook senders' signing libraries
@@ -60,6 +60,17 @@ gobin="$(go env GOPATH | cut -d: -f1)/bin"
 if ! command -v versitygw >/dev/null 2>&1 && [ ! -x "$gobin/versitygw" ] && [ ! -x "$(go env GOBIN)/versitygw" ]; then
 	echo "test.sh: installing versitygw v1.8.0 (go install, about a minute)" >&2
 	GOBIN="$gobin" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+fi
+
+# The AWS KMS tests (seal/awskms) run a private local-kms (an AWS KMS
+# emulator written in Go) with seeded keys, its data in a temporary
+# directory, on a port of its own (internal/kmstest). Build it from the Go
+# module proxy when it is missing (about a minute), into
+# $(go env GOPATH)/bin, where the tests look. The tests never reach AWS:
+# static credentials and the local endpoint.
+if ! command -v local-kms >/dev/null 2>&1 && [ ! -x "$gobin/local-kms" ]; then
+	echo "test.sh: installing local-kms (go install, about a minute)" >&2
+	GOBIN="$gobin" go install github.com/nsmithuk/local-kms@v0.0.0-20260228092603-2a5e92d09ab6
 fi
 
 # The DynamoDB tests (dynamostore) run a private dynalite (the DynamoDB
