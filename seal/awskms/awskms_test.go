@@ -501,12 +501,14 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("%d Seals at MaxSeals 50: %d GenerateDataKey; want %d or %d", workers*each, g, workers*each/50, workers*each/50+1)
 	}
 
-	// 16 Seals at once when the data key has expired, KMS slow: one call,
-	// and no Seal waits for more than it.
+	// 16 Seals at once when the data key is used up, KMS slow: one call
+	// (whose data key seals all 16), and no Seal waits for more than it.
 	slow := &counting{c: srv.Client()}
-	s2 := mustNew(t, slow, srv.KeyARN(), awskms.Options{Lifetime: 100 * time.Millisecond})
+	s2 := mustNew(t, slow, srv.KeyARN(), awskms.Options{MaxSeals: 16})
+	for range 16 {
+		mustSeal(t, s2, nil, []byte("x"), nil)
+	}
 	slow.delay = 300 * time.Millisecond
-	time.Sleep(150 * time.Millisecond)
 	var longest atomic.Int64
 	for range 16 {
 		wg.Go(func() {
@@ -525,9 +527,9 @@ func TestConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	if g, _ := slow.counts(); g != 2 {
-		t.Errorf("16 concurrent Seals after the data key expired: %d GenerateDataKey in all; want 2 (New's and one refresh)", g)
+		t.Errorf("16 concurrent Seals after the data key was used up: %d GenerateDataKey in all; want 2 (New's and one refresh)", g)
 	}
-	if d := time.Duration(longest.Load()); d > 2*slow.delay+500*time.Millisecond {
+	if d := time.Duration(longest.Load()); d > 2*slow.delay+time.Second {
 		t.Errorf("a Seal waited %v for a refresh of %v; want at most one KMS call", d, slow.delay)
 	}
 }
