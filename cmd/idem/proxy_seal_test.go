@@ -30,6 +30,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/kmstest"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/s3test"
@@ -456,4 +457,68 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestProxySealKMS: --seal-kms against a private local-kms. A record
+// sealed by a ring still replays through a proxy that seals with KMS and
+// keeps the ring (--seal-kms with --seal-keys: the move from a ring to
+// KMS); what that proxy stores is a KMS envelope without the card; a proxy
+// with KMS alone replays it, and answers response-unreadable for the
+// ring's record; a key that is not in KMS stops the proxy at start with
+// one line.
+func TestProxySealKMS(t *testing.T) {
+	k := kmstest.Start(t)
+	var env []string
+	for name, v := range k.Env() {
+		env = append(env, name+"="+v)
+	}
+	r := proxyRedis(t)
+	up := newCanaryUpstream(t)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	body := `{"card":"` + sealCard + `"}`
+	redisKey := func(clientKey string) string {
+		k, err := idem.Scope{Method: "POST", Route: "/payments"}.Key(clientKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return "idem:{" + k.String() + "}"
+	}
+	ring := sealRingFile(t, sealRingLine("k1", 1))
+	store := []string{"--upstream", up.URL, "--store", "redis://" + r.Addr()}
+
+	byRing := startProxy(t, env, append(store, "--seal-keys", ring)...)
+	wantStatus(t, "by ring", mustSend(t, "POST", byRing.url("/payments"), "by-ring", body), 201, "")
+
+	both := startProxy(t, env, append(store, "--seal-kms", k.KeyARN(), "--seal-keys", ring)...)
+	if a := mustSend(t, "POST", both.url("/payments"), "by-ring", body); !a.replayed() || !bytes.Contains(a.body, []byte(sealCard)) {
+		t.Errorf("KMS and ring: the ring's record: got %d replayed %t %s, want its replay", a.status, a.replayed(), a.body)
+	}
+	wantStatus(t, "by kms", mustSend(t, "POST", both.url("/payments"), "by-kms", body), 201, "")
+	v, err := c.Get(ctx, redisKey("by-kms")).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(v, []byte("\xffSK\x01")) || bytes.Contains(v, []byte(sealCard)) || bytes.Contains(v, []byte("4111")) {
+		t.Errorf("the record stored with --seal-kms is not a KMS envelope without the card: %q", v)
+	}
+
+	kmsOnly := startProxy(t, env, append(store, "--seal-kms", k.KeyARN())...)
+	if a := mustSend(t, "POST", kmsOnly.url("/payments"), "by-kms", body); !a.replayed() || !bytes.Contains(a.body, []byte(sealCard)) {
+		t.Errorf("KMS alone: the KMS record: got %d replayed %t %s, want its replay", a.status, a.replayed(), a.body)
+	}
+	wantStatus(t, "KMS alone, the ring's record", mustSend(t, "POST", kmsOnly.url("/payments"), "by-ring", body),
+		http.StatusInternalServerError, idemhttp.ProblemResponseUnreadable)
+	for _, key := range []string{"by-ring", "by-kms"} {
+		if n := up.runsOf(key); n != 1 {
+			t.Errorf("%s: upstream ran %d times, want 1", key, n)
+		}
+	}
+
+	missing := kmstest.ARN("00000000-0000-0000-0000-000000000000")
+	code, stderr := runIdem(t, env, append([]string{"proxy", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, append(store, "--seal-kms", missing)...)...)
+	if code != 2 || !strings.Contains(stderr, "--seal-kms "+missing) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		t.Errorf("a KMS key that does not exist: exit %d, want 2 and one line naming --seal-kms and the key:\n%s", code, stderr)
+	}
 }

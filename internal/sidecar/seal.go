@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/seal"
+	"github.com/idemkit/idem/seal/awskms"
 )
 
 // SealSettings is how a sidecar seals the responses it stores (idem
@@ -109,12 +109,13 @@ func NewSealer(ctx context.Context, s SealSettings, name func(string) string) (*
 	return sl, nil
 }
 
-// openKMS opens the sealer of the KMS key keyARN (SealSettings.KMS).
-// Package seal/awskms is not in this build yet: until it is wired here
-// (awskms.Open, and seal.Combine(kms, ring) in Sealer.load when a ring is
-// set too), --seal-kms is refused at start.
+// openKMS opens the sealer of the KMS key keyARN (SealSettings.KMS) with
+// the AWS SDK's usual configuration (AWS_REGION, AWS_ENDPOINT_URL or
+// AWS_ENDPOINT_URL_KMS, credentials from the environment, the shared files
+// or the instance's role); it asks KMS for a data key at once, so that a
+// wrong key, region, endpoint or credentials fail at start.
 func openKMS(ctx context.Context, keyARN string) (idem.Sealer, error) {
-	return nil, errors.New("AWS KMS sealing is not wired yet in this build (package seal/awskms); use a key ring file (seal keys) meanwhile")
+	return awskms.Open(ctx, keyARN, awskms.Options{})
 }
 
 // load reads the ring file (if any) and makes what seals and opens with
@@ -131,8 +132,9 @@ func (s *Sealer) load() (*sealerNow, error) {
 	}
 	now.ring, now.sealer = ring, ring
 	if s.kms != nil {
-		// Not reached until openKMS is wired; then: seal.Combine(s.kms, ring).
-		return nil, fmt.Errorf("%s with %s: not wired yet", s.name("seal-kms"), s.name("seal-keys"))
+		// KMS seals; the ring still opens what it sealed (a move from a
+		// ring to KMS).
+		now.sealer = seal.Combine(s.kms, ring)
 	}
 	return now, nil
 }
