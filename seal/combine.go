@@ -4,9 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/idemkit/idem"
 )
+
+// Sealer is Sealer's method set, written out so that package seal
+// does not import package idem (whose tests use seal): every Sealer
+// is a Sealer, and the other way round.
+type Sealer interface {
+	Seal(dst, plaintext, ad []byte) ([]byte, error)
+	Open(dst, sealed, ad []byte) ([]byte, error)
+	KeyID(sealed []byte) (string, bool)
+}
 
 // Combine returns a Sealer that seals with writer and opens a value with
 // the first of writer, then readers in order, whose KeyID recognises it
@@ -17,8 +24,8 @@ import (
 // recognises it is tried; a value none recognises is an error wrapping
 // ErrTampered. KeyID is that of the first Sealer that recognises the
 // value. It panics when writer or a reader is nil.
-func Combine(writer idem.Sealer, readers ...idem.Sealer) idem.Sealer {
-	all := append([]idem.Sealer{writer}, readers...)
+func Combine(writer Sealer, readers ...Sealer) Sealer {
+	all := append([]Sealer{writer}, readers...)
 	for i, s := range all {
 		if s == nil {
 			if i == 0 {
@@ -31,7 +38,7 @@ func Combine(writer idem.Sealer, readers ...idem.Sealer) idem.Sealer {
 }
 
 type combined struct {
-	all []idem.Sealer // the writer first
+	all []Sealer // the writer first
 }
 
 func (c *combined) Seal(dst, plaintext, ad []byte) ([]byte, error) {
