@@ -522,3 +522,44 @@ func TestProxySealKMS(t *testing.T) {
 		t.Errorf("a KMS key that does not exist: exit %d, want 2 and one line naming --seal-kms and the key:\n%s", code, stderr)
 	}
 }
+
+// TestProxyReplayHeaderLists: --replay-headers-deny keeps a header out of
+// the store (not in any value in Redis, not in the replay) and
+// --replay-headers-allow keeps only what it names (and Content-Type);
+// without either (the control) the header is stored and replayed. Sent by
+// curl and Python's requests, the first send and its retry.
+func TestProxyReplayHeaderLists(t *testing.T) {
+	const token = "tok-header-list-canary"
+	body := `{"card":"` + sealCard + `"}`
+	for _, c := range []struct {
+		name   string
+		args   []string
+		stored bool
+	}{
+		{"none", nil, true},
+		{"deny", []string{"--replay-headers-deny", "X-Session-Token"}, false},
+		{"allow", []string{"--replay-headers-allow", "X-Request-Id"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := proxyRedis(t)
+			up := newCanaryUpstream(t)
+			p := startProxy(t, nil, append([]string{"--upstream", up.URL, "--store", "redis://" + r.Addr()}, c.args...)...)
+			for client, send := range map[string]func(*testing.T, string, string, string, string) canaryAnswer{"curl": curlCanary, "python": pythonCanary} {
+				key := c.name + "-" + client
+				first, again := send(t, p.url("/payments"), key, token, body), send(t, p.url("/payments"), key, token, body)
+				if first.status != 201 || first.token != token || again.status != 201 || !again.replayed || again.body != body {
+					t.Fatalf("%s: first %+v, again %+v: want 201 with the token, then its replay", client, first, again)
+				}
+				if got := again.token == token; got != c.stored {
+					t.Errorf("%s: the replay carries the token: %t, want %t", client, got, c.stored)
+				}
+				if n := up.runsOf(key); n != 1 {
+					t.Errorf("%s: upstream ran %d times, want 1", client, n)
+				}
+			}
+			if got := holdsCanary(redisValues(t, r.Addr()), token); got != c.stored {
+				t.Errorf("the token in Redis's values: %t, want %t", got, c.stored)
+			}
+		})
+	}
+}
