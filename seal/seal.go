@@ -78,7 +78,12 @@ func (r *Ring) Seal(dst, plaintext, ad []byte) ([]byte, error) {
 // KeyID returns the key id that sealed's header names, and false when
 // sealed is not this package's envelope (its magic, version 1, a well-formed
 // id). The id is the value's say-so, for logs: Open tells whether it holds.
-func (r *Ring) KeyID(sealed []byte) (string, bool) {
+func (r *Ring) KeyID(sealed []byte) (string, bool) { return KeyID(sealed) }
+
+// KeyID is Ring.KeyID without a ring: it reads only the envelope's header
+// (for tools that show a sealed value's key id without holding its key,
+// such as idem inspect).
+func KeyID(sealed []byte) (string, bool) {
 	if !IsSealed(sealed) || len(sealed) < headerMin || sealed[len(magic)] != version {
 		return "", false
 	}

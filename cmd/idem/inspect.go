@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/blobstore"
 	"github.com/idemkit/idem/internal/sidecar"
 	"github.com/idemkit/idem/seal"
+	"github.com/idemkit/idem/seal/awskms"
 )
 
 func init() {
@@ -262,8 +263,12 @@ func openSealed(sealer *sidecar.Sealer, keysFile string, key idem.Key, rec *idem
 	raw, _ := rec.Response.AppendBinary(nil) // a sealed carrier's bytes, as stored
 	info := &sealedInfo{}
 	if sealer == nil {
-		var ring seal.Ring // KeyID reads the envelope's header; it needs no key
-		info.keyID, _ = ring.KeyID(raw)
+		// Only the envelope's header is read: no key is needed.
+		if id, ok := seal.KeyID(raw); ok {
+			info.keyID = id
+		} else {
+			info.keyID, _ = awskms.KeyID(raw)
+		}
 		return info
 	}
 	info.keyID, _ = sealer.KeyID(raw)

@@ -516,6 +516,13 @@ func TestProxySealKMS(t *testing.T) {
 		}
 	}
 
+	// inspect without KMS nor the ring names the KMS record's data key.
+	kk, _ := idem.Scope{Method: "POST", Route: "/payments"}.Key("by-kms")
+	code, out := runIdemOut(t, "inspect", "--store", "redis://"+r.Addr(), "--stored-key", kk.String(), "--json")
+	if code != 0 || !strings.Contains(out, `"sealed": true`) || !strings.Contains(out, `"key_id": "kms:`) || strings.Contains(out, sealCard) {
+		t.Errorf("inspect by-kms: exit %d, %s; want sealed, key_id kms:…, no card", code, out)
+	}
+
 	missing := kmstest.ARN("00000000-0000-0000-0000-000000000000")
 	code, stderr := runIdem(t, env, append([]string{"proxy", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, append(store, "--seal-kms", missing)...)...)
 	if code != 2 || !strings.Contains(stderr, "--seal-kms "+missing) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {

@@ -512,7 +512,13 @@ func (s *Sealer) Open(dst, sealed, ad []byte) ([]byte, error) {
 // KeyID returns the id of the data key that sealed a value, "kms:" and 16
 // hex digits, and false when sealed is not this package's envelope (its
 // magic, version 1, a whole blob).
-func (s *Sealer) KeyID(sealed []byte) (string, bool) {
+func (s *Sealer) KeyID(sealed []byte) (string, bool) { return KeyID(sealed) }
+
+// KeyID is Sealer.KeyID without a Sealer: it reads only the envelope's
+// header, "kms:" and the first 16 hex digits of the SHA-256 of the
+// encrypted data key it carries (for tools without KMS access, such as
+// idem inspect).
+func KeyID(sealed []byte) (string, bool) {
 	if !IsSealed(sealed) || len(sealed) < headerMin || sealed[len(magic)] != version {
 		return "", false
 	}
