@@ -938,7 +938,8 @@ func TestOperatorDocCommands(t *testing.T) {
 	clientCert, clientKey := ca.Issue("client", "client", 3, true)
 	tlsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool,
 		Certificates: []tls.Certificate{tlstest.Pair(t, clientCert, clientKey)}}}}
-	files := strings.NewReplacer("file:///var/lib/idem/blobs", "file://"+blobDir,
+	sealKeys := sealRingFile(t, sealRingLine("k1", 1))
+	files := strings.NewReplacer("file:///var/lib/idem/blobs", "file://"+blobDir, "/etc/idem/seal.keys", sealKeys,
 		"/etc/idem/tls/tls.crt", serverCert, "/etc/idem/tls/tls.key", serverKey, "/etc/idem/tls/clients-ca.crt", ca.File)
 	seen := map[string]int{}
 	for _, line := range lines {
