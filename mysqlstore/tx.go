@@ -69,7 +69,7 @@ func (s *Store) BeginFunc(ctx context.Context, db Beginner, att *idem.Attempt,
 		resp = &idem.Response{}
 	}
 	att.StopRenewal()
-	if err := s.CompleteTx(finish, tx, att.Lease(), resp, att.Retention()); err != nil {
+	if err := s.CompleteTx(finish, tx, att.Lease(), att.Stored(resp), att.Retention()); err != nil {
 		return idem.Result{}, err
 	}
 	if err := tx.Commit(); err != nil {
