@@ -384,7 +384,9 @@ func (a *Attempt) Retention() time.Duration { return a.g.cfg.Retention }
 // Relay): every response Stored returns for one attempt encodes the same
 // content to the same bytes, so that a store recognises a repeated
 // completion. It returns resp itself when there is nothing to change, and
-// never changes resp.
+// never changes resp; the copy shares resp's Header and Body, so neither
+// may change once passed (a store writing it again writes what it sealed
+// first).
 func (a *Attempt) Stored(resp *Response) *Response {
 	if resp == nil || resp.sealed != nil {
 		return resp // sealed already: written as it was read
