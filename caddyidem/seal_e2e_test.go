@@ -179,3 +179,37 @@ func TestSealKeysBadRing(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayHeaderListsE2E: through a real Caddy on Redis,
+// replay_headers_deny keeps the upstream's X-Session-Token out of the
+// stored record, and so does a replay_headers_allow that does not name
+// it, while the body is stored and replayed (TestSealedRecords's clear
+// control shows the token stored without either).
+func TestReplayHeaderListsE2E(t *testing.T) {
+	token := "tok-list-canary-" + runID
+	up := canaryUpstream(t, token)
+	for _, c := range []struct{ name, line string }{
+		{"deny", "\t\treplay_headers_deny X-Session-Token\n"},
+		{"allow", "\t\treplay_headers_allow X-Request-Id\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			prefix := "caddylist-" + c.name + ":" + runID + ":"
+			base := startCaddy(t, fmt.Sprintf("\tidempotency {\n\t\tstore redis://%s\n\t\tprefix %s\n%s\t}\n\treverse_proxy %s",
+				rdb.Addr(), prefix, c.line, strings.TrimPrefix(up.srv.URL, "http://")))
+			key := c.name + "-" + runID
+			first := post(t, base+"/pay", key, "{}")
+			again := post(t, base+"/pay", key, "{}")
+			if first.status != 201 || again.replayed != "true" || again.body != first.body {
+				t.Fatalf("got %d, then %d (replayed %q) %q; want 201 and its replay", first.status, again.status, again.replayed, again.body)
+			}
+			vals, n := redisValues(t, prefix)
+			if n == 0 || !bytes.Contains(vals, []byte("4111 1111")) || bytes.Contains(vals, []byte(token)) {
+				t.Errorf("%d records, body stored %v, token stored %v; want the body without the token",
+					n, bytes.Contains(vals, []byte("4111 1111")), bytes.Contains(vals, []byte(token)))
+			}
+			if n := up.count(key); n != 1 {
+				t.Errorf("upstream ran %d times, want 1", n)
+			}
+		})
+	}
+}
