@@ -71,6 +71,21 @@ func (u *canaryUpstream) runsOf(key string) int {
 	return u.runs[key]
 }
 
+// paymentsKey is the record key of a POST /payments with clientKey (no
+// tenant), and paymentsRedisKey its name in Redis under the default prefix.
+func paymentsKey(t *testing.T, clientKey string) idem.Key {
+	t.Helper()
+	k, err := idem.Scope{Method: "POST", Route: "/payments"}.Key(clientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func paymentsRedisKey(t *testing.T, clientKey string) string {
+	return "idem:{" + paymentsKey(t, clientKey).String() + "}"
+}
+
 // sealRingFile writes a ring of the given lines and returns its path.
 func sealRingFile(t *testing.T, lines ...string) string {
 	path := filepath.Join(t.TempDir(), "ring")
@@ -319,18 +334,11 @@ func TestProxySealTamperedAndMoved(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	body := `{"card":"` + sealCard + `"}`
-	redisKey := func(clientKey string) string {
-		k, err := idem.Scope{Method: "POST", Route: "/payments"}.Key(clientKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return "idem:{" + k.String() + "}"
-	}
 	for _, k := range []string{"tampered", "source", "target"} {
 		wantStatus(t, k, mustSend(t, "POST", p.url("/payments"), k, body, "X-Session-Token: tok"), 201, "")
 	}
 	// One byte of the GCM tag (the value's last) flipped.
-	v, err := c.Get(ctx, redisKey("tampered")).Bytes()
+	v, err := c.Get(ctx, paymentsRedisKey(t, "tampered")).Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,15 +346,15 @@ func TestProxySealTamperedAndMoved(t *testing.T) {
 		t.Fatalf("the record in Redis holds no sealed envelope: %q", v)
 	}
 	v[len(v)-1] ^= 1
-	if err := c.Set(ctx, redisKey("tampered"), v, redis.KeepTTL).Err(); err != nil {
+	if err := c.Set(ctx, paymentsRedisKey(t, "tampered"), v, redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// source's value (same body, so same fingerprint) copied over target's.
-	src, err := c.Get(ctx, redisKey("source")).Bytes()
+	src, err := c.Get(ctx, paymentsRedisKey(t, "source")).Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Set(ctx, redisKey("target"), src, redis.KeepTTL).Err(); err != nil {
+	if err := c.Set(ctx, paymentsRedisKey(t, "target"), src, redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"tampered", "target"} {
@@ -443,7 +451,7 @@ func TestProxySealRotationUnderLoad(t *testing.T) {
 		}
 	}
 	for key, want := range map[string]string{before: "k1", after: "k2"} {
-		k, _ := idem.Scope{Method: "POST", Route: "/payments"}.Key(key)
+		k := paymentsKey(t, key)
 		code, out := runIdemOut(t, "inspect", "--store", storeURL, "--stored-key", k.String(), "--json")
 		if code != 0 || !strings.Contains(out, `"sealed": true`) || !strings.Contains(out, `"key_id": "`+want+`"`) || strings.Contains(out, sealCard) {
 			t.Errorf("inspect %s: exit %d, %s; want sealed, key_id %s, no card", key, code, out, want)
@@ -478,13 +486,6 @@ func TestProxySealKMS(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	body := `{"card":"` + sealCard + `"}`
-	redisKey := func(clientKey string) string {
-		k, err := idem.Scope{Method: "POST", Route: "/payments"}.Key(clientKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return "idem:{" + k.String() + "}"
-	}
 	ring := sealRingFile(t, sealRingLine("k1", 1))
 	store := []string{"--upstream", up.URL, "--store", "redis://" + r.Addr()}
 
@@ -496,7 +497,7 @@ func TestProxySealKMS(t *testing.T) {
 		t.Errorf("KMS and ring: the ring's record: got %d replayed %t %s, want its replay", a.status, a.replayed(), a.body)
 	}
 	wantStatus(t, "by kms", mustSend(t, "POST", both.url("/payments"), "by-kms", body), 201, "")
-	v, err := c.Get(ctx, redisKey("by-kms")).Bytes()
+	v, err := c.Get(ctx, paymentsRedisKey(t, "by-kms")).Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +518,7 @@ func TestProxySealKMS(t *testing.T) {
 	}
 
 	// inspect without KMS nor the ring names the KMS record's data key.
-	kk, _ := idem.Scope{Method: "POST", Route: "/payments"}.Key("by-kms")
+	kk := paymentsKey(t, "by-kms")
 	code, out := runIdemOut(t, "inspect", "--store", "redis://"+r.Addr(), "--stored-key", kk.String(), "--json")
 	if code != 0 || !strings.Contains(out, `"sealed": true`) || !strings.Contains(out, `"key_id": "kms:`) || strings.Contains(out, sealCard) {
 		t.Errorf("inspect by-kms: exit %d, %s; want sealed, key_id kms:…, no card", code, out)
