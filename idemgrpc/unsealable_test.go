@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -18,31 +17,6 @@ import (
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/internal/sealtest"
 )
-
-// outcomeMetric is the idem.outcomes counter's value for layer/outcome.
-func outcomeMetric(t *testing.T, reader *sdkmetric.ManualReader, layer, outcome string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "idem.outcomes" {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				l, _ := p.Attributes.Value("idem.layer")
-				o, _ := p.Attributes.Value("idem.outcome")
-				if l.AsString() == layer && o.AsString() == outcome {
-					n += p.Value
-				}
-			}
-		}
-	}
-	return n
-}
 
 // A completed record whose sealed outcome does not open (its key id not
 // in the reader's ring, read without a Sealer, one byte altered in the
@@ -101,7 +75,7 @@ func TestUnsealableRecord(t *testing.T) {
 				t.Errorf("%s: OnOutcome unsealable %d times, want 2", name, n)
 			}
 			if reader != nil {
-				if n := outcomeMetric(t, reader, "grpc", "unsealable"); n != 2 {
+				if n := sealtest.Outcomes(t, reader, "grpc", "unsealable"); n != 2 {
 					t.Errorf("%s: idem.outcomes grpc/unsealable = %d, want 2", name, n)
 				}
 			}

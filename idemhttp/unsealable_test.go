@@ -1,7 +1,6 @@
 package idemhttp_test
 
 import (
-	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 	"testing"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -31,31 +29,6 @@ func (c *outcomeCounts) get(o idemhttp.Outcome) int64 {
 		return n.(*atomic.Int64).Load()
 	}
 	return 0
-}
-
-// outcomeMetric is the idem.outcomes counter's value for layer/outcome.
-func outcomeMetric(t *testing.T, reader *sdkmetric.ManualReader, layer, outcome string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "idem.outcomes" {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				l, _ := p.Attributes.Value("idem.layer")
-				o, _ := p.Attributes.Value("idem.outcome")
-				if l.AsString() == layer && o.AsString() == outcome {
-					n += p.Value
-				}
-			}
-		}
-	}
-	return n
 }
 
 // A completed record whose sealed response does not open (its key id not
@@ -101,7 +74,7 @@ func TestUnsealableRecord(t *testing.T) {
 				t.Errorf("%s: outcomes unsealable %d, store_error %d; want 2, 0", name, outcomes.get(idemhttp.OutcomeUnsealable), outcomes.get(idemhttp.OutcomeStoreError))
 			}
 			if reader != nil {
-				if n := outcomeMetric(t, reader, "http", "unsealable"); n != 2 {
+				if n := sealtest.Outcomes(t, reader, "http", "unsealable"); n != 2 {
 					t.Errorf("%s: idem.outcomes http/unsealable = %d, want 2", name, n)
 				}
 			}

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
@@ -41,28 +40,6 @@ func (l *lockedLog) lines(s string) []string {
 	}
 	l.b.Reset()
 	return out
-}
-
-func unsealableCount(t *testing.T, reader *sdkmetric.ManualReader) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "idem.outcomes" {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				if o, _ := p.Attributes.Value("idem.outcome"); o.AsString() == "unsealable" {
-					n += p.Value
-				}
-			}
-		}
-	}
-	return n
 }
 
 // A delivery whose key completed with a sealed result that does not open
@@ -122,7 +99,7 @@ func TestUnsealableResult(t *testing.T) {
 		b := newDedup(t, store, idemmsg.Config{Namespace: ns, Seal: sealtest.Ring(t, "b1"), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 		check("ring without a1", b, &logs, "a1")
-		if n := unsealableCount(t, reader); n != 2 {
+		if n := sealtest.Outcomes(t, reader, "", "unsealable"); n != 2 {
 			t.Errorf("idem.outcomes unsealable = %d, want 2 (Handle and HandleBatch)", n)
 		}
 		none := newDedup(t, store, idemmsg.Config{Namespace: ns, Logger: slog.New(slog.NewTextHandler(&logs, nil))})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/seal"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // Ring returns a key ring of a fresh random key for each id, the first
@@ -74,4 +76,30 @@ func Flip(t testing.TB, s idem.Store, key idem.Key) {
 	if err := att.Complete(ctx, &flipped); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Outcomes is the idem.outcomes counter's value in reader for outcome, in
+// layer (every layer when layer is "").
+func Outcomes(t testing.TB, reader *sdkmetric.ManualReader, layer, outcome string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "idem.outcomes" {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				l, _ := p.Attributes.Value("idem.layer")
+				o, _ := p.Attributes.Value("idem.outcome")
+				if (layer == "" || l.AsString() == layer) && o.AsString() == outcome {
+					n += p.Value
+				}
+			}
+		}
+	}
+	return n
 }
