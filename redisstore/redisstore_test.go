@@ -345,6 +345,7 @@ func TestOpen(t *testing.T) {
 	ctx := context.Background()
 	urls := map[string]string{
 		"single":  "redis://" + single.Addr(),
+		"valkey":  "valkey://" + single.Addr(), // the same scheme under Valkey's name
 		"cluster": "redis://" + cluster.Addrs()[0] + "?addr=" + cluster.Addrs()[1],
 	}
 	for name, url := range urls {

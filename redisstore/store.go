@@ -234,6 +234,7 @@ func NewRueidis(c rueidis.Client, opts Options) (*Store, error) {
 //	rediss://...                                   the same over TLS
 //	redis://host:port?addr=host2:port2&addr=...    Redis Cluster (found by asking the nodes)
 //	redis://host:port?master_set=NAME&addr=...     Sentinel: the addresses are sentinels
+//	valkey://..., valkeys://...                    any of these forms: valkey is redis, valkeys rediss
 //
 // Anything else is an error wrapping ErrBadURL, before any connection is
 // tried: a URL without a host (redis:host:port, with the // missing, would
@@ -298,7 +299,7 @@ func Open(url string, opts Options) (*Store, error) {
 }
 
 // ErrBadURL is wrapped by Open's errors about the form of its URL.
-var ErrBadURL = errors.New("not a Redis URL of a form Open accepts (redis://[user:pass@]host:port[/db], rediss://…, ?addr=…, ?master_set=…)")
+var ErrBadURL = errors.New("not a Redis URL of a form Open accepts (redis://[user:pass@]host:port[/db], rediss://…, valkey://…, valkeys://…, ?addr=…, ?master_set=…)")
 
 // urlParams are the query parameters Open understands (rueidis.ParseURL's).
 var urlParams = map[string]bool{"addr": true, "master_set": true, "db": true, "dial_timeout": true, "write_timeout": true,

@@ -115,16 +115,16 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// A new, empty store would make every blob look like an orphan: the
 	// sweep would delete the bodies of live records.
-	if *storeSpec == "" || *storeSpec == "memory" {
-		return usageError{"--store is required: the store whose records refer to the blobs (redis://… or postgres://…); " +
-			"a memory store is empty in this process, so every blob would look like an orphan and be deleted"}
+	const orphans = "every blob would look like an orphan and be deleted"
+	if err := checkReadable(*storeSpec, orphans); err != nil {
+		return err
 	}
 	blobs, err := openBlobs(ctx, *blobSpec)
 	if err != nil {
 		return err
 	}
 	defer blobs.Close()
-	store, closeStore, err := openStoreReading(ctx, *storeSpec, *prefix, "every blob would look like an orphan and be deleted")
+	store, closeStore, err := openStoreReading(ctx, *storeSpec, *prefix, orphans)
 	if err != nil {
 		return err
 	}

@@ -59,8 +59,8 @@ exit status is 1 if the run through idem charged a payment more than once
 or not at all.
 
 The default store is the embedded in-memory one: nothing to install.
-With --store redis://… or postgres://… the records (keys unique to each
-run) expire after 10 minutes.
+With another --store (any of those below) the records (keys unique to
+each run) expire after 10 minutes.
 
 With --blob URL (mem:// for this process's memory, file:///DIR, or
 s3://…), it then asks for reports of 8 MiB, too large for the record,

@@ -76,10 +76,11 @@ otherwise it is a digest of it (--tenant-header's is hdr: and the raw
 value): take the stored key from the proxy's log line (key=…) and use
 --stored-key.
 
-STORE (required) is the store the proxies use: Redis, PostgreSQL, or
-both quoted as one value (the tiered store); not memory, a store private
-to each process. Nothing is created in it: a PostgreSQL database without
-idem's table is an error.
+STORE (required) is the store the proxies use, one of these:
+` + sharedStores + `.
+Not memory: a memory store lives inside each proxy's process, and this
+command runs in another. Nothing is created in the store: a PostgreSQL
+or MySQL database without idem's table is an error.
 
 flags:
 `

@@ -7,11 +7,14 @@
 //	idem purge   --store STORE (... the same ...) [--blob URL] --yes
 //	idem gc      --store STORE --blob URL [--min-age D] [--dry-run]              delete orphaned and expired blobs
 //
-// STORE is memory (the default of proxy and demo), redis://…, rediss://…,
-// the Redis Cluster and Sentinel URL forms of redisstore.Open,
-// postgres://…, or a Redis URL and a PostgreSQL URL in one value, quoted
-// (the tiered store). inspect, purge and gc need the store the proxies
-// use (not memory) and create nothing in it. The blob store
+// STORE is memory (the default of proxy and demo; in one process only),
+// Redis or Valkey (redis://, valkey://; rediss://, valkeys:// for TLS;
+// the Cluster and Sentinel URL forms of redisstore.Open), PostgreSQL
+// (postgres://, postgresql://), MySQL or MariaDB (mysql://, mariadb://),
+// or a Redis URL and a PostgreSQL URL in one value, quoted (the tiered
+// store). inspect, purge and gc need the store the proxies use (not
+// memory, which they cannot read from another process) and create nothing
+// in it. The blob store
 // of large response bodies (--blob) is s3://…, file:///DIR or mem:// (see
 // package blobstore). Every flag can
 // also be set in the environment as IDEM_<FLAG> (dashes as underscores:

@@ -545,9 +545,9 @@ func TestOperatorReadCommandsCreateNothing(t *testing.T) {
 	key := []string{"--key", "k", "--route", "/charges"}
 	for _, cmd := range [][]string{{"inspect"}, {"purge", "--yes"}} {
 		opOneLine(t, cmd[0]+" without --store", opRun(t, nil, append(cmd, key...)...), "--store is required", "never holds a record")
-		opOneLine(t, cmd[0]+" --store memory", opRun(t, nil, append(cmd, append(key, "--store", "memory")...)...), "--store is required")
+		opOneLine(t, cmd[0]+" --store memory", opRun(t, nil, append(cmd, append(key, "--store", "memory")...)...), "--store memory: a memory store lives inside one process", "never holds a record", "mysql://")
 	}
-	opOneLine(t, "gc --store memory", opRun(t, nil, "gc", "--store", "memory", "--blob", "file://"+t.TempDir()), "--store is required", "orphan")
+	opOneLine(t, "gc --store memory", opRun(t, nil, "gc", "--store", "memory", "--blob", "file://"+t.TempDir()), "--store memory: a memory store lives inside one process", "orphan", "mysql://")
 
 	ctx := t.Context()
 	dbURL, drop, err := pgtest.CreateDatabase(ctx)
@@ -696,10 +696,10 @@ func opStoreForm(t *testing.T, upstream, store, logged string, withBlob bool) {
 	sel := []string{"--store", store, "--prefix", prefix, "--key", key, "--route", "/charges"}
 	if store == "memory" { // each process has its own: the commands refuse it
 		for _, cmd := range [][]string{{"inspect"}, {"purge", "--yes"}} {
-			opOneLine(t, cmd[0]+" --store memory", opRun(t, nil, append(cmd, sel...)...), "--store is required")
+			opOneLine(t, cmd[0]+" --store memory", opRun(t, nil, append(cmd, sel...)...), "--store memory: a memory store lives inside one process")
 		}
 		if withBlob {
-			opOneLine(t, "gc --store memory", opRun(t, nil, "gc", "--store", store, "--blob", "file://"+blobDir), "--store is required")
+			opOneLine(t, "gc --store memory", opRun(t, nil, "gc", "--store", store, "--blob", "file://"+blobDir), "--store memory: a memory store lives inside one process")
 		}
 		return
 	}

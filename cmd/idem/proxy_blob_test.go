@@ -856,7 +856,7 @@ func TestProxyBlobUsage(t *testing.T) {
 		{[]string{"gc", "--store", "memory"}, "--blob is required"},
 		// Without the proxies' store every blob would look like an orphan.
 		{[]string{"gc", "--blob", "mem://"}, "--store is required"},
-		{[]string{"gc", "--store", "memory", "--blob", "mem://"}, "--store is required"},
+		{[]string{"gc", "--store", "memory", "--blob", "mem://"}, "--store memory: a memory store lives inside one process"},
 	} {
 		code, out := runIdemOut(t, tc.args...)
 		if code != 2 || !strings.Contains(out, tc.want) || strings.Contains(out, "topsecret") {

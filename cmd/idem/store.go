@@ -10,19 +10,26 @@ import (
 	"github.com/idemkit/idem/internal/sidecar"
 )
 
-// storeFlagHelp documents the --store flag.
-const storeFlagHelp = `where records live: memory, redis://[user:pass@]host:port[/db], rediss://… (TLS), ` +
-	`redis://host:port?addr=host2:port2 (Cluster), redis://host:port?master_set=NAME&addr=… (Sentinel: the addresses are sentinels), ` +
-	`postgres://… (PostgreSQL; the table is created if missing), ` +
-	`mysql://[user:pass@]host[:port]/db (MySQL or MariaDB; the tables are created if missing), ` +
-	`or a Redis URL and a PostgreSQL URL separated by a space (the tiered store: leases and replays on Redis, ` +
-	`completions in PostgreSQL, relayed to Redis; its table is created if missing)`
+// sharedStores names the stores that keep records outside the process,
+// with their URL schemes. It is the one list of them in idem's help
+// texts, usage errors and log lines (TestHelpNamesEveryStore checks it,
+// and each text that uses it, against the schemes --store opens).
+const sharedStores = "Redis or Valkey (redis://, valkey://; rediss://, valkeys:// for TLS), " +
+	"PostgreSQL (postgres://, postgresql://), MySQL or MariaDB (mysql://, mariadb://), " +
+	"or a Redis URL and a PostgreSQL URL in one quoted value (the tiered store)"
+
+// storeFlagHelp documents the --store flag of proxy and demo.
+const storeFlagHelp = "where records live: memory (in this process only), or " + sharedStores + ". " +
+	"Forms: redis://[user:pass@]host:port[/db] (valkey:// alike), " +
+	"redis://host:port?addr=host2:port2 (Cluster), redis://host:port?master_set=NAME&addr=… (Sentinel: the addresses are sentinels), " +
+	"postgres://[user:pass@]host[:port]/db, mysql://[user:pass@]host[:port]/db, " +
+	"'redis://host:port postgres://host/db' (the tiered store: leases and replays on Redis, completions in PostgreSQL, relayed to Redis). " +
+	"The SQL stores' tables are created if missing"
 
 // storeFlagHelpRead documents the --store flag of inspect, purge and gc,
 // which create nothing.
-const storeFlagHelpRead = `redis://[user:pass@]host:port[/db], rediss://… (TLS), the Cluster and Sentinel forms (see idem proxy -h), ` +
-	`postgres://…, mysql://…, or a Redis URL and a PostgreSQL URL separated by a space (the tiered store); ` +
-	`nothing is created in it: a PostgreSQL or MySQL database without idem's table is an error`
+const storeFlagHelpRead = sharedStores + ", in the forms of idem proxy -h; " +
+	"nothing is created in it: a PostgreSQL or MySQL database without idem's table is an error"
 
 // openStore opens the store a --store value names, with its key prefix
 // (Redis) or namespace (PostgreSQL), for the proxy and the demo: the
@@ -48,17 +55,15 @@ func openStoreWith(ctx context.Context, spec, prefix string, o storeOptions) (id
 }
 
 // openStoreReading opens the store of inspect, purge and gc: one that
-// holds the proxies' records, so not memory (why names the harm), and
-// opened without creating anything (storeOptions.readOnly). It reads
-// once, so that a store that cannot be reached fails at once; errors
+// holds the proxies' records, so not memory (checkReadable), opened
+// without creating anything (storeOptions.ReadOnly). It reads once, so that a store that cannot be reached fails at once; errors
 // other than usage errors start "--store NAME: " (NAME as storeForLog).
 func openStoreReading(ctx context.Context, spec, prefix, why string) (idem.Store, func(), error) {
 	if err := checkPrefix(prefix); err != nil {
 		return nil, nil, err
 	}
-	if spec == "" || spec == "memory" {
-		return nil, nil, usageError{"--store is required: the store the proxies use (redis://…, postgres://… or both, quoted); " +
-			"a memory store is new and empty in this process, so " + why}
+	if err := checkReadable(spec, why); err != nil {
+		return nil, nil, err
 	}
 	store, closeStore, err := openStoreWith(ctx, spec, prefix, storeOptions{ReadOnly: true})
 	if err == nil {
@@ -72,6 +77,22 @@ func openStoreReading(ctx context.Context, spec, prefix, why string) (idem.Store
 		return nil, nil, fmt.Errorf("--store %s: %w", sidecar.StoreForLog(spec), err)
 	}
 	return store, closeStore, nil
+}
+
+// checkReadable refuses a --store that the commands which read the
+// proxies' records (inspect, purge, gc) cannot read: none, or memory,
+// which lives inside each proxy's process. why says what reading
+// a new, empty store would do.
+func checkReadable(spec, why string) error {
+	switch spec {
+	case "":
+		return usageError{"--store is required: the store the proxies use, " + sharedStores +
+			" (not memory: in this process it would be new and empty, so " + why + ")"}
+	case "memory":
+		return usageError{"--store memory: a memory store lives inside one process, and this command cannot read another's " +
+			"(its own would be new and empty, so " + why + "); give the store the proxies use: " + sharedStores}
+	}
+	return nil
 }
 
 // checkPrefix refuses a --prefix that Redis cannot use: braces delimit the

@@ -35,7 +35,7 @@ const defaultReapInterval = tieredstore.DefaultReapInterval
 
 // memoryStoreWarning is logged at start-up when the proxy runs on memory.
 const memoryStoreWarning = "--store memory keeps the records in this process: each instance has its own records, " +
-	"and a restart forgets every key (its repeats run again); use redis:// or postgres:// in production"
+	"and a restart forgets every key (its repeats run again); in production use a shared store: " + sharedStores
 
 // storeMetrics are the proxy's metrics of its store, and the reaper's log
 // lines. Each is registered only for the stores it applies to.

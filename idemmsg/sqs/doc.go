@@ -29,6 +29,30 @@
 // each message to one of them at a time (until its visibility ends), and
 // the Deduplicator settles duplicates sent as separate messages.
 //
+// examples/consumer-sqs is a whole consumer, run by its test against a
+// local SQS.
+//
+// # A local SQS
+//
+// The client is the caller's: config.LoadDefaultConfig reads its
+// endpoint, region and credentials from the environment. When it finds no
+// credentials it asks the EC2 instance metadata address, so off EC2 a
+// local run's calls fail ("no EC2 IMDS role found") after that lookup.
+// Against an emulator (fauxqs, LocalStack, ElasticMQ), set the endpoint, a
+// region and static credentials (an emulator takes any), and turn the
+// lookup off:
+//
+//	AWS_ENDPOINT_URL=http://127.0.0.1:4566   (or AWS_ENDPOINT_URL_SQS)
+//	AWS_REGION=us-east-1
+//	AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+//	AWS_EC2_METADATA_DISABLED=true
+//
+// or in code, the SDK's sqs.Options{BaseEndpoint: aws.String("http://127.0.0.1:4566"),
+// Region: "us-east-1", Credentials:
+// credentials.NewStaticCredentialsProvider("test", "test", "")}. On AWS,
+// leave the endpoint unset and set the region; the SDK finds the
+// credentials (a role, a profile).
+//
 // # Keys
 //
 // The default key is the string value of the message attribute
