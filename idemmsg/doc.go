@@ -115,8 +115,8 @@
 //
 // # Adapters and their shared tests
 //
-// The adapters (redisstream, natsjs, rabbitmq, kafka) each run a consumer
-// loop with their broker's own client and acknowledgement rules. Their Run
+// The adapters, one sub-package per broker, each run a consumer loop
+// with their broker's own client and acknowledgement rules. Their Run
 // loops handle one message at a time, in delivery order, unless a
 // Concurrency setting (all but kafka, which keeps per-partition order)
 // lets several handlers run at once. Package adaptertest holds the
