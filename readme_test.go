@@ -419,3 +419,38 @@ func TestArchitectureStoreTable(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The users' tables of the stores, docs/stores.md's choice and
+// docs/guarantee.md's "What each store adds", have a row for every store
+// package (storeTypes) and no other.
+func TestDocsStoreTables(t *testing.T) {
+	for _, tc := range []struct{ file, section string }{
+		{"docs/stores.md", "# Stores: which to choose"},
+		{"docs/guarantee.md", "## What each store adds"},
+	} {
+		md, err := os.ReadFile(tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, section, found := strings.Cut(string(md), tc.section+"\n")
+		if !found {
+			t.Errorf("%s has no heading %q", tc.file, tc.section)
+			continue
+		}
+		section, _, _ = strings.Cut(section, "\n## ")
+		named := map[string]bool{}
+		for line := range strings.Lines(section) {
+			if m := regexp.MustCompile("^\\| `([a-z]+)`").FindStringSubmatch(line); m != nil {
+				named[m[1]] = true
+				if storeTypes[m[1]] == nil {
+					t.Errorf("%s: the table under %q has a row for %s, which is not a store package (storeTypes)", tc.file, tc.section, m[1])
+				}
+			}
+		}
+		for pkg := range storeTypes {
+			if !named[pkg] {
+				t.Errorf("%s: the table under %q has no row for %s", tc.file, tc.section, pkg)
+			}
+		}
+	}
+}
