@@ -454,3 +454,34 @@ func TestDocsStoreTables(t *testing.T) {
 		}
 	}
 }
+
+// CONTRIBUTING.md says what the test command changes on the machine: it
+// must name everything scripts/test.sh installs (each package of its
+// apt-get list, each "test.sh: installing ..." of its other installs).
+func TestDocsContributingNamesInstalls(t *testing.T) {
+	script, err := os.ReadFile("scripts/test.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	contributing, err := os.ReadFile("CONTRIBUTING.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`missing\+=\(([^)]+)\)`).FindAllStringSubmatch(string(script), -1) {
+		names = append(names, m[1])
+	}
+	for _, m := range regexp.MustCompile(`"test\.sh: installing ([^"$][^"(]*)`).FindAllStringSubmatch(string(script), -1) {
+		for _, item := range regexp.MustCompile(`, | and `).Split(strings.TrimSpace(m[1]), -1) {
+			names = append(names, strings.Fields(item)[0]) // "versitygw v1.8.0": versitygw
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("scripts/test.sh: found %d things it installs (%q), want at least 10: has its form changed?", len(names), names)
+	}
+	for _, name := range names {
+		if !strings.Contains(string(contributing), name) {
+			t.Errorf("scripts/test.sh installs %s, which CONTRIBUTING.md does not name (\"It changes the machine as follows\")", name)
+		}
+	}
+}
