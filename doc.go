@@ -55,9 +55,9 @@
 //
 //   - At most one live lease per key at any moment of the store's clock, on
 //     every store (on DynamoDB, where that clock is each caller's, up to
-//     the skew between the callers' clocks). Work that finishes within its lease and completes is run
-//     once, and its result is replayed to every repeat with the same
-//     fingerprint until retention ends.
+//     the skew between the callers' clocks). Work that finishes within its
+//     lease and completes is run once, and its result is replayed to every
+//     repeat with the same fingerprint until retention ends.
 //   - Work whose holder crashes, or loses its lease, before Complete may run
 //     again after the lease ends: that is at-least-once with fencing, not
 //     exactly-once. Only an effect committed in the same transaction as the
