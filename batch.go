@@ -6,11 +6,12 @@ import (
 )
 
 // BatchStore is an optional extension of Store: Acquire, Complete and
-// Release for many keys in one step (one Redis script per node or hash
-// slot, one SQL statement, one pass in memory) and, for a remote store,
-// one round trip. Use it through the package functions AcquireMany,
-// CompleteMany and ReleaseMany, which fall back to the single-key calls
-// for a store that does not implement it.
+// Release for many keys at once, in fewer round trips, or less waiting,
+// than one call per key (each store's batch methods say how: one script,
+// statement or pipeline for the batch, or its keys' calls side by side).
+// Use it through the package functions AcquireMany, CompleteMany and
+// ReleaseMany, which fall back to the single-key calls for a store that
+// does not implement it.
 //
 // The contract, besides Store's:
 //

@@ -99,13 +99,13 @@ type BlobInfo struct {
 const BlobPrefix = "idem/"
 
 // Namespacer is implemented by a Store that can name the key space its
-// records live in: the stores of this module do (redisstore: its key
-// prefix, pgstore, mysqlstore and tieredstore: their table and namespace,
-// each with a store id kept in its database; memstore: an id of its own).
-// Two stores with the same Namespace read each other's records; two with
-// different ones never do. (A SQL database without a store id, as v1.0
-// left it, has v1.0's namespace, the same for every database: sweeps judge
-// none of its blobs.) Callers type-assert:
+// records live in. Every store of this module does (each one's
+// Namespace doc says from what: where its records live and, for the
+// stores that keep one in their database, a store id). Two stores with
+// the same Namespace read each other's records; two with different ones
+// never do. (A database without its store id, as v1.0 left it, has
+// v1.0's namespace, the same for every database: sweeps judge none of
+// its blobs.) Callers type-assert:
 //
 //	ns := ""
 //	if n, ok := store.(idem.Namespacer); ok {

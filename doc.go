@@ -10,8 +10,8 @@
 //
 // Each scoped key (Scope.Key: tenant, method, route and client key hashed
 // into a Key) has one record, which moves through these states. Every arrow
-// is one atomic step on the store: one Redis Lua script, one SQL statement,
-// or one critical section in memory, and one round trip.
+// is one atomic step on the store (each store's package doc says what the
+// step is there and how many round trips it takes: mostly one).
 //
 //	absent ──Acquire──▶ in_flight(lease id, token, fingerprint)   [expires after the lease]
 //	in_flight ──Complete(lease)──▶ completed(response, token, fingerprint)  [expires after retention]
@@ -31,12 +31,13 @@
 //
 // Every acquisition gets a fencing token, readable in the work's context
 // with LeaseFromContext. It strictly increases per key across takeovers and
-// releases, and keeps increasing after the record has expired. On Redis and
-// in memory a token is the larger of the key's previous token plus one and
-// the store clock in milliseconds (so it also survives a Redis failover
-// that lost the record, as long as the clock does not step back); on
-// PostgreSQL it comes from a database sequence. Tokens of different stores
-// are not comparable. Pass it to the system of
+// releases, and keeps increasing after the record has expired. Each store
+// draws it in its own way (its package doc says how): from the clock and
+// the key's last token (Redis, memory: the larger of the previous token
+// plus one and the store clock in milliseconds, so that it also survives a
+// Redis failover that lost the record, as long as the clock does not step
+// back), or from a counter in the database (the SQL stores, DynamoDB).
+// Tokens of different stores are not comparable. Pass it to the system of
 // record and have it refuse a token lower than the last one it accepted:
 // that stops a paused or partitioned holder whose lease ended (Kleppmann's
 // fencing).
@@ -53,13 +54,14 @@
 // # Guarantees and their limits
 //
 //   - At most one live lease per key at any moment of the store's clock, on
-//     every store. Work that finishes within its lease and completes is run
-//     once, and its result is replayed to every repeat with the same
-//     fingerprint until retention ends.
+//     every store (on DynamoDB, where that clock is each caller's, up to
+//     the skew between the callers' clocks). Work that finishes within its
+//     lease and completes is run once, and its result is replayed to every
+//     repeat with the same fingerprint until retention ends.
 //   - Work whose holder crashes, or loses its lease, before Complete may run
 //     again after the lease ends: that is at-least-once with fencing, not
 //     exactly-once. Only an effect committed in the same transaction as the
-//     completion (pgstore.CompleteTx, tieredstore.CompleteTx) is
+//     completion (the CompleteTx of the stores that have one) is
 //     exactly-once; any other effect should check the fencing token.
 //   - Redis replicates asynchronously: a failover can lose a record written
 //     just before it, and the operation may then run again.

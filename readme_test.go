@@ -8,9 +8,18 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/dynamostore"
+	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/mysqlstore"
+	"github.com/idemkit/idem/pgstore"
+	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 // docFiles are the markdown files whose Go snippets must be compiled:
@@ -281,4 +290,198 @@ func anchors(md string) map[string]bool {
 		seen[a]++
 	}
 	return out
+}
+
+// storeTypes holds a value of each store package's Store type, for the
+// type assertions of TestArchitectureStoreTable. A new store package goes
+// here too (the test fails until it does).
+var storeTypes = map[string]idem.Store{
+	"memstore":    (*memstore.Store)(nil),
+	"redisstore":  (*redisstore.Store)(nil),
+	"pgstore":     (*pgstore.Store)(nil),
+	"mysqlstore":  (*mysqlstore.Store)(nil),
+	"dynamostore": (*dynamostore.Store)(nil),
+	"tieredstore": (*tieredstore.Store)(nil),
+}
+
+// storeMethod finds a store: a type with idem.Store's Acquire.
+var storeMethod = regexp.MustCompile(`(?m)^func \(\w+ \*?\w+\) Acquire\(ctx context\.Context, \w+ idem\.AcquireRequest\) \(idem\.Acquisition, error\)`)
+
+// ARCHITECTURE.md's table of the stores must say of each store what its
+// type does: a row per store package of the module (a package outside
+// cmd/ and internal/ whose code has an Acquire of idem.Store), and in the
+// columns `idem.BatchStore` and `idem.Namespacer` "yes" exactly when the
+// store's type implements that interface. blob.go's doc of Namespacer
+// says that every store of the module implements it: so must the code.
+func TestArchitectureStoreTable(t *testing.T) {
+	arch, err := os.ReadFile("ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, found := strings.Cut(string(arch), "\n## The stores\n")
+	if !found {
+		t.Fatal("ARCHITECTURE.md has no section \"## The stores\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var header []string
+	rows := map[string]int{}
+	for line := range strings.Lines(section) {
+		if !strings.HasPrefix(line, "|") || strings.HasPrefix(line, "|---") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), " | ")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		if header == nil {
+			header = cells
+			continue
+		}
+		if len(cells) != len(header) {
+			t.Errorf("ARCHITECTURE.md's store table: got %d cells, want %d (the header's), in: %s", len(cells), len(header), line)
+			continue
+		}
+		m := regexp.MustCompile("^`([a-z]+)`").FindStringSubmatch(cells[0])
+		if m == nil {
+			t.Errorf("ARCHITECTURE.md's store table: a row's first cell is %q, want a package in backquotes", cells[0])
+			continue
+		}
+		pkg := m[1]
+		rows[pkg]++
+		store, ok := storeTypes[pkg]
+		if !ok {
+			t.Errorf("ARCHITECTURE.md's store table has a row for %s, which is not a store package (storeTypes)", pkg)
+			continue
+		}
+		for i, col := range header {
+			var implements bool
+			switch col {
+			case "`idem.BatchStore`":
+				_, implements = store.(idem.BatchStore)
+			case "`idem.Namespacer`":
+				_, implements = store.(idem.Namespacer)
+			default:
+				continue
+			}
+			var says bool
+			switch {
+			case strings.HasPrefix(cells[i], "yes"):
+				says = true
+			case strings.HasPrefix(cells[i], "no"):
+			default:
+				t.Errorf("ARCHITECTURE.md's store table: %s, column %s: got %q, want it to start with yes or no", pkg, col, cells[i])
+				continue
+			}
+			if says != implements {
+				want, does := "no", "does not implement it"
+				if implements {
+					want, does = "yes", "implements it"
+				}
+				t.Errorf("ARCHITECTURE.md's store table: %s, column %s: got %q, want %s: %T %s", pkg, col, cells[i], want, store, does)
+			}
+		}
+	}
+	for _, col := range []string{"`idem.BatchStore`", "`idem.Namespacer`"} {
+		if !slices.Contains(header, col) {
+			t.Errorf("ARCHITECTURE.md's store table: no column %s in its header %q", col, header)
+		}
+	}
+	for pkg, store := range storeTypes {
+		if rows[pkg] == 0 {
+			t.Errorf("ARCHITECTURE.md's store table has no row for %s", pkg)
+		}
+		if _, ok := store.(idem.Namespacer); !ok {
+			t.Errorf("%T does not implement idem.Namespacer; blob.go's doc of Namespacer says every store of the module does", store)
+		}
+	}
+
+	// Every store package of the tree is in storeTypes.
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "internal" || d.Name() == "cmd" || d.Name() == "examples" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if pkg := filepath.ToSlash(filepath.Dir(path)); storeMethod.Match(src) && storeTypes[pkg] == nil {
+			t.Errorf("%s has a Store (%s): add it to storeTypes in readme_test.go and a row to ARCHITECTURE.md's store table", pkg, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The users' tables of the stores, docs/stores.md's choice and
+// docs/guarantee.md's "What each store adds", have a row for every store
+// package (storeTypes) and no other.
+func TestDocsStoreTables(t *testing.T) {
+	for _, tc := range []struct{ file, section string }{
+		{"docs/stores.md", "# Stores: which to choose"},
+		{"docs/guarantee.md", "## What each store adds"},
+	} {
+		md, err := os.ReadFile(tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, section, found := strings.Cut(string(md), tc.section+"\n")
+		if !found {
+			t.Errorf("%s has no heading %q", tc.file, tc.section)
+			continue
+		}
+		section, _, _ = strings.Cut(section, "\n## ")
+		named := map[string]bool{}
+		for line := range strings.Lines(section) {
+			if m := regexp.MustCompile("^\\| `([a-z]+)`").FindStringSubmatch(line); m != nil {
+				named[m[1]] = true
+				if storeTypes[m[1]] == nil {
+					t.Errorf("%s: the table under %q has a row for %s, which is not a store package (storeTypes)", tc.file, tc.section, m[1])
+				}
+			}
+		}
+		for pkg := range storeTypes {
+			if !named[pkg] {
+				t.Errorf("%s: the table under %q has no row for %s", tc.file, tc.section, pkg)
+			}
+		}
+	}
+}
+
+// CONTRIBUTING.md says what the test command changes on the machine: it
+// must name everything scripts/test.sh installs (each package of its
+// apt-get list, each "test.sh: installing ..." of its other installs).
+func TestDocsContributingNamesInstalls(t *testing.T) {
+	script, err := os.ReadFile("scripts/test.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	contributing, err := os.ReadFile("CONTRIBUTING.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`missing\+=\(([^)]+)\)`).FindAllStringSubmatch(string(script), -1) {
+		names = append(names, m[1])
+	}
+	for _, m := range regexp.MustCompile(`"test\.sh: installing ([^"$][^"(]*)`).FindAllStringSubmatch(string(script), -1) {
+		for _, item := range regexp.MustCompile(`, | and `).Split(strings.TrimSpace(m[1]), -1) {
+			names = append(names, strings.Fields(item)[0]) // "versitygw v1.8.0": versitygw
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("scripts/test.sh: found %d things it installs (%q), want at least 10: has its form changed?", len(names), names)
+	}
+	for _, name := range names {
+		if !strings.Contains(string(contributing), name) {
+			t.Errorf("scripts/test.sh installs %s, which CONTRIBUTING.md does not name (\"It changes the machine as follows\")", name)
+		}
+	}
 }

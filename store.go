@@ -10,9 +10,13 @@ import (
 
 // Store keeps one record per Key and moves it through the state machine
 // described in the package documentation. Every method is one atomic step on
-// the store (one Lua script, one SQL statement, one critical section) and,
-// for remote stores, one round trip. Time is the store's clock, never the
-// caller's.
+// the store: the record changes in one indivisible operation (a script, a
+// statement, a compare-and-set, a conditional write, a critical section),
+// whatever reads the store makes before it; each store's doc says what the
+// step is and how many round trips it takes. Time is the store's clock: the
+// server's where the backend has one, never the caller's; a backend without
+// one (DynamoDB) makes the store use the caller's clock, and its doc says
+// what that costs.
 //
 // Implementations are safe for concurrent use. Renew, Complete and Release
 // succeed only for the current lease; otherwise they return ErrLeaseLost

@@ -319,3 +319,74 @@ func BenchmarkGuardDoTelemetry(b *testing.B) {
 		})
 	}
 }
+
+// TestGuardBatchTelemetry: a batch is one span and one histogram point,
+// whether the store does batches or not, as docs/telemetry.md says:
+// idem.acquire_many, idem.complete_many and idem.release_many, with
+// idem.batch.size, the first entry's key as idem.key, and the first
+// failed entry's result.
+func TestGuardBatchTelemetry(t *testing.T) {
+	for name, s := range map[string]idem.Store{
+		"batch":    memstore.New(memstore.Options{}),
+		"fallback": plainStore{memstore.New(memstore.Options{})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newOtelFixture()
+			g, err := idem.New(s, idem.Config{Lease: time.Minute, TracerProvider: f.tp, MeterProvider: f.mp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			k := []idem.Key{testKey(t, name+"0"), testKey(t, name+"1"), testKey(t, name+"2")}
+			begun := g.BeginMany(ctx, []idem.BeginRequest{{Key: k[0]}, {Key: k[1]}, {Key: k[2]}})
+			for i, b := range begun {
+				if b.Err != nil || b.Acquisition.Outcome != idem.Acquired {
+					t.Fatalf("BeginMany answer %d: got %+v, want Acquired", i, b)
+				}
+			}
+			// k1's lease is lost before it finishes.
+			if err := s.Release(ctx, begun[1].Attempt.Lease()); err != nil {
+				t.Fatal(err)
+			}
+			g.FinishMany(ctx, []idem.Finish{
+				{Attempt: begun[0].Attempt, Response: &idem.Response{Status: 201}},
+				{Attempt: begun[1].Attempt, Response: &idem.Response{Status: 201}},
+				{Attempt: begun[2].Attempt},
+			})
+
+			for _, want := range []struct {
+				op, result string
+				key        idem.Key
+				size       int64
+			}{
+				{"acquire_many", "ok", k[0], 3},
+				{"complete_many", "lease_lost", k[0], 2},
+				{"release_many", "ok", k[2], 1},
+			} {
+				spans := f.ended("idem." + want.op)
+				if len(spans) != 1 {
+					t.Errorf("spans idem.%s: got %d, want 1", want.op, len(spans))
+					continue
+				}
+				sp := spans[0]
+				if v, _ := attr(sp, "idem.batch.size"); v.AsInt64() != want.size {
+					t.Errorf("idem.%s: idem.batch.size %v, want %d", want.op, v.Emit(), want.size)
+				}
+				if v, _ := attr(sp, "idem.key"); v.AsString() != want.key.String() {
+					t.Errorf("idem.%s: idem.key %q, want the first entry's, %q", want.op, v.AsString(), want.key.String())
+				}
+				if v, _ := attr(sp, "idem.result"); v.AsString() != want.result {
+					t.Errorf("idem.%s: idem.result %q, want %q", want.op, v.AsString(), want.result)
+				}
+				if n := f.histogramCount(t, "idem.store.duration", attribute.String("idem.op", want.op), attribute.String("idem.result", want.result)); n != 1 {
+					t.Errorf("idem.store.duration points with idem.op %s, idem.result %s: got %d, want 1", want.op, want.result, n)
+				}
+			}
+			for _, single := range []string{"idem.acquire", "idem.complete", "idem.release"} {
+				if n := len(f.ended(single)); n != 0 {
+					t.Errorf("spans %s: got %d, want 0 (the batch's span is the only one)", single, n)
+				}
+			}
+		})
+	}
+}

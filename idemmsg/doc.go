@@ -100,24 +100,23 @@
 // # Batches
 //
 // A broker hands a consumer several messages per fetch. HandleBatch takes
-// them in one call: with a store that implements idem.BatchStore
-// (memstore, redisstore, pgstore), their keys are acquired in one store
-// step, the handlers run one at a time or Concurrency at a time, as with
-// Handle, and the results of finished handlers are recorded in one step
-// per group, then handed to the adapter to acknowledge together. A group
-// is flushed when the whole batch is decided or after FlushInterval
-// (default 2ms), so a slow handler never holds up the others. Each
-// delivery's outcome is the one Handle would give it, except for a key
-// repeated within a batch: its later deliveries are decided once the
-// first is recorded (Replayed, usually), where Handle run concurrently
-// would answer InFlight. The leases of a whole batch are taken at once, so
-// a consumer that crashes holds all of them until they expire. Every
-// adapter has a Batch setting that uses it.
+// them in one call: with a store that implements idem.BatchStore, their
+// keys are acquired in one store step, the handlers run one at a time or
+// Concurrency at a time, as with Handle, and the results of finished
+// handlers are recorded in one step per group, then handed to the adapter
+// to acknowledge together. A group is flushed when the whole batch is
+// decided or after FlushInterval (default 2ms), so a slow handler never
+// holds up the others. Each delivery's outcome is the one Handle would give
+// it, except for a key repeated within a batch: its later deliveries are
+// decided once the first is recorded (Replayed, usually), where Handle run
+// concurrently would answer InFlight. The leases of a whole batch are taken
+// at once, so a consumer that crashes holds all of them until they expire.
+// Every adapter has a Batch setting that uses it.
 //
 // # Adapters and their shared tests
 //
-// The adapters (redisstream, natsjs, rabbitmq, kafka) each run a consumer
-// loop with their broker's own client and acknowledgement rules. Their Run
+// The adapters, one sub-package per broker, each run a consumer loop
+// with their broker's own client and acknowledgement rules. Their Run
 // loops handle one message at a time, in delivery order, unless a
 // Concurrency setting (all but kafka, which keeps per-partition order)
 // lets several handlers run at once. Package adaptertest holds the

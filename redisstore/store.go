@@ -143,8 +143,10 @@ type Options struct {
 const DefaultTimeout = 3 * time.Second
 
 // Store is an idem.Store on Redis: one string key per record, every
-// transition one Lua script and one round trip, time from Redis TIME. It
-// runs on a single node, with Sentinel, and on Redis Cluster.
+// transition one Lua script and one round trip on the Lua path, plain
+// commands around SET … IFEQ on the native path (see the package doc's
+// Paths), time from Redis TIME. It runs on a single node, with Sentinel,
+// and on Redis Cluster.
 type Store struct {
 	r       runner
 	prefix  string

@@ -45,6 +45,10 @@
 //
 // # The first-execution path
 //
+// Each Redis step below is one script on the Redis store's Lua path; on
+// its native path (redisstore.PathNative) it is the same transition in
+// plain commands, at the cost that redisstore's doc gives.
+//
 // Acquire is one Redis script. CompleteTx is one Redis script (Hold: the
 // lease is checked and extended by its TTL, and its fingerprint read, so
 // no takeover happens before the commit) and one PostgreSQL statement in
@@ -56,8 +60,7 @@
 // nothing, was tried: on loopback it made no measurable difference, so the
 // store keeps the plain order; on a network it would save one round trip.)
 //
-// Replays and in-flight answers are Redis alone: one script, as with
-// redisstore.
+// Replays and in-flight answers are Redis alone, as with redisstore.
 //
 // # The relay and the outbox
 //

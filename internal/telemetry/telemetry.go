@@ -1,5 +1,5 @@
 // Package telemetry holds idem's OpenTelemetry instruments, shared by the
-// Guard, idemhttp, idemgrpc and idemmsg. A nil *T records nothing and costs
+// Guard and the layers over it. A nil *T records nothing and costs
 // nothing: every method checks for it first, so code that was given no
 // provider pays one nil check.
 package telemetry
