@@ -29,8 +29,8 @@ func ExampleWrap() {
 		return events.APIGatewayProxyResponse{StatusCode: http.StatusCreated, Body: fmt.Sprintf(`{"charge":%d}`, charges)}, nil
 	}
 	idempotent, err := idemlambda.Wrap(store, idemlambda.Config[events.APIGatewayProxyRequest]{
-		Name: "payments",
-		Key:  idemlambda.APIGatewayKey,
+		Namespace: "payments",
+		Key:       idemlambda.APIGatewayKey,
 	}, charge)
 	if err != nil {
 		log.Fatal(err)
@@ -71,7 +71,7 @@ func ExampleWrap() {
 // ReportBatchItemFailures on the event source mapping).
 func ExampleWrapSQS() {
 	store := memstore.New(memstore.Options{})
-	handler, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Name: "orders"}, func(ctx context.Context, m events.SQSMessage) error {
+	handler, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Namespace: "orders"}, func(ctx context.Context, m events.SQSMessage) error {
 		if m.Body == "bad" {
 			return errors.New("cannot ship")
 		}
