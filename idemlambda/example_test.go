@@ -18,7 +18,7 @@ import (
 // body as the payload that must match. In main, the store would be a
 // dynamostore.Store and the last line lambda.Start(handler).
 func ExampleWrap() {
-	store := memstore.New(memstore.Options{}) // dynamostore.New(client, dynamostore.Options{Table: "idem"})
+	store := memstore.New(memstore.Options{}) // on Lambda, a dynamostore.Store (examples/lambda)
 	charges := 0
 	charge := func(ctx context.Context, req events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 		token, _ := idemlambda.FencingToken(ctx) // pass it to the system of record with the write
@@ -35,8 +35,9 @@ func ExampleWrap() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Concurrent and mismatched requests are errors from the wrapper; an
-	// API answers them with 409 and 422 rather than a Lambda error.
+	// Concurrent and mismatched requests and bad keys are errors from the
+	// wrapper; an API answers them with 409, 422 and 400: a Lambda error
+	// would reach the client as API Gateway's 502.
 	handler := func(ctx context.Context, req events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 		resp, err := idempotent(ctx, req)
 		switch {
