@@ -147,6 +147,17 @@
 // "lambda" (and set as idem.outcome on the caller's span with
 // Config.TracerProvider), beside the Guard's store spans and histograms.
 //
+// # Running locally
+//
+// Under the runtime interface emulator (aws-lambda-rie) with a local
+// DynamoDB, the AWS SDK finds nothing Lambda would set: give it
+// AWS_ENDPOINT_URL (the local endpoint), AWS_REGION, a static
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and
+// AWS_EC2_METADATA_DISABLED=true (else, without credentials, it asks the
+// EC2 instance metadata address and fails later with "no EC2 IMDS role
+// found"). docs/lambda.md gives the commands that build examples/lambda
+// and run it under the emulator.
+//
 // See docs/lambda.md for the side-by-side comparison with Powertools for
 // AWS Lambda.
 package idemlambda
