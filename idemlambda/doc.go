@@ -21,12 +21,14 @@
 // reused with another payload fails with a *MismatchError. Both are
 // computed once, before the handler runs, so a handler that changes its
 // event does not change the record it completes. An event without a key
-// fails with a *KeyError unless Config.AllowMissingKey lets it run
-// unprotected.
+// (Config.Key returns "" or an error wrapping idem.ErrMissingKey) fails
+// with a *KeyError, whose message says where the key was expected ("no
+// Idempotency-Key header in the API Gateway REST API request's headers"),
+// unless Config.AllowMissingKey lets it run unprotected.
 //
 // # Callers (API Gateway)
 //
-// A key is scoped by the function (Config.Name), by who calls
+// A key is scoped by the function (Config.Namespace), by who calls
 // (Config.Tenant) and, for an API Gateway event
 // (events.APIGatewayProxyRequest or events.APIGatewayV2HTTPRequest, or a
 // pointer to one), by the method and the route API Gateway matched: two
@@ -58,7 +60,7 @@
 // # Results and errors
 //
 // The handler's result is stored as its JSON encoding, and a repeat within
-// the retention (Config.Guard.Retention, default 24h) decodes those very
+// the retention (Config.Retention, default 24h) decodes those very
 // bytes: what Lambda returns to the repeat is what it returned to the
 // first invocation, except for an HTTP response
 // (events.APIGatewayProxyResponse, events.APIGatewayV2HTTPResponse,
@@ -75,7 +77,7 @@
 // A handler that wants a failure kept returns it as part of its result (an
 // API Gateway response with status 400, say).
 //
-// With Config.Guard.Seal the stored results are sealed at rest (see idem's
+// With Config.Seal the stored results are sealed at rest (see idem's
 // doc, Sealed records). A repeat of an invocation whose sealed result
 // cannot be opened (altered in the store, under a key id no longer in the
 // ring, read without a Sealer) does not run the handler again and is not
@@ -91,7 +93,7 @@
 //
 // While the handler runs, its key is held under a lease. An invocation
 // whose deadline (the context's, which aws-lambda-go sets from Lambda's)
-// is closer than the configured lease (Config.Guard.Lease, default 30s)
+// is closer than the configured lease (Config.Lease, default 30s)
 // takes a lease that ends at the deadline plus Config.DeadlineMargin
 // (default 2s), not renewed: Lambda stops the invocation at its deadline,
 // so the lease never ends while the invocation may still run, even when
@@ -119,19 +121,42 @@
 // An invocation whose key is held by another running invocation fails at
 // once with an *idem.InFlightError (errors.Is(err, idem.ErrInFlight);
 // Lambda reports errorType "InFlightError"), the handler not run, like
-// Powertools' IdempotencyAlreadyInProgressError. With Config.Wait it
-// first waits, at most that long and never past its deadline, for the
-// other invocation to finish, and then replays its result (or runs, if
-// the other one failed and released the key).
+// Powertools' IdempotencyAlreadyInProgressError, once it has waited
+// Config.Wait (DefaultWait, 500ms, as idemhttp and idemgrpc; never past
+// its deadline) for the other invocation to finish: if that one completes
+// meanwhile, its result is replayed; if it fails and releases the key,
+// this one runs. A negative Config.Wait fails at once.
 //
 // # Store failures
 //
 // When the store fails before the handler runs, the invocation fails
 // with an *idem.StoreError and the handler does not run (fail closed).
 // When it fails after the handler ran, the completion is tried again
-// within the lease left (Config.Guard.CompleteRetry, default the lease);
-// if it still fails, the invocation returns the handler's result, the
-// failure is logged, and a retry may run the handler again (fenced).
+// within the lease left (Config.CompleteRetry, default the lease, as
+// idemmsg; negative: no retry); if it still fails, the invocation returns
+// the handler's result, the failure is logged, and a retry may run the
+// handler again (fenced).
+//
+// # Outcomes and telemetry
+//
+// Every invocation (every SQS record) ends in one Outcome, the words
+// idemhttp, idemgrpc and idemmsg report: executed, replayed, in_flight,
+// mismatch, rejected, store_error, released, unsealable, passed_through.
+// Config.OnOutcome (SQSConfig.OnOutcome) is called with it, and with
+// Config.MeterProvider it is counted in idem.outcomes with idem.layer
+// "lambda" (and set as idem.outcome on the caller's span with
+// Config.TracerProvider), beside the Guard's store spans and histograms.
+//
+// # Running locally
+//
+// Under the runtime interface emulator (aws-lambda-rie) with a local
+// DynamoDB, the AWS SDK finds nothing Lambda would set: give it
+// AWS_ENDPOINT_URL (the local endpoint), AWS_REGION, a static
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and
+// AWS_EC2_METADATA_DISABLED=true (else, without credentials, it asks the
+// EC2 instance metadata address and fails later with "no EC2 IMDS role
+// found"). docs/lambda.md gives the commands that build examples/lambda
+// and run it under the emulator.
 //
 // See docs/lambda.md for the side-by-side comparison with Powertools for
 // AWS Lambda.

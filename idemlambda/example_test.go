@@ -18,7 +18,7 @@ import (
 // body as the payload that must match. In main, the store would be a
 // dynamostore.Store and the last line lambda.Start(handler).
 func ExampleWrap() {
-	store := memstore.New(memstore.Options{}) // dynamostore.New(client, dynamostore.Options{Table: "idem"})
+	store := memstore.New(memstore.Options{}) // on Lambda, a dynamostore.Store (examples/lambda)
 	charges := 0
 	charge := func(ctx context.Context, req events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 		token, _ := idemlambda.FencingToken(ctx) // pass it to the system of record with the write
@@ -29,14 +29,15 @@ func ExampleWrap() {
 		return events.APIGatewayProxyResponse{StatusCode: http.StatusCreated, Body: fmt.Sprintf(`{"charge":%d}`, charges)}, nil
 	}
 	idempotent, err := idemlambda.Wrap(store, idemlambda.Config[events.APIGatewayProxyRequest]{
-		Name: "payments",
-		Key:  idemlambda.APIGatewayKey,
+		Namespace: "payments",
+		Key:       idemlambda.APIGatewayKey,
 	}, charge)
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Concurrent and mismatched requests are errors from the wrapper; an
-	// API answers them with 409 and 422 rather than a Lambda error.
+	// Concurrent and mismatched requests and bad keys are errors from the
+	// wrapper; an API answers them with 409, 422 and 400: a Lambda error
+	// would reach the client as API Gateway's 502.
 	handler := func(ctx context.Context, req events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 		resp, err := idempotent(ctx, req)
 		switch {
@@ -71,7 +72,7 @@ func ExampleWrap() {
 // ReportBatchItemFailures on the event source mapping).
 func ExampleWrapSQS() {
 	store := memstore.New(memstore.Options{})
-	handler, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Name: "orders"}, func(ctx context.Context, m events.SQSMessage) error {
+	handler, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Namespace: "orders"}, func(ctx context.Context, m events.SQSMessage) error {
 		if m.Body == "bad" {
 			return errors.New("cannot ship")
 		}

@@ -1,6 +1,7 @@
 package idemlambda
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -13,10 +14,21 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-lambda-go/lambdacontext"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/telemetry"
+)
+
+// Defaults for Config's zero fields.
+const (
+	// DefaultWait is how long an invocation whose key is in flight waits
+	// for the holder's result (Config.Wait): idemhttp's and idemgrpc's
+	// DefaultWait.
+	DefaultWait = engine.DefaultWait
 )
 
 // Config tunes Wrap. Key is required; the zero value of every other field
@@ -25,15 +37,16 @@ type Config[E any] struct {
 	// Key returns the event's idempotency key: 1 to 255 printable ASCII
 	// bytes (idem.ValidateKey). Required. APIGatewayKey, APIGatewayV2Key
 	// and PayloadKey are ready-made. An error that wraps
-	// idem.ErrMissingKey says the event has no key: the invocation fails
-	// with a *KeyError, and the handler does not run, unless
-	// AllowMissingKey is set. Any other error fails the invocation with a
-	// *KeyError too.
+	// idem.ErrMissingKey, or an empty key, says the event has no key: the
+	// invocation fails with a *KeyError, and the handler does not run,
+	// unless AllowMissingKey is set. Any other error, and a key that is
+	// not valid, fail the invocation with a *KeyError too.
 	Key func(E) (string, error)
 
 	// AllowMissingKey runs the handler unprotected (no record, no lease)
-	// for an event whose Key reports idem.ErrMissingKey. Default false:
-	// such an event fails with a *KeyError.
+	// for an event that has no key (Key returns "" or an error wrapping
+	// idem.ErrMissingKey). Default false: such an event fails with a
+	// *KeyError.
 	AllowMissingKey bool
 
 	// Payload selects the part of the event that must be the same every
@@ -72,48 +85,125 @@ type Config[E any] struct {
 	// false: anonymous keyed requests run, sharing one scope.
 	RefuseAnonymous bool
 
-	// Name scopes the keys: two wrapped handlers with the same Name share
-	// records. Keys are idem.Scope{Tenant: Tenant, Method: "lambda",
-	// Route: Name}; for an API Gateway event, the method is "lambda " and
-	// the request's method, and the route Name, a space and the route API
-	// Gateway matched (the resource "/orders/{id}" of a REST API, the
-	// route key's path of an HTTP API, else the path). Default: the
-	// function's name (lambdacontext.FunctionName, from
+	// Namespace scopes the keys: two wrapped handlers with the same
+	// Namespace share records. Keys are idem.Scope{Tenant: Tenant, Method:
+	// "lambda", Route: Namespace}; for an API Gateway event, the method is
+	// "lambda " and the request's method, and the route Namespace, a space
+	// and the route API Gateway matched (the resource "/orders/{id}" of a
+	// REST API, the route key's path of an HTTP API, else the path).
+	// Default: the function's name (lambdacontext.FunctionName, from
 	// AWS_LAMBDA_FUNCTION_NAME).
-	Name string
+	Namespace string
+
+	// Lease is the longest an invocation holds its key without renewing
+	// it (see the package documentation for a lease bounded by the
+	// invocation's deadline). Default 30s (idem.Config.Lease); at least
+	// 10ms.
+	Lease time.Duration
 
 	// DeadlineMargin is how long past the invocation's deadline a lease
 	// bounded by the deadline lasts (see the package documentation).
 	// Default DefaultDeadlineMargin; negative is an error.
 	DeadlineMargin time.Duration
 
-	// Wait, when positive, is how long an invocation whose key is in
-	// flight elsewhere polls (5ms to 250ms apart, and never past its own
-	// deadline) for that invocation to finish, replaying its result if it
-	// completes and running the handler if it releases the key. Default
-	// 0: it fails at once with an *idem.InFlightError.
+	// Retention is how long a stored result is kept and replayed. Default
+	// 24h (idem.Config.Retention).
+	Retention time.Duration
+
+	// MaxResponseSize is the largest JSON encoding of a result that is
+	// stored, in bytes: a larger result is returned to its invocation,
+	// and a repeat gets ErrResultOmitted (the handler does not run
+	// again). Default 1 MiB (idem.Config.MaxResponseSize).
+	MaxResponseSize int
+
+	// CompleteRetry is how long storing a result is tried again when the
+	// store fails after the handler ran, before the key is released: the
+	// handler's effect is applied, and a released key would run it again
+	// on Lambda's or the client's retry. The tries stop before the lease
+	// may end (see idem.Config.CompleteRetry). Default: Lease, which means
+	// as long as the lease allows. Negative: no retry.
+	CompleteRetry time.Duration
+
+	// Wait bounds how long an invocation whose key is in flight elsewhere
+	// polls (5ms to 250ms apart, and never past its own deadline) for that
+	// invocation to finish, replaying its result if it completes and
+	// running the handler if it releases the key. Work that outlasts the
+	// wait still fails with an *idem.InFlightError. Default DefaultWait
+	// (idemhttp's and idemgrpc's); negative: an *idem.InFlightError at
+	// once, without waiting.
 	Wait time.Duration
 
-	// Guard configures the records: Lease, Retention, MaxResponseSize,
-	// CompleteRetry, OnRenew and the OpenTelemetry providers (see
-	// idem.Config). The lease is the longest an invocation holds its key
-	// without renewal; CompleteRetry defaults to the lease here, not to 0.
-	Guard idem.Config
+	// OnRenew, when set, is called after each background lease renewal
+	// (see idem.Config.OnRenew). It must not block.
+	OnRenew func(key idem.Key, err error)
+
+	// Seal, when set, seals the results stored at rest, and SealOpenOnly
+	// stores new ones in clear while sealed ones still open: see
+	// idem.Config's fields of the same names, and the package
+	// documentation for a repeat whose sealed result does not open.
+	Seal         idem.Sealer
+	SealOpenOnly bool
+
+	// TracerProvider and MeterProvider, when set, report through
+	// OpenTelemetry what idem.Config says of them, plus each invocation's
+	// outcome in the counter idem.outcomes (layer "lambda") and as the
+	// attribute idem.outcome of the caller's span, and the keyed requests
+	// nothing identifies in idem.anonymous. Default nil: none of it, at no
+	// cost.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+
+	// OnOutcome, when set, is called once for every invocation with what
+	// the wrapper did with it (for metrics); for an invocation that ran
+	// the handler, once the handler has returned: OutcomeReleased after
+	// the key was released, OutcomeExecuted just before the result is
+	// stored (so that a repeat replaying it finds the execution counted).
+	// It must not block.
+	OnOutcome func(ctx context.Context, o Outcome)
 
 	// Logger receives a line when a result could not be stored (the
-	// handler ran; a retry may run it again). Default slog.Default().
+	// handler ran; a retry may run it again), the first anonymous keyed
+	// request of each route and the results sealed that do not open.
+	// Default slog.Default().
 	Logger *slog.Logger
 }
 
 // KeyError is the error of an invocation whose idempotency key could not
-// be taken from the event: missing (it wraps idem.ErrMissingKey), invalid
-// (idem.ErrInvalidKey), or Config.Key failed. The handler did not run.
-// Lambda reports its errorType as "KeyError".
+// be taken from the event: missing (it wraps idem.ErrMissingKey: Config.Key
+// said so or returned ""), invalid (idem.ErrInvalidKey), or Config.Key
+// failed. Its message says where the key was expected. The handler did
+// not run. Lambda reports its errorType as "KeyError".
 type KeyError struct{ Err error }
 
-func (e *KeyError) Error() string { return "idemlambda: idempotency key: " + e.Err.Error() }
+func (e *KeyError) Error() string {
+	if ke, ok := errors.AsType[*engine.KeyError](e.Err); ok {
+		return "idemlambda: " + ke.Text()
+	}
+	return "idemlambda: Config.Key: " + e.Err.Error()
+}
 
 func (e *KeyError) Unwrap() error { return e.Err }
+
+// keyError returns the error of a key that is missing or invalid for why
+// (where the key was expected and what is wrong), wrapping err.
+func keyError(why string, err error) error {
+	return &engine.KeyError{Pkg: "idemlambda", Why: why, Err: err}
+}
+
+// clientKey returns the key of e: Config.Key's, an empty one missing.
+func clientKey[E any](key func(E) (string, error), e E) (string, error) {
+	ck, err := key(e)
+	switch {
+	case err != nil:
+		return "", err
+	case ck == "":
+		return "", keyError("Config.Key returned an empty key: the event has none", idem.ErrMissingKey)
+	}
+	if err := idem.ValidateKey(ck); err != nil {
+		return "", keyError("Config.Key's key must be 1 to 255 printable ASCII bytes", err)
+	}
+	return ck, nil
+}
 
 // MismatchError is the error of an invocation whose key was used before
 // with another payload (Config.Payload). It matches idem.ErrMismatch. The
@@ -126,15 +216,28 @@ func (*MismatchError) Error() string { return idem.ErrMismatch.Error() }
 func (*MismatchError) Is(target error) bool { return target == idem.ErrMismatch }
 
 // ErrResultOmitted is returned to a repeat of an invocation whose result
-// was not stored because its JSON encoding was larger than the guard's
-// MaxResponseSize: the handler ran and will not run again for the key
-// within the retention, but its result cannot be replayed.
-var ErrResultOmitted = errors.New("idemlambda: the stored result was larger than Config.Guard.MaxResponseSize and was not kept")
+// was not stored because its JSON encoding was larger than
+// Config.MaxResponseSize: the handler ran and will not run again for the
+// key within the retention, but its result cannot be replayed.
+var ErrResultOmitted = errors.New("idemlambda: the stored result was larger than Config.MaxResponseSize and was not kept")
+
+// guardConfig is the idem.Config of the flat fields Config and SQSConfig
+// share, CompleteRetry's zero value the lease.
+func guardConfig(lease, retention time.Duration, maxResponse int, completeRetry time.Duration, onRenew func(idem.Key, error),
+	seal idem.Sealer, sealOpenOnly bool, tp trace.TracerProvider, mp metric.MeterProvider) idem.Config {
+	if completeRetry == 0 {
+		// The work ran, and a retry of the invocation would run it again:
+		// try a failed completion again as long as the lease allows.
+		completeRetry = cmp.Or(lease, idem.DefaultLease)
+	}
+	return idem.Config{Lease: lease, Retention: retention, MaxResponseSize: maxResponse, CompleteRetry: max(completeRetry, 0),
+		OnRenew: onRenew, Seal: seal, SealOpenOnly: sealOpenOnly, TracerProvider: tp, MeterProvider: mp}
+}
 
 // Wrap returns h made idempotent: the first invocation with a key runs h
 // under a lease and stores its result, encoded as JSON (an HTTP
 // response without its Set-Cookie and hop-by-hop headers); a repeat
-// from the same caller within the guard's retention gets that result,
+// from the same caller within Config.Retention gets that result,
 // decoded from the stored bytes, without running h. What happens while the key is in flight, when h
 // fails and when the store fails is in the package documentation.
 //
@@ -147,26 +250,23 @@ func Wrap[E, O any](store idem.Store, cfg Config[E], h func(context.Context, E) 
 	if h == nil {
 		return nil, errors.New("idemlambda: Wrap: nil handler")
 	}
-	if cfg.Wait < 0 {
-		return nil, fmt.Errorf("idemlambda: Config.Wait %v is negative", cfg.Wait)
-	}
-	gs, err := newGuards(store, cfg.Guard, cfg.DeadlineMargin)
+	gs, err := newGuards(store, guardConfig(cfg.Lease, cfg.Retention, cfg.MaxResponseSize, cfg.CompleteRetry, cfg.OnRenew,
+		cfg.Seal, cfg.SealOpenOnly, cfg.TracerProvider, cfg.MeterProvider), cfg.DeadlineMargin)
 	if err != nil {
 		return nil, err
 	}
-	name := cfg.Name
-	if name == "" {
-		name = lambdacontext.FunctionName
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, err
 	}
 	w := &wrapper[E, O]{
 		cfg:   cfg,
 		h:     h,
 		gs:    gs,
-		scope: idem.Scope{Method: "lambda", Route: name},
-		log:   cfg.Logger,
-	}
-	if w.log == nil {
-		w.log = slog.Default()
+		tel:   tel,
+		wait:  engine.WaitOrDefault(cfg.Wait, DefaultWait),
+		scope: idem.Scope{Method: "lambda", Route: cmp.Or(cfg.Namespace, lambdacontext.FunctionName)},
+		log:   cmp.Or(cfg.Logger, slog.Default()),
 	}
 	return w.invoke, nil
 }
@@ -175,6 +275,8 @@ type wrapper[E, O any] struct {
 	cfg    Config[E]
 	h      func(context.Context, E) (O, error)
 	gs     *guards
+	tel    *telemetry.T // nil without providers
+	wait   time.Duration
 	scope  idem.Scope
 	log    *slog.Logger
 	warned telemetry.Once // method and route of the anonymous WARNs logged
@@ -200,9 +302,10 @@ func (w *wrapper[E, O]) scopeOf(ctx context.Context, e E) (idem.Scope, *httpRequ
 	return scope, &req
 }
 
-// anonymous logs the first keyed request of a route whose caller nothing
-// identifies.
+// anonymous counts a keyed request whose caller nothing identifies, and
+// logs the first of each route.
 func (w *wrapper[E, O]) anonymous(ctx context.Context, scope idem.Scope) {
+	w.tel.Anonymous(ctx, layer)
 	if !w.warned.First(scope.Method + " " + scope.Route) {
 		return
 	}
@@ -215,23 +318,33 @@ func (w *wrapper[E, O]) anonymous(ctx context.Context, scope idem.Scope) {
 // keeps {Content-Type: application/json} in one bit.
 var jsonHeader = http.Header{"Content-Type": {"application/json"}}
 
+// report tells the telemetry and Config.OnOutcome what the invocation
+// became.
+func (w *wrapper[E, O]) report(ctx context.Context, o Outcome) {
+	report(ctx, w.tel, w.cfg.OnOutcome, o)
+}
+
 func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 	var zero O
-	ck, err := w.cfg.Key(e)
+	ck, err := clientKey(w.cfg.Key, e)
 	if err != nil {
 		if errors.Is(err, idem.ErrMissingKey) && w.cfg.AllowMissingKey {
+			w.report(ctx, OutcomePassedThrough)
 			return w.h(ctx, e)
 		}
+		w.report(ctx, OutcomeRejected)
 		return zero, &KeyError{Err: err}
 	}
 	scope, req := w.scopeOf(ctx, e)
 	key, err := scope.Key(ck)
 	if err != nil {
+		w.report(ctx, OutcomeRejected)
 		return zero, &KeyError{Err: err}
 	}
 	if scope.Tenant == "" && (req != nil || w.cfg.Tenant != nil) {
 		w.anonymous(ctx, scope)
 		if w.cfg.RefuseAnonymous {
+			w.report(ctx, OutcomeRejected)
 			if refusal(&zero) {
 				return zero, nil
 			}
@@ -242,26 +355,37 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 	if w.cfg.Payload == nil && req != nil {
 		fp = req.fingerprint()
 	} else if fp, err = fingerprint(w.cfg.Payload, e); err != nil {
+		w.report(ctx, OutcomeRejected)
 		return zero, err
 	}
-	att, acq, bounded, err := begin(ctx, w.gs, key, fp, w.cfg.Wait)
+	att, acq, bounded, err := begin(ctx, w.gs, key, fp, w.wait)
 	var se *idem.SealError
 	if errors.As(err, &se) {
 		logUnsealable(ctx, w.log, se, "")
+		w.report(ctx, OutcomeUnsealable)
 		if unreadable(&zero) {
 			return zero, nil
 		}
 		return zero, se
 	}
 	if err != nil {
+		w.report(ctx, OutcomeStoreError)
 		return zero, err
 	}
 	switch acq.Outcome {
 	case idem.Replay:
-		return decode[O](acq.Response)
+		out, err := decode[O](acq.Response)
+		if err != nil && !errors.Is(err, ErrResultOmitted) {
+			w.report(ctx, OutcomeStoreError)
+		} else {
+			w.report(ctx, OutcomeReplayed)
+		}
+		return out, err
 	case idem.InFlight:
+		w.report(ctx, OutcomeInFlight)
 		return zero, &idem.InFlightError{RetryAfter: acq.RetryAfter}
 	case idem.Mismatch:
+		w.report(ctx, OutcomeMismatch)
 		return zero, &MismatchError{}
 	}
 	if bounded {
@@ -274,6 +398,7 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 	defer func() {
 		if !done { // h panicked: free the key, let the panic go on
 			att.Release(finish)
+			w.report(ctx, OutcomeReleased)
 		}
 	}()
 	out, herr := w.h(att.Context(), e)
@@ -285,6 +410,7 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 			w.log.WarnContext(ctx, "idemlambda: release after a handler error failed; the key is free once the lease ends",
 				"key", key.String(), "error", rerr)
 		}
+		w.report(ctx, OutcomeReleased)
 		return out, herr
 	}
 	// Set-Cookie and the hop-by-hop headers go to this caller only.
@@ -292,11 +418,13 @@ func (w *wrapper[E, O]) invoke(ctx context.Context, e E) (O, error) {
 	body, err := json.Marshal(kept)
 	if err != nil {
 		att.Release(finish)
+		w.report(ctx, OutcomeReleased)
 		return out, fmt.Errorf("idemlambda: result %T does not encode as JSON: %w", out, err)
 	}
 	if !typed && req != nil {
 		body = stripJSON(body)
 	}
+	w.report(ctx, OutcomeExecuted)
 	if err := att.Complete(finish, &idem.Response{Status: http.StatusOK, Header: jsonHeader, Body: body}); err != nil {
 		w.log.WarnContext(ctx, "idemlambda: the handler ran but its result was not stored; a retry may run it again",
 			"key", key.String(), "error", err)
@@ -321,7 +449,7 @@ func logUnsealable(ctx context.Context, log *slog.Logger, se *idem.SealError, me
 const waitMargin = 20 * time.Millisecond
 
 // begin acquires key with the Guard that fits ctx, polling while the key
-// is in flight for at most wait.
+// is in flight for at most wait (0: not at all).
 func begin(ctx context.Context, gs *guards, key idem.Key, fp idem.Fingerprint, wait time.Duration) (*idem.Attempt, idem.Acquisition, bool, error) {
 	end := time.Now().Add(wait)
 	delay := 5 * time.Millisecond
@@ -408,7 +536,23 @@ func APIGatewayKey(e events.APIGatewayProxyRequest) (string, error) {
 			h.Add(name, v)
 		}
 	}
-	return idemhttp.ParseKey(h)
+	return apiGatewayKey(h, "REST API")
+}
+
+// apiGatewayKey is idemhttp.ParseKey, its errors idemlambda's, naming the
+// API Gateway request of kind where the key was expected.
+func apiGatewayKey(h http.Header, kind string) (string, error) {
+	k, err := idemhttp.ParseKey(h)
+	if err == nil {
+		return k, nil
+	}
+	if errors.Is(err, idem.ErrMissingKey) {
+		return "", keyError("no "+idemhttp.HeaderKey+" header in the API Gateway "+kind+" request's headers", idem.ErrMissingKey)
+	}
+	if ke, ok := errors.AsType[*engine.KeyError](err); ok {
+		return "", keyError("the API Gateway "+kind+" request's "+ke.Text(), ke.Err)
+	}
+	return "", keyError("the API Gateway "+kind+" request's "+idemhttp.HeaderKey+" header", err)
 }
 
 // APIGatewayV2Key is APIGatewayKey for an HTTP API (payload 2.0) request.
@@ -420,14 +564,14 @@ func APIGatewayV2Key(e events.APIGatewayV2HTTPRequest) (string, error) {
 	for name, v := range e.Headers {
 		h.Add(name, v)
 	}
-	return idemhttp.ParseKey(h)
+	return apiGatewayKey(h, "HTTP API")
 }
 
 // SQSMessageID returns the message id of an SQS message: the default key
 // of WrapSQS. An empty id is an error wrapping idem.ErrMissingKey.
 func SQSMessageID(m events.SQSMessage) (string, error) {
 	if m.MessageId == "" {
-		return "", fmt.Errorf("%w: the SQS message has no messageId", idem.ErrMissingKey)
+		return "", keyError("the SQS message has no messageId", idem.ErrMissingKey)
 	}
 	return m.MessageId, nil
 }
@@ -441,10 +585,10 @@ func PayloadKey[E any](part func(E) any) func(E) (string, error) {
 	return func(e E) (string, error) {
 		b, err := json.Marshal(part(e))
 		if err != nil {
-			return "", fmt.Errorf("idemlambda: PayloadKey: the selected part does not encode as JSON: %w", err)
+			return "", keyError("PayloadKey: the selected part does not encode as JSON", err)
 		}
 		if string(b) == "null" {
-			return "", fmt.Errorf("%w: the selected part of the event is null", idem.ErrMissingKey)
+			return "", keyError("PayloadKey: the selected part of the event is null", idem.ErrMissingKey)
 		}
 		sum := sha256.Sum256(b)
 		return base64.RawURLEncoding.EncodeToString(sum[:]), nil

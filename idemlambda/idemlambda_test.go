@@ -91,9 +91,10 @@ func (f *fn) handle(ctx context.Context, o order) (receipt, error) {
 
 func orderConfig() idemlambda.Config[order] {
 	return idemlambda.Config[order]{
-		Name:    "fn",
-		Key:     func(o order) (string, error) { return o.Key, nil },
-		Payload: func(o order) any { return o.Amount },
+		Namespace: "fn",
+		Key:       func(o order) (string, error) { return o.Key, nil },
+		Payload:   func(o order) any { return o.Amount },
+		Wait:      -1, // in flight: at once, so that the tests see the holder's state (TestWaitDefault tests the default)
 	}
 }
 
@@ -152,7 +153,7 @@ func TestPowertoolsExpiredRecords(t *testing.T) {
 	s := newStore(c)
 	f := &fn{}
 	cfg := orderConfig()
-	cfg.Guard.Retention = time.Hour
+	cfg.Retention = time.Hour
 	h := wrap(t, s, cfg, f)
 	ctx := withDeadline(10 * time.Second)
 	r1, err := h(ctx, order{Key: "k", Amount: 1})
@@ -222,7 +223,7 @@ func TestLongInvocationRenewsItsLease(t *testing.T) {
 	s := newStore(&clock{})
 	f := &fn{hold: make(chan struct{}), started: make(chan struct{}, 1)}
 	cfg := orderConfig()
-	cfg.Guard.Lease = 150 * time.Millisecond
+	cfg.Lease = 150 * time.Millisecond
 	h := wrap(t, s, cfg, f)
 	done := make(chan error)
 	go func() { _, err := h(withDeadline(time.Minute), order{Key: "k", Amount: 1}); done <- err }()
@@ -347,7 +348,7 @@ func TestPowertoolsRaiseOnNoIdempotencyKey(t *testing.T) {
 		}
 		return events.APIGatewayProxyResponse{StatusCode: 201}, nil
 	}
-	cfg := idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey}
+	cfg := idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey}
 	h, err := idemlambda.Wrap(s, cfg, handler)
 	if err != nil {
 		t.Fatal(err)
@@ -435,7 +436,7 @@ func TestPowertoolsBatchSQS(t *testing.T) {
 	s := newStore(&clock{})
 	var mu sync.Mutex
 	runs := map[string]int{}
-	h, err := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Name: "fn"}, func(ctx context.Context, m events.SQSMessage) error {
+	h, err := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Namespace: "fn"}, func(ctx context.Context, m events.SQSMessage) error {
 		mu.Lock()
 		runs[m.MessageId]++
 		mu.Unlock()
@@ -491,7 +492,7 @@ func failures(r events.SQSEventResponse) string {
 func TestSQSFIFOStopsAtFirstFailure(t *testing.T) {
 	s := newStore(&clock{})
 	var ran []string
-	h, _ := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Name: "fn", FIFO: true}, func(ctx context.Context, m events.SQSMessage) error {
+	h, _ := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Namespace: "fn", FIFO: true}, func(ctx context.Context, m events.SQSMessage) error {
 		ran = append(ran, m.MessageId)
 		if m.Body == "fail" {
 			return errors.New("no")

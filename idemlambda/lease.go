@@ -1,7 +1,6 @@
 package idemlambda
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -41,12 +40,6 @@ func newGuards(store idem.Store, cfg idem.Config, margin time.Duration) (*guards
 	}
 	if margin == 0 {
 		margin = DefaultDeadlineMargin
-	}
-	if cfg.CompleteRetry == 0 {
-		// A completion that fails while the store is unreachable is tried
-		// again within the lease left (idem.Config.CompleteRetry): the
-		// work ran, and a retry of the invocation would run it again.
-		cfg.CompleteRetry = cmp.Or(cfg.Lease, idem.DefaultLease)
 	}
 	base, err := idem.New(store, cfg)
 	if err != nil {

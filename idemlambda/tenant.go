@@ -24,7 +24,7 @@ const ProblemAnonymous = "urn:idem:problem:anonymous"
 
 // ProblemResponseUnreadable is the problem type (RFC 9457) of the 500
 // answered, when the result is an HTTP response, to a repeat of a request
-// whose stored result is sealed (Config.Guard.Seal) and cannot be opened:
+// whose stored result is sealed (Config.Seal) and cannot be opened:
 // the handler ran once and does not run again. idemhttp's
 // ProblemResponseUnreadable.
 const ProblemResponseUnreadable = idemhttp.ProblemResponseUnreadable

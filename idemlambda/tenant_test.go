@@ -143,7 +143,7 @@ func restRequest(key, method, path, body string, headers map[string]string) even
 func TestAPIGatewayFingerprint(t *testing.T) {
 	s := newStore(&clock{})
 	ah := &apiHandler{}
-	h, err := idemlambda.Wrap(s, idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey}, ah.v1)
+	h, err := idemlambda.Wrap(s, idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey}, ah.v1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestAPIGatewayFingerprint(t *testing.T) {
 	}
 	// Config.Payload selects what must match instead.
 	ah2 := &apiHandler{}
-	h2, _ := idemlambda.Wrap(s, idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn2", Key: idemlambda.APIGatewayKey,
+	h2, _ := idemlambda.Wrap(s, idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn2", Key: idemlambda.APIGatewayKey,
 		Payload: func(e events.APIGatewayProxyRequest) any { return e.Body }}, ah2.v1)
 	h2(ctx, restRequest("k", "POST", "/orders/1", `{"a":1}`, nil))
 	if r, err := h2(ctx, restRequest("k", "POST", "/orders/2", `{"a":1}`, nil)); err != nil || r.Body != "1" {
@@ -224,7 +224,7 @@ func TestStoredResultKeepsNoPrivateHeaders(t *testing.T) {
 	mv := func() map[string][]string { return map[string][]string{"Set-Cookie": {"s=2"}, "Vary": {"Accept"}} }
 	t.Run("v1 pointer", func(t *testing.T) {
 		resp := &events.APIGatewayProxyResponse{StatusCode: 200, Headers: hdr(), MultiValueHeaders: mv()}
-		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey},
+		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey},
 			func(context.Context, events.APIGatewayProxyRequest) (*events.APIGatewayProxyResponse, error) {
 				return resp, nil
 			})
@@ -237,7 +237,7 @@ func TestStoredResultKeepsNoPrivateHeaders(t *testing.T) {
 	})
 	t.Run("v2", func(t *testing.T) {
 		v2ev := events.APIGatewayV2HTTPRequest{Headers: map[string]string{"idempotency-key": "k", "authorization": "Bearer a"}}
-		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayV2HTTPRequest]{Name: "fn", Key: idemlambda.APIGatewayV2Key},
+		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayV2HTTPRequest]{Namespace: "fn", Key: idemlambda.APIGatewayV2Key},
 			func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
 				return events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: hdr(), MultiValueHeaders: mv(), Cookies: []string{"s=3"}}, nil
 			})
@@ -251,14 +251,14 @@ func TestStoredResultKeepsNoPrivateHeaders(t *testing.T) {
 	t.Run("ALB and function URL", func(t *testing.T) {
 		type ev struct{ Key string }
 		key := func(e ev) (string, error) { return e.Key, nil }
-		ha, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[ev]{Name: "fn", Key: key},
+		ha, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[ev]{Namespace: "fn", Key: key},
 			func(context.Context, ev) (events.ALBTargetGroupResponse, error) {
 				return events.ALBTargetGroupResponse{StatusCode: 200, Headers: hdr(), MultiValueHeaders: mv()}, nil
 			})
 		first, _ := ha(ctx, ev{"k"})
 		replay, _ := ha(ctx, ev{"k"})
 		check(t, "ALB", first, replay)
-		hu, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[ev]{Name: "fn", Key: key},
+		hu, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[ev]{Namespace: "fn", Key: key},
 			func(context.Context, ev) (*events.LambdaFunctionURLResponse, error) {
 				return &events.LambdaFunctionURLResponse{StatusCode: 200, Headers: hdr(), Cookies: []string{"s=3"}}, nil
 			})
@@ -270,7 +270,7 @@ func TestStoredResultKeepsNoPrivateHeaders(t *testing.T) {
 		check(t, "function URL", f, r)
 	})
 	t.Run("another type for API Gateway", func(t *testing.T) {
-		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey},
+		h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey},
 			func(context.Context, events.APIGatewayProxyRequest) (map[string]any, error) {
 				return map[string]any{"statusCode": 200, "headers": hdr(), "multiValueHeaders": mv(), "cookies": []string{"s=3"}}, nil
 			})
@@ -295,7 +295,7 @@ func TestAnonymousCallers(t *testing.T) {
 		return events.APIGatewayProxyRequest{HTTPMethod: "POST", Path: path, Headers: map[string]string{"Idempotency-Key": key}}
 	}
 	ah := &apiHandler{}
-	h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey, Logger: log}, ah.v1)
+	h, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey, Logger: log}, ah.v1)
 	for _, e := range []events.APIGatewayProxyRequest{anon("a", "/x"), anon("b", "/x"), anon("c", "/y")} {
 		if _, err := h(ctx, e); err != nil {
 			t.Fatal(err)
@@ -306,7 +306,7 @@ func TestAnonymousCallers(t *testing.T) {
 	}
 	// Without a key (AllowMissingKey) nothing is said.
 	logs.Reset()
-	ha, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey,
+	ha, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey,
 		Logger: log, AllowMissingKey: true, RefuseAnonymous: true}, ah.v1)
 	if r, err := ha(ctx, events.APIGatewayProxyRequest{Path: "/z"}); err != nil || r.StatusCode != 201 || logs.Len() != 0 {
 		t.Errorf("an unkeyed anonymous request: %+v %v %s, want it run unprotected, unlogged", r, err, logs.String())
@@ -319,7 +319,7 @@ func TestAnonymousCallers(t *testing.T) {
 			return r.StatusCode, r.Headers["Content-Type"] + " " + r.Body, err
 		},
 		"v1 pointer": func() func(context.Context, events.APIGatewayProxyRequest) (int, string, error) {
-			hp, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[*events.APIGatewayProxyRequest]{Name: "fn", RefuseAnonymous: true, Logger: log,
+			hp, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[*events.APIGatewayProxyRequest]{Namespace: "fn", RefuseAnonymous: true, Logger: log,
 				Key: func(e *events.APIGatewayProxyRequest) (string, error) { return idemlambda.APIGatewayKey(*e) }},
 				func(ctx context.Context, e *events.APIGatewayProxyRequest) (*events.APIGatewayProxyResponse, error) {
 					r, err := ah.v1(ctx, *e)
@@ -334,7 +334,7 @@ func TestAnonymousCallers(t *testing.T) {
 			}
 		}(),
 		"v2": func() func(context.Context, events.APIGatewayProxyRequest) (int, string, error) {
-			h2, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayV2HTTPRequest]{Name: "fn", Key: idemlambda.APIGatewayV2Key, RefuseAnonymous: true, Logger: log},
+			h2, _ := idemlambda.Wrap(newStore(&clock{}), idemlambda.Config[events.APIGatewayV2HTTPRequest]{Namespace: "fn", Key: idemlambda.APIGatewayV2Key, RefuseAnonymous: true, Logger: log},
 				func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
 					ah.runs++
 					return events.APIGatewayV2HTTPResponse{StatusCode: 201}, nil

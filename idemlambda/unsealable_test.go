@@ -41,12 +41,6 @@ func TestUnsealableResult(t *testing.T) {
 	ringA := sealtest.Ring(t, "a1")
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	guard := func(sealer idem.Sealer) idem.Config {
-		if sealer == nil {
-			return idem.Config{}
-		}
-		return idem.Config{Seal: sealer}
-	}
 	rings := []struct {
 		name  string
 		seal  idem.Sealer
@@ -62,7 +56,7 @@ func TestUnsealableResult(t *testing.T) {
 	// A result of another type.
 	f := &fn{}
 	cfg := orderConfig()
-	cfg.Logger, cfg.Guard = log, guard(ringA)
+	cfg.Logger, cfg.Seal = log, ringA
 	if _, err := wrap(t, s, cfg, f)(ctx, order{Key: "k", Amount: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -82,14 +76,14 @@ func TestUnsealableResult(t *testing.T) {
 	}
 	for _, r := range rings {
 		c := cfg
-		c.Guard = guard(r.seal)
+		c.Seal = r.seal
 		refused(r.name, wrap(t, s, c, f), r.keyID)
 	}
 
 	// An HTTP response (API Gateway REST).
 	ah := &apiHandler{}
 	hcfg := func(sealer idem.Sealer) idemlambda.Config[events.APIGatewayProxyRequest] {
-		return idemlambda.Config[events.APIGatewayProxyRequest]{Name: "fn", Key: idemlambda.APIGatewayKey, Logger: log, Guard: guard(sealer)}
+		return idemlambda.Config[events.APIGatewayProxyRequest]{Namespace: "fn", Key: idemlambda.APIGatewayKey, Logger: log, Seal: sealer}
 	}
 	ha, _ := idemlambda.Wrap(s, hcfg(ringA), ah.v1)
 	req := restRequest("h1", "POST", "/orders", `{"card":"4111"}`, nil)
@@ -112,14 +106,14 @@ func TestUnsealableResult(t *testing.T) {
 	// An SQS record: a success (not delivered again), not run.
 	var sqsRuns atomic.Int64
 	handler := func(context.Context, events.SQSMessage) error { sqsRuns.Add(1); return nil }
-	ha2, _ := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Name: "fn", Logger: log, Guard: guard(ringA)}, handler)
+	ha2, _ := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Namespace: "fn", Logger: log, Seal: ringA}, handler)
 	ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: "ok"}}}
 	if resp, err := ha2(ctx, ev); err != nil || failures(resp) != "" {
 		t.Fatal(resp, err)
 	}
 	logs.Reset()
 	for _, r := range rings {
-		hb, _ := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Name: "fn", Logger: log, Guard: guard(r.seal)}, handler)
+		hb, _ := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Namespace: "fn", Logger: log, Seal: r.seal}, handler)
 		resp, err := hb(ctx, events.SQSEvent{Records: append(ev.Records, events.SQSMessage{MessageId: "m2", Body: "ok"})})
 		if err != nil || failures(resp) != "" || sqsRuns.Load() != 2 {
 			t.Errorf("%s: SQS %v %v after %d runs; want no failure, 2 runs (m1 once, m2 now)", r.name, failures(resp), err, sqsRuns.Load())

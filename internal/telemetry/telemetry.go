@@ -68,7 +68,7 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*T, error) {
 			return nil, err
 		}
 		if t.outcomes, err = m.Int64Counter("idem.outcomes",
-			metric.WithDescription("What idem did with a request or message, by layer (guard, http, grpc, msg) and outcome.")); err != nil {
+			metric.WithDescription("What idem did with a request or message, by layer (guard, http, grpc, msg, lambda) and outcome.")); err != nil {
 			return nil, err
 		}
 		if t.renewals, err = m.Int64Counter("idem.lease.renewals",
@@ -80,7 +80,7 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*T, error) {
 			return nil, err
 		}
 		if t.anonymous, err = m.Int64Counter("idem.anonymous",
-			metric.WithDescription("Keyed requests that no tenant source identified, by layer (http, grpc), refused or not.")); err != nil {
+			metric.WithDescription("Keyed requests that no tenant source identified, by layer (http, grpc, lambda), refused or not.")); err != nil {
 			return nil, err
 		}
 		t.hasMeters = true

@@ -89,9 +89,9 @@ func main() {
 		store = rs
 	}
 	var err error
-	var gcfg idem.Config
+	var lease time.Duration
 	if s := os.Getenv("IDEMTEST_LEASE"); s != "" {
-		if gcfg.Lease, err = time.ParseDuration(s); err != nil {
+		if lease, err = time.ParseDuration(s); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -113,7 +113,7 @@ func main() {
 		// An API Gateway REST API function with the defaults: the tenant
 		// from the request, the request fingerprinted. Its answer sets a
 		// session cookie in every spelling a handler may write.
-		cfg := idemlambda.Config[events.APIGatewayProxyRequest]{Key: idemlambda.APIGatewayKey, Guard: gcfg, RefuseAnonymous: refuse}
+		cfg := idemlambda.Config[events.APIGatewayProxyRequest]{Key: idemlambda.APIGatewayKey, Lease: lease, RefuseAnonymous: refuse}
 		h, err := idemlambda.Wrap(store, cfg, func(ctx context.Context, e events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 			key, _ := idemlambda.APIGatewayKey(e)
 			n, err := rdb.Incr(ctx, "runs:"+key).Result()
@@ -141,7 +141,7 @@ func main() {
 		lambda.Start(h)
 	case "apigwv2":
 		// The same over an HTTP API (payload 2.0): v2's Cookies too.
-		cfg := idemlambda.Config[events.APIGatewayV2HTTPRequest]{Key: idemlambda.APIGatewayV2Key, Guard: gcfg, RefuseAnonymous: refuse}
+		cfg := idemlambda.Config[events.APIGatewayV2HTTPRequest]{Key: idemlambda.APIGatewayV2Key, Lease: lease, RefuseAnonymous: refuse}
 		h, err := idemlambda.Wrap(store, cfg, func(ctx context.Context, e events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
 			key, _ := idemlambda.APIGatewayV2Key(e)
 			n, err := rdb.Incr(ctx, "runs:"+key).Result()
@@ -165,7 +165,7 @@ func main() {
 		}
 		lambda.Start(h)
 	case "sqs":
-		h, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Guard: gcfg}, func(ctx context.Context, m events.SQSMessage) error {
+		h, err := idemlambda.WrapSQS(store, idemlambda.SQSConfig{Lease: lease}, func(ctx context.Context, m events.SQSMessage) error {
 			if _, err := start(ctx, m.MessageId); err != nil {
 				return err
 			}
@@ -180,7 +180,7 @@ func main() {
 		}
 		lambda.Start(h)
 	default:
-		var wait time.Duration
+		wait := -time.Nanosecond // in flight: fail at once, unless IDEMTEST_WAIT says
 		if s := os.Getenv("IDEMTEST_WAIT"); s != "" {
 			wait, _ = time.ParseDuration(s)
 		}
@@ -188,7 +188,7 @@ func main() {
 			Key:     func(e Event) (string, error) { return e.Key, nil },
 			Payload: func(e Event) any { return e.Amount },
 			Wait:    wait,
-			Guard:   gcfg,
+			Lease:   lease,
 		}
 		h, err := idemlambda.Wrap(store, cfg, func(ctx context.Context, e Event) (Receipt, error) {
 			tok, err := start(ctx, e.Key)
