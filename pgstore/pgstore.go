@@ -406,7 +406,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 const DefaultReapBatch = 1000
 
 // ErrBadURL is wrapped by Open's errors about the form of its URL.
-var ErrBadURL = errors.New("not a PostgreSQL URL of a form Open accepts, " + pgurl.Form)
+var ErrBadURL = errors.New("not a PostgreSQL URL of a form Open accepts (" + pgurl.Form + ")")
 
 // Open returns a Store on a pool of its own on the PostgreSQL database at
 // url, postgres://[user[:pass]@]host[:port]/db[?params] (or

@@ -14,7 +14,7 @@ import (
 )
 
 // Form is the form of the URL, for errors.
-const Form = "postgres://[user[:pass]@]host[:port]/db[?params] (or postgresql://)"
+const Form = "postgres://[user[:pass]@]host[:port]/db[?params], postgresql://…"
 
 // ConnectTimeout bounds connecting when the URL does not say
 // (connect_timeout=SECONDS): pgx alone waits for ever on a server that
