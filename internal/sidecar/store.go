@@ -56,11 +56,11 @@ type StoreOptions struct {
 	ReadOnly bool
 	// MaxBytes is memstore.Options.MaxBytes: 0, no bound.
 	MaxBytes int64
-	// ReapEvery is how often the reaper of a PostgreSQL store (pgstore,
-	// and the tiered store's table) deletes expired records. 0: the
-	// store's own way (pgstore: no reaper; the tiered store: its
-	// background reaper, every tieredstore.DefaultReapInterval). Negative:
-	// no reaper.
+	// ReapEvery is the SQL store's Options.ReapInterval: how often its
+	// reaper (pgstore's, mysqlstore's, the tiered store's table's)
+	// deletes expired records. 0: the store's own way (pgstore and
+	// mysqlstore: no reaper; the tiered store: every
+	// tieredstore.DefaultReapInterval). Negative: no reaper.
 	ReapEvery time.Duration
 	// OnReap receives each pass of the reaper (pgstore.Options.OnReap).
 	OnReap func(deleted int, took time.Duration, err error)
