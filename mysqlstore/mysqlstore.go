@@ -278,16 +278,16 @@ var ErrBadURL = errors.New("not a MySQL URL of a form Open accepts (" + urlForm 
 // urlForm is the form of Open's URL.
 const urlForm = "mysql://[user[:pass]@]host[:port]/db[?params], mariadb://…"
 
-// ConnectTimeout bounds connecting to the server when Open's URL does not
-// say (timeout=DURATION).
-const ConnectTimeout = 10 * time.Second
+// connectTimeout bounds connecting to the server when Open's URL does not
+// say (timeout=DURATION), as pgstore.Open's does.
+const connectTimeout = 10 * time.Second
 
 // Open returns a Store on a *sql.DB of its own on the MySQL or MariaDB
 // database at url, mysql://[user[:pass]@]host[:port]/db[?params] (or
 // mariadb://), whose params are go-sql-driver/mysql's DSN parameters
 // (tls, timeout, parseTime and the like; mysql.ParseDSN). The port
-// defaults to 3306, and the connect timeout to ConnectTimeout unless the
-// URL sets timeout. The connections are made on first use, or at once
+// defaults to 3306, and the connect timeout to 10 seconds unless the URL
+// sets timeout. The connections are made on first use, or at once
 // with opts.Migrate. Close stops the reaper (opts.ReapInterval) and
 // closes the *sql.DB; DB returns it, for BeginFunc and CompleteTx.
 //
@@ -351,7 +351,7 @@ func parseURL(raw string) (*mysql.Config, error) {
 	}
 	cfg.DBName = dbName
 	if cfg.Timeout == 0 {
-		cfg.Timeout = ConnectTimeout
+		cfg.Timeout = connectTimeout
 	}
 	return cfg, nil
 }

@@ -12,14 +12,14 @@ import (
 
 // TestParseURL checks the driver configuration Open makes of its URL:
 // the address with its default port, the user, password and database,
-// the connect timeout (the URL's, or ConnectTimeout).
+// the connect timeout (the URL's, or 10s).
 func TestParseURL(t *testing.T) {
 	for _, c := range []struct {
 		url, addr, user, pass, db string
 		timeout                   time.Duration
 	}{
-		{"mysql://u:pw@db.example:3307/idem", "db.example:3307", "u", "pw", "idem", mysqlstore.ConnectTimeout},
-		{"mariadb://db.example/idem", "db.example:3306", "", "", "idem", mysqlstore.ConnectTimeout},
+		{"mysql://u:pw@db.example:3307/idem", "db.example:3307", "u", "pw", "idem", 10 * time.Second},
+		{"mariadb://db.example/idem", "db.example:3306", "", "", "idem", 10 * time.Second},
 		{"mysql://u@127.0.0.1/idem?timeout=2s&tls=false", "127.0.0.1:3306", "u", "", "idem", 2 * time.Second},
 	} {
 		cfg, err := mysqlstore.ParseURL(c.url)
