@@ -78,9 +78,10 @@ func TestMySQLStore(t *testing.T) {
 // password).
 func TestStoreURLErrors(t *testing.T) {
 	for _, tc := range []struct{ url, want string }{
-		{"mysql:u:s3cretpw@127.0.0.1/db", "the MySQL URL has no host"},
-		{"mysql://u:s3cretpw@127.0.0.1:1/", "the MySQL URL names no database"},
-		{"mysql://u:s3cretpw@127.0.0.1:1/db?timeout=soon", "the MySQL URL's parameters"},
+		{"mysql:u:s3cretpw@127.0.0.1/db", "store: not a MySQL URL of a form Open accepts (mysql://[user[:pass]@]host[:port]/db[?params], mariadb://…): no host"},
+		{"mysql://u:s3cretpw@127.0.0.1:1/", "not a MySQL URL of a form Open accepts (mysql://[user[:pass]@]host[:port]/db[?params], mariadb://…): it names no database"},
+		{"mysql://u:s3cretpw@127.0.0.1:1/db?timeout=soon", "not a MySQL URL of a form Open accepts (mysql://[user[:pass]@]host[:port]/db[?params], mariadb://…): its parameters"},
+		{"postgres:u:s3cretpw@127.0.0.1/db", "store: not a PostgreSQL URL of a form Open accepts (postgres://[user[:pass]@]host[:port]/db[?params], postgresql://…): no host"},
 		{"mongodb://u:s3cretpw@127.0.0.1:1/db", `unknown scheme "mongodb"; want memory, redis://`},
 	} {
 		_, _, err := open(testContext(t), storeSpec{url: tc.url}, nil)

@@ -60,7 +60,8 @@
 // as pgstore. Time is the server's clock (UTC_TIMESTAMP(6)), never the
 // caller's, whatever the session's time zone. A record whose expires_at
 // has passed is absent to every method, whether or not it has been
-// deleted yet: Reap and RunReaper only reclaim space.
+// deleted yet: the reaper (Options.ReapInterval) and Reap only reclaim
+// space.
 //
 // Renew, Complete, Release and Get are one statement and one round trip
 // each. Acquire reads the record first: a repeat (in flight, replay,

@@ -5,30 +5,34 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/mysqlstore"
 )
 
 // ExampleStore_BeginFunc charges an order once per idempotency key: the
-// charge row and the completion commit in one transaction.
+// charge row and the completion commit in one transaction. The store
+// opens from a URL, owns its *sql.DB (DB, for BeginFunc) and its reaper,
+// and Close ends both.
 func ExampleStore_BeginFunc() {
 	ctx := context.Background()
-	name, err := srv.CreateDatabase() // in a program: sql.Open("mysql", "user:pass@tcp(host:3306)/shop")
+	name, err := srv.CreateDatabase()
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer srv.DropDatabase(name)
-	db, err := sql.Open("mysql", srv.DSN(name))
+	url := srv.URL(name) // mysql://user:pass@host:3306/db
+	store, err := mysqlstore.Open(ctx, url, mysqlstore.Options{
+		Migrate:      true,
+		ReapInterval: time.Minute, // the store's reaper; 0: none
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer db.Close()
+	defer store.Close() // stops the reaper, closes the *sql.DB
+	db := store.DB()
 	if _, err := db.Exec("CREATE TABLE charges (order_id VARCHAR(64) NOT NULL, cents BIGINT NOT NULL)"); err != nil {
-		log.Fatal(err)
-	}
-	store, err := mysqlstore.New(ctx, db, mysqlstore.Options{Migrate: true})
-	if err != nil {
 		log.Fatal(err)
 	}
 	g, err := idem.New(store, idem.Config{})

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	neturl "net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/reaper"
 	"github.com/idemkit/idem/internal/storeid"
 )
 
@@ -51,16 +54,24 @@ type Options struct {
 	// DefaultReapGrace.
 	ReapGrace time.Duration
 
-	// Logger receives the failures of RunReaper's passes. Default
+	// ReapInterval, when positive, makes New and Open start the store's
+	// reaper: every ReapInterval it deletes the table's expired records
+	// (Reap, in statements of at most DefaultReapBatch rows), until Close
+	// stops it. Zero or negative: no reaper (call Reap yourself), as with
+	// pgstore, whose New starts nothing unless asked. One reaper per
+	// table is enough, whatever the namespaces; more do no harm.
+	ReapInterval time.Duration
+
+	// Logger receives the failures of the reaper's passes. Default
 	// slog.Default().
 	Logger *slog.Logger
 
-	// OnReap, when set, is called after each pass of RunReaper with the
-	// number of records the pass deleted, how long it took, and its error
-	// (nil when it finished; a failure is also logged to Logger). A pass
-	// cut short because RunReaper's context ended is not reported. It is
-	// called on RunReaper's goroutine, which waits for it: it should not
-	// block.
+	// OnReap, when set, is called after each pass of the reaper
+	// (ReapInterval) with the number of records the pass deleted, how
+	// long it took, and its error (nil when it finished; a failure is
+	// also logged to Logger). A pass cut short by Close is not reported.
+	// It is called on the reaper's goroutine, which waits for it: it
+	// should not block.
 	OnReap func(deleted int, took time.Duration, err error)
 
 	// NoStoreID keeps New from storing a store id (see Namespace) in a
@@ -71,9 +82,12 @@ type Options struct {
 }
 
 // Store is an idem.Store on a MySQL or MariaDB table. It is safe for
-// concurrent use. Create one with New.
+// concurrent use. Create one with New, on a *sql.DB of yours, or Open, on
+// a URL; Close it.
 type Store struct {
 	db     *sql.DB
+	owned  bool           // Open made db: Close closes it
+	reaper *reaper.Reaper // Options.ReapInterval's, or nil
 	ns     string
 	legacy string          // LegacyNamespace
 	id     *storeid.Holder // the store id (Namespace)
@@ -87,6 +101,8 @@ type Store struct {
 	stmts map[string]*sql.Stmt // prepared statements, by text
 
 	afterDraw func(drawn int64) // tests: called between the draw and the insert
+
+	closeOnce sync.Once
 }
 
 var (
@@ -186,8 +202,9 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	return nil
 }
 
-// New returns a Store on db, which stays the caller's. It runs Migrate
-// first if opts.Migrate is set. It then reads the store id (Namespace),
+// New returns a Store on db, which stays the caller's: Close stops the
+// store's reaper (Options.ReapInterval) and leaves db open. It runs
+// Migrate first if opts.Migrate is set. It then reads the store id (Namespace),
 // storing one first unless opts.NoStoreID (into the id's table, which
 // Migrate creates: New creates no table without opts.Migrate). A
 // database that does not answer does not fail New, as in v1.0: the id is
@@ -244,7 +261,125 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Store, error) {
 		onNone = storeid.LegacyWarning(s.log, "mysqlstore", n.storeID)
 	}
 	s.id = storeid.Open(ctx, s.readID(!opts.NoStoreID), storeIDTimeout, onNone)
+	if opts.ReapInterval > 0 {
+		s.reaper, _ = reaper.Start(ctx, reaper.Config{Every: opts.ReapInterval, Batch: DefaultReapBatch, Reap: s.Reap, // both positive: no error
+			Name: "mysqlstore", Attrs: []slog.Attr{slog.String("table", s.names.table)}, Logger: s.log, OnReap: s.onReap})
+	}
 	return s, nil
+}
+
+// DefaultReapBatch is the most records one statement of the store's
+// reaper (Options.ReapInterval) deletes.
+const DefaultReapBatch = 1000
+
+// ErrBadURL is wrapped by Open's errors about the form of its URL.
+var ErrBadURL = errors.New("not a MySQL URL of a form Open accepts (" + urlForm + ")")
+
+// urlForm is the form of Open's URL.
+const urlForm = "mysql://[user[:pass]@]host[:port]/db[?params], mariadb://…"
+
+// connectTimeout bounds connecting to the server when Open's URL does not
+// say (timeout=DURATION), as pgstore.Open's does.
+const connectTimeout = 10 * time.Second
+
+// Open returns a Store on a *sql.DB of its own on the MySQL or MariaDB
+// database at url, mysql://[user[:pass]@]host[:port]/db[?params] (or
+// mariadb://), whose params are go-sql-driver/mysql's DSN parameters
+// (tls, timeout, parseTime and the like; mysql.ParseDSN). The port
+// defaults to 3306, and the connect timeout to 10 seconds unless the URL
+// sets timeout. The connections are made on first use, or at once
+// with opts.Migrate. Close stops the reaper (opts.ReapInterval) and
+// closes the *sql.DB; DB returns it, for BeginFunc and CompleteTx.
+//
+// A URL of another form is an error wrapping ErrBadURL, before any
+// connection is tried: another scheme, no host (mysql:host/db, with the
+// // missing), no database, or parameters the driver refuses. Errors
+// never repeat the URL's password.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	cfg, err := parseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: Open: %w: %s", ErrBadURL, err)
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: Open: %w: %s", ErrBadURL, err)
+	}
+	db := sql.OpenDB(conn)
+	s, err := New(ctx, db, opts)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// parseURL returns the driver's configuration of Open's URL. Its errors
+// never repeat the URL.
+func parseURL(raw string) (*mysql.Config, error) {
+	u, err := neturl.Parse(raw)
+	if err != nil {
+		return nil, errors.New("it does not parse as a URL (not shown: it may hold a password)")
+	}
+	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
+		return nil, fmt.Errorf("scheme %q, not mysql or mariadb", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return nil, fmt.Errorf("no host (is the // after %s: missing?)", u.Scheme)
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	if dbName == "" || strings.Contains(dbName, "/") {
+		return nil, errors.New("it names no database (one path segment, /db)")
+	}
+	cfg := mysql.NewConfig()
+	if u.RawQuery != "" {
+		// go-sql-driver parses its parameters from a DSN: let it.
+		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return nil, fmt.Errorf("its parameters: %w", err)
+		}
+		cfg = parsed
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if u.Port() == "" {
+		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	cfg.DBName = dbName
+	if cfg.Timeout == 0 {
+		cfg.Timeout = connectTimeout
+	}
+	return cfg, nil
+}
+
+// DB returns the store's *sql.DB: the one New was given, or the one Open
+// made, which Close closes. BeginFunc and CompleteTx take it (or a
+// transaction begun on it).
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close stops the store's reaper (Options.ReapInterval), waiting for a
+// pass in progress to be cancelled, closes the statements the store
+// prepared, and then, if Open made the *sql.DB, closes it. It leaves a
+// *sql.DB given to New open. Call it once the store's calls have
+// returned; calling it again does nothing. It returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.reaper.Stop()
+		s.mu.Lock()
+		for _, st := range s.stmts {
+			st.Close()
+		}
+		s.stmts = nil
+		s.mu.Unlock()
+		if s.owned {
+			s.db.Close()
+		}
+	})
+	return nil
 }
 
 // storeIDTimeout bounds reading the store id.
@@ -740,38 +875,6 @@ func (s *Store) reapOnce(ctx context.Context, batch int) (deleted, found int, er
 		return 0, 0, err
 	}
 	return int(n), found, nil
-}
-
-// RunReaper calls Reap(ctx, batch) at every tick of every until ctx ends,
-// then returns nil; it returns an error at once if every or batch is not
-// positive. A failed pass is logged to Options.Logger and tried again at
-// the next tick; each pass is reported to Options.OnReap. One reaper per
-// table is enough, whatever the namespaces; more do no harm. To stop it
-// before closing the pool, cancel ctx and wait for RunReaper to return.
-func (s *Store) RunReaper(ctx context.Context, every time.Duration, batch int) error {
-	if every <= 0 || batch < 1 {
-		return fmt.Errorf("mysqlstore: RunReaper: interval %v and batch %d must be positive", every, batch)
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		start := time.Now()
-		n, err := s.Reap(ctx, batch)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			s.log.LogAttrs(ctx, slog.LevelWarn, "mysqlstore: reap failed", slog.String("table", s.names.table), slog.Any("error", err))
-		}
-		if s.onReap != nil {
-			s.onReap(n, time.Since(start), err)
-		}
-	}
 }
 
 // row is a record as getSQL returns it.

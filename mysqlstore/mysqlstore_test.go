@@ -84,8 +84,8 @@ func lease(t testing.TB, s *mysqlstore.Store, key idem.Key, ttl time.Duration) i
 
 // TestReap checks that Reap deletes the records expired for the grace, of
 // every namespace, in batches, and passes over live records and a record
-// locked by a transaction in progress; and that RunReaper reports its
-// passes.
+// locked by a transaction in progress; and that the store's reaper
+// (ReapInterval) reports its passes and stops at Close.
 func TestReap(t *testing.T) {
 	db := srv.New(t)
 	ctx := t.Context()
@@ -157,27 +157,30 @@ func TestReap(t *testing.T) {
 		t.Error("Reap with batch 0: got nil, want an error")
 	}
 
-	// RunReaper: one more expired record, reported by a pass.
+	// The store's reaper (ReapInterval): one more expired record,
+	// reported by a pass; Close stops it.
 	lease(t, s, newKey(3000), time.Millisecond)
 	passes := make(chan int, 100)
-	rctx, cancel := context.WithCancel(ctx)
-	s2 := newStore(t, db, mysqlstore.Options{ReapGrace: time.Millisecond, OnReap: func(n int, _ time.Duration, err error) {
+	s2 := newStore(t, db, mysqlstore.Options{ReapGrace: time.Millisecond, ReapInterval: 10 * time.Millisecond, OnReap: func(n int, _ time.Duration, err error) {
 		if err != nil {
 			t.Errorf("reaper pass: %v", err)
 		}
 		passes <- n
 	}})
-	done := make(chan error, 1)
-	go func() { done <- s2.RunReaper(rctx, 10*time.Millisecond, 10) }()
 	total := 0
 	for total < 1 {
 		total += <-passes
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("RunReaper: got %v, want nil", err)
-	}
+	s2.Close()
 	if total != 1 {
-		t.Errorf("RunReaper deleted %d records, want 1", total)
+		t.Errorf("the reaper deleted %d records, want 1", total)
+	}
+	n := len(passes)
+	time.Sleep(50 * time.Millisecond)
+	if len(passes) != n {
+		t.Errorf("after Close: %d more passes, want none", len(passes)-n)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		t.Errorf("after Close of a store from New: the caller's db: %v, want it open", err)
 	}
 }

@@ -26,7 +26,9 @@ type Beginner interface {
 //  3. Stop the lease's renewal (Attempt.StopRenewal): a renewal sent now
 //     would wait on the row CompleteTx locks, find it completed once the
 //     transaction commits, and cancel the attempt's context.
-//  4. CompleteTx with att's lease and retention, in the transaction.
+//  4. CompleteTx with att's lease and retention, in the transaction, and
+//     the response as the Guard stores it (Attempt.Stored: sealed when
+//     the Guard seals).
 //  5. Commit, and finish the attempt (Attempt.Stop).
 //
 // The transaction's statements after fn, the commit and the release run

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/pgstore"
@@ -15,22 +15,25 @@ import (
 // A charge and its idempotency record commit in one transaction:
 // BeginFunc takes the steps in order (begin, the work, StopRenewal,
 // CompleteTx, commit). The second call with the same key is a replay.
+// The store opens from a URL, owns its pool (Pool, for BeginFunc) and
+// its reaper, and Close ends both.
 func ExampleStore_BeginFunc() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, exampleDatabase) // postgres://…
+	url := exampleDatabase // postgres://user:pass@host:5432/db
+	store, err := pgstore.Open(ctx, url, pgstore.Options{
+		Migrate:      true,        // table idem_records
+		ReapInterval: time.Minute, // the store's reaper; 0: none
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS payments (order_id text PRIMARY KEY, cents int)`); err != nil {
-		log.Fatal(err)
-	}
-	store, err := pgstore.New(ctx, pool, pgstore.Options{Migrate: true}) // table idem_records
-	if err != nil {
-		log.Fatal(err)
-	}
+	defer store.Close() // stops the reaper, closes the pool
+	pool := store.Pool()
 	g, err := idem.New(store, idem.Config{})
 	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS payments (order_id text PRIMARY KEY, cents int)`); err != nil {
 		log.Fatal(err)
 	}
 

@@ -66,7 +66,8 @@
 // as memstore and redisstore. Time is the database's clock
 // (statement_timestamp()), never the caller's. A record whose expires_at
 // has passed is absent to every method, whether or not it has been
-// deleted yet: Reap and RunReaper only reclaim space.
+// deleted yet: the reaper (Options.ReapInterval), Reap and RunReaper only
+// reclaim space.
 //
 // Each method is one SQL statement and one round trip. Acquire is one
 // INSERT ... ON CONFLICT DO UPDATE that reads the record first and writes
@@ -103,6 +104,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -110,6 +112,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgurl"
+	"github.com/idemkit/idem/internal/reaper"
 	"github.com/idemkit/idem/internal/storeid"
 	"github.com/idemkit/idem/internal/storeid/pgid"
 )
@@ -142,16 +146,27 @@ type Options struct {
 	// Default DefaultReapGrace.
 	ReapGrace time.Duration
 
-	// Logger receives the failures of RunReaper's batches. Default
-	// slog.Default().
+	// ReapInterval, when positive, makes New and Open start the store's
+	// reaper: every ReapInterval it deletes the table's expired records
+	// (Reap, in statements of at most DefaultReapBatch rows), until Close
+	// stops it. Zero or negative: no reaper, as in v1.0, whose New
+	// started nothing (the store does not run goroutines on a pool it
+	// was given unless asked; call Reap yourself, or run the reaper in
+	// one process per table). tieredstore's ReapInterval, whose zero
+	// value means its default, is the exception: its New starts a
+	// background relay in any case.
+	ReapInterval time.Duration
+
+	// Logger receives the failures of the reaper's passes (ReapInterval,
+	// RunReaper). Default slog.Default().
 	Logger *slog.Logger
 
-	// OnReap, when set, is called after each pass of RunReaper with the
-	// number of records the pass deleted, how long it took, and its error
-	// (nil when it finished; a failure is also logged to Logger). A pass
-	// cut short because RunReaper's context ended is not reported. It is
-	// called on RunReaper's goroutine, which waits for it: it should not
-	// block.
+	// OnReap, when set, is called after each pass of the reaper
+	// (ReapInterval, RunReaper) with the number of records the pass
+	// deleted, how long it took, and its error (nil when it finished; a
+	// failure is also logged to Logger). A pass cut short by Close (or
+	// because RunReaper's context ended) is not reported. It is called on
+	// the reaper's goroutine, which waits for it: it should not block.
 	OnReap func(deleted int, took time.Duration, err error)
 
 	// NoStoreID keeps New from storing a store id (see Namespace) in a
@@ -162,9 +177,12 @@ type Options struct {
 }
 
 // Store is an idem.Store on a PostgreSQL table. It is safe for concurrent
-// use. Create one with New.
+// use. Create one with New, on a pool of yours, or Open, on a URL; Close
+// it.
 type Store struct {
 	pool   *pgxpool.Pool
+	owned  bool           // Open made the pool: Close closes it
+	reaper *reaper.Reaper // Options.ReapInterval's, or nil
 	ns     string
 	legacy string          // LegacyNamespace
 	id     *storeid.Holder // the store id (Namespace)
@@ -173,6 +191,8 @@ type Store struct {
 	onReap func(deleted int, took time.Duration, err error)
 	names  names
 	sql    statements
+
+	closeOnce sync.Once
 }
 
 var (
@@ -315,8 +335,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	return nil
 }
 
-// New returns a Store on pool, which stays the caller's. It runs Migrate
-// first if opts.Migrate is set. It then reads the store id (Namespace),
+// New returns a Store on pool, which stays the caller's: Close stops the
+// store's reaper (Options.ReapInterval) and leaves the pool open. It runs
+// Migrate first if opts.Migrate is set. It then reads the store id (Namespace),
 // storing one first unless opts.NoStoreID (into the id's table, which
 // Migrate creates: New creates no table without opts.Migrate). A
 // database that does not answer does not fail New, as in v1.0: the id is
@@ -374,7 +395,73 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 		onNone = storeid.LegacyWarning(s.log, "pgstore", n.storeID)
 	}
 	s.id = storeid.Open(ctx, pgid.Read(s.pool, n.fill(insertIDSQL), n.fill(selectIDSQL), n.storeID, !opts.NoStoreID), storeIDTimeout, onNone)
+	if opts.ReapInterval > 0 {
+		s.reaper, _ = reaper.Start(ctx, s.reaperConfig(opts.ReapInterval, DefaultReapBatch)) // both positive: no error
+	}
 	return s, nil
+}
+
+// DefaultReapBatch is the most records one statement of the store's
+// reaper (Options.ReapInterval) deletes.
+const DefaultReapBatch = 1000
+
+// ErrBadURL is wrapped by Open's errors about the form of its URL.
+var ErrBadURL = errors.New("not a PostgreSQL URL of a form Open accepts (" + pgurl.Form + ")")
+
+// Open returns a Store on a pool of its own on the PostgreSQL database at
+// url, postgres://[user[:pass]@]host[:port]/db[?params] (or
+// postgresql://), whose params are pgx's (pgxpool.ParseConfig): sslmode,
+// pool_max_conns and the like. Connecting times out after 10 seconds
+// unless the URL sets connect_timeout. The pool connects on first use, or
+// at once with opts.Migrate. Close stops the reaper
+// (opts.ReapInterval) and closes the pool; Pool returns it, for
+// BeginFunc and CompleteTx.
+//
+// A URL of another form is an error wrapping ErrBadURL, before any
+// connection is tried: a scheme other than postgres or postgresql, a URL
+// without a host (postgres:host/db, with the // missing), or parameters
+// pgx refuses. Errors never repeat the URL's password.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	cfg, err := pgurl.Parse(url)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: Open: %w: %w", ErrBadURL, err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: Open: %w", err)
+	}
+	s, err := New(ctx, pool, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// Pool returns the store's pool: the one New was given, or the one Open
+// made, which Close closes. BeginFunc and CompleteTx take it (or a
+// transaction begun on it).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close stops the store's reaper (Options.ReapInterval), waiting for a
+// pass in progress to be cancelled, and then, if Open made the pool,
+// closes it. It leaves a pool given to New open. Calling it again does
+// nothing. It returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.reaper.Stop()
+		if s.owned {
+			s.pool.Close()
+		}
+	})
+	return nil
+}
+
+// reaperConfig is the reaper loop (internal/reaper) of this store.
+func (s *Store) reaperConfig(every time.Duration, batch int) reaper.Config {
+	return reaper.Config{Every: every, Batch: batch, Reap: s.Reap, Name: "pgstore",
+		Attrs: []slog.Attr{slog.String("table", s.names.table)}, Logger: s.log, OnReap: s.onReap}
 }
 
 // storeIDTimeout bounds reading the store id.
@@ -590,30 +677,14 @@ func (s *Store) Reap(ctx context.Context, batch int) (deleted int, err error) {
 // the next tick; each pass is reported to Options.OnReap. One reaper per
 // table is enough, whatever the namespaces; more do no harm. To stop it
 // before closing the pool, cancel ctx and wait for RunReaper to return.
+//
+// Options.ReapInterval runs the same loop, owned by the store: started by
+// New or Open, stopped by Close. Prefer it.
 func (s *Store) RunReaper(ctx context.Context, every time.Duration, batch int) error {
-	if every <= 0 || batch < 1 {
-		return fmt.Errorf("pgstore: RunReaper: interval %v and batch %d must be positive", every, batch)
+	if err := reaper.Run(ctx, s.reaperConfig(every, batch)); err != nil {
+		return fmt.Errorf("pgstore: RunReaper: %w", err)
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		start := time.Now()
-		n, err := s.Reap(ctx, batch)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			s.log.LogAttrs(ctx, slog.LevelWarn, "pgstore: reap failed", slog.String("table", s.names.table), slog.Any("error", err))
-		}
-		if s.onReap != nil {
-			s.onReap(n, time.Since(start), err)
-		}
-	}
+	return nil
 }
 
 // row is a record as the statements return it.

@@ -88,9 +88,11 @@
 // counts what the poll has to copy: a backlog that grows means the relay
 // cannot reach Redis.
 //
-// The same loop reaps: every Options.ReapInterval (a minute; negative:
-// never) it deletes the rows, of every namespace, expired for
-// Options.ReapGrace, and reports each pass to Options.OnReap.
+// Beside it runs the store's reaper, the same loop as pgstore's and
+// mysqlstore's (started by New, stopped by Close): every
+// Options.ReapInterval (a minute; negative: never) it deletes the rows, of
+// every namespace, expired for Options.ReapGrace, and reports each pass
+// to Options.OnReap.
 //
 // A copy to Redis never moves a key backwards: it writes the completed
 // record over nothing, a released record, an in-flight record (of any

@@ -6,7 +6,6 @@ import (
 	"log"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/redisstore"
@@ -18,28 +17,22 @@ import (
 // is rolled back at its completion and answered with the first commit.
 func ExampleStore_BeginFunc() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, database) // postgres://…
+	redisURL, pgURL := "redis://"+shared.Addr(), database // redis://host:6379/0, postgres://user:pass@host:5432/db
+	store, err := tieredstore.Open(ctx, redisURL, pgURL,
+		redisstore.Options{}, tieredstore.Options{Migrate: true}) // table idem_completions
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS charges (order_id text, cents int)`); err != nil {
-		log.Fatal(err)
-	}
-	rs, err := redisstore.Open("redis://"+shared.Addr(), redisstore.Options{}) // redis://…
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer rs.Close()
-	store, err := tieredstore.New(ctx, rs, pool, tieredstore.Options{Migrate: true}) // table idem_completions
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
+	defer store.Close() // stops the relay and the reaper, closes both clients
+	pool := store.Pool()
 	g, err := idem.New(store, idem.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS charges (order_id text, cents int)`); err != nil {
+		log.Fatal(err)
+	}
+	rs := store.Redis()
 
 	charge := func(orderID string, cents int) {
 		key, err := idem.Scope{Method: "POST", Route: "/charges"}.Key(orderID)

@@ -52,7 +52,7 @@ func countTable(t *testing.T, table string) int {
 }
 
 // The background reaper deletes the rows expired for ReapGrace every
-// ReapInterval and reports each pass to OnReap; a negative ReapInterval
+// ReapInterval and reports each pass to OnReap, until Close; a negative ReapInterval
 // runs the relay without it, and Reap still works when called.
 func TestBackgroundReaper(t *testing.T) {
 	t.Parallel()
@@ -78,6 +78,12 @@ func TestBackgroundReaper(t *testing.T) {
 	}
 	if reaped.Load() != 3 || failed.Load() != 0 || passes.Load() < 2 {
 		t.Errorf("OnReap: got %d passes, %d deleted, %d failed or untimed; want passes that deleted 3, none failed", passes.Load(), reaped.Load(), failed.Load())
+	}
+	s.Close()
+	stopped := passes.Load()
+	time.Sleep(100 * time.Millisecond) // 5 intervals
+	if p := passes.Load(); p != stopped {
+		t.Errorf("after Close: %d more passes, want none (Close stops the reaper)", p-stopped)
 	}
 
 	off := reapTable(t, "off")

@@ -114,19 +114,14 @@ func (s *Store) marked(key idem.Key, token uint64, res redisstore.FillResult) {
 	}
 }
 
-// background runs the relay's loop until ctx ends: marks, polls and reaps.
+// background runs the relay's loop until ctx ends: marks and polls. (The
+// reaper is a loop of its own, internal/reaper's, started beside it.)
 func (s *Store) background(ctx context.Context) {
 	defer close(s.done)
 	markT := time.NewTicker(markEvery)
 	defer markT.Stop()
 	pollT := time.NewTicker(s.relayEvery)
 	defer pollT.Stop()
-	var reapC <-chan time.Time // nil: no reaper (a negative ReapInterval)
-	if s.reapEvery > 0 {
-		reapT := time.NewTicker(s.reapEvery)
-		defer reapT.Stop()
-		reapC = reapT.C
-	}
 	var batch []mark
 	flush := func(ctx context.Context) {
 		if len(batch) == 0 {
@@ -160,18 +155,6 @@ func (s *Store) background(ctx context.Context) {
 		case <-pollT.C:
 			if _, err := s.RelayPending(ctx); err != nil && ctx.Err() == nil {
 				s.log.LogAttrs(ctx, slogWarn, "tieredstore: relay of the outbox failed; retrying at the next poll", slogErr(err))
-			}
-		case <-reapC:
-			start := time.Now()
-			n, err := s.Reap(ctx, reapBatch)
-			if ctx.Err() != nil {
-				continue // closing: the next iteration returns
-			}
-			if err != nil {
-				s.log.LogAttrs(ctx, slogWarn, "tieredstore: reap failed", slogErr(err))
-			}
-			if s.onReap != nil {
-				s.onReap(n, time.Since(start), err)
 			}
 		}
 	}
@@ -320,8 +303,8 @@ func commitThen(ctx context.Context, tx pgx.Tx) error {
 
 // Reap deletes the table's rows, of every namespace, expired for at least
 // Options.ReapGrace, in statements of at most batch rows, until one finds
-// fewer. It returns how many it deleted. The background relay calls it
-// every Options.ReapInterval (unless that is negative).
+// fewer. It returns how many it deleted. The store's reaper calls it
+// every Options.ReapInterval (unless that, or RelayInterval, is negative).
 func (s *Store) Reap(ctx context.Context, batch int) (int, error) {
 	if batch < 1 {
 		return 0, fmt.Errorf("tieredstore: reap: batch %d is less than 1", batch)

@@ -17,8 +17,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgurl"
+	"github.com/idemkit/idem/internal/reaper"
 	"github.com/idemkit/idem/internal/storeid"
 	"github.com/idemkit/idem/internal/storeid/pgid"
+	"github.com/idemkit/idem/pgstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -80,9 +83,12 @@ type Options struct {
 	// normally does it first. Default DefaultRelayDelay.
 	RelayDelay time.Duration
 
-	// ReapInterval is how often the background relay deletes rows expired
-	// for ReapGrace. Default DefaultReapInterval. Negative: the background
-	// relay runs without reaping (call Reap yourself, or run another
+	// ReapInterval is how often the store's reaper deletes rows expired
+	// for ReapGrace (Reap, in statements of at most 1000 rows). New and
+	// Open start it beside the background relay, Close stops it. Default
+	// DefaultReapInterval: unlike pgstore's and mysqlstore's, whose zero
+	// value means no reaper, the tiered store runs a background loop in
+	// any case. Negative: no reaper (call Reap yourself, or run another
 	// process's reaper on the table).
 	ReapInterval time.Duration
 
@@ -124,6 +130,7 @@ type Store struct {
 	relayEvery   time.Duration
 	reapEvery    time.Duration
 	marks        chan mark
+	reaper       *reaper.Reaper // ReapInterval's, or nil
 	stop         context.CancelFunc
 	done         chan struct{}
 	closeOnce    sync.Once
@@ -308,6 +315,10 @@ func New(ctx context.Context, rs *redisstore.Store, pool *pgxpool.Pool, opts Opt
 		s.marks = nil // nobody marks: the rows stay in the outbox for RelayPending
 	} else {
 		go s.background(bg)
+		if s.reapEvery > 0 {
+			s.reaper, _ = reaper.Start(ctx, reaper.Config{Every: s.reapEvery, Batch: reapBatch, Reap: s.Reap, // both positive: no error
+				Name: "tieredstore", Attrs: []slog.Attr{slog.String("table", s.table)}, Logger: s.log, OnReap: s.onReap})
+		}
 	}
 	return s, nil
 }
@@ -321,19 +332,27 @@ func orDefault(v, def time.Duration) time.Duration {
 }
 
 // Open connects to Redis at redisURL (the forms redisstore.Open takes)
-// and to PostgreSQL at pgURL, and returns a Store that owns both clients:
-// Close closes them. The Redis client connects at once (as
+// and to PostgreSQL at pgURL (the forms pgstore.Open takes, with its
+// 10-second connect timeout unless the URL sets connect_timeout), and
+// returns a Store that owns both clients: Close closes them; Redis and
+// Pool return them. The Redis client connects at once (as
 // redisstore.Open's does); the PostgreSQL pool on its first use, or at
-// once with opts.Migrate.
+// once with opts.Migrate. A PostgreSQL URL of another form is an error
+// wrapping pgstore.ErrBadURL (a Redis one, redisstore.ErrBadURL), before
+// any connection is tried.
 func Open(ctx context.Context, redisURL, pgURL string, ropts redisstore.Options, opts Options) (*Store, error) {
+	cfg, err := pgurl.Parse(pgURL)
+	if err != nil {
+		return nil, fmt.Errorf("tieredstore: Open: %w: %w", pgstore.ErrBadURL, err)
+	}
 	rs, err := redisstore.Open(redisURL, ropts)
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, pgURL)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		rs.Close()
-		return nil, fmt.Errorf("tieredstore: Open: PostgreSQL URL: %w", err)
+		return nil, fmt.Errorf("tieredstore: Open: %w", err)
 	}
 	s, err := New(ctx, rs, pool, opts)
 	if err != nil {
@@ -346,12 +365,14 @@ func Open(ctx context.Context, redisURL, pgURL string, ropts redisstore.Options,
 }
 
 // Close stops the background relay, after marking what the synchronous
-// relay copied, and closes the clients if Open created them. Completions
+// relay copied, and the reaper (waiting for a pass in progress to be
+// cancelled), and closes the clients if Open created them. Completions
 // not yet copied to Redis stay in the outbox for the next relay.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.stop()
 		<-s.done
+		s.reaper.Stop()
 		if s.closeClients != nil {
 			s.closeClients()
 		}
@@ -361,6 +382,11 @@ func (s *Store) Close() error {
 
 // Redis returns the Redis store that holds the leases.
 func (s *Store) Redis() *redisstore.Store { return s.redis }
+
+// Pool returns the PostgreSQL pool of the completions: the one New was
+// given, or the one Open made, which Close closes. BeginFunc and
+// CompleteTx take it (or a transaction begun on it).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Acquire implements idem.Store: one Redis script, plus, with
 // Options.VerifyAcquire and a lease granted, one PostgreSQL read.

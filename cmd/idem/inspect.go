@@ -172,20 +172,42 @@ func (f *inspectFlags) open(ctx context.Context) (idem.Store, func(), error) {
 }
 
 // noRecord is the error of a key without a record: it names where inspect
-// looked, since a wrong --prefix, --route, --tenant or --method is the
-// usual cause.
+// looked, the store with its database (sidecar.StoreForLog: /0 for
+// Redis's default) and the prefix, since a wrong --store database,
+// --prefix, --route, --tenant or --method is the usual cause; the
+// database comes first, the likeliest mistake (redis://host/1 for the
+// proxy's /0).
 func (f *inspectFlags) noRecord(key idem.Key) error {
 	prefix := strconv.Quote(f.prefix)
 	if f.prefix == "" {
 		prefix = "the default prefix"
 	}
+	store := storeForLog(f.store)
 	if f.storedKey.set {
 		return fmt.Errorf("no record for stored key %s under %s in %s\n"+
-			"is --prefix the proxy's --prefix? (an expired or purged record is gone too)", key, prefix, storeForLog(f.store))
+			"is %s the proxy's database (its start-up log's store=…) and --prefix its --prefix? (an expired or purged record is gone too)",
+			key, prefix, store, storeDatabase(store))
 	}
 	return fmt.Errorf("no record for stored key %s (route %q, tenant %q, method %s) under %s in %s\n"+
-		"are --prefix and --route what the proxy uses (its --prefix; the path, or the --config match)? "+
-		"the proxy logs each request's stored key (key=…): try --stored-key", key, f.route.v, f.tenant.v, f.method.v, prefix, storeForLog(f.store))
+		"is %s the proxy's database (its start-up log's store=…)? are --prefix and --route what the proxy uses (its --prefix; the path, or the --config match)? "+
+		"the proxy logs each request's stored key (key=…): try --stored-key", key, f.route.v, f.tenant.v, f.method.v, prefix, store, storeDatabase(store))
+}
+
+// storeDatabase names the database of a store as StoreForLog writes it,
+// for noRecord: "database /0 of redis://host:6379", or both of a tiered
+// store's.
+func storeDatabase(logged string) string {
+	var dbs []string
+	for _, u := range strings.Fields(logged) {
+		scheme, rest, ok := strings.Cut(u, "://")
+		host, db, hasDB := strings.Cut(rest, "/")
+		if !ok || !hasDB {
+			dbs = append(dbs, u)
+			continue
+		}
+		dbs = append(dbs, fmt.Sprintf("database /%s of %s://%s", db, scheme, host))
+	}
+	return strings.Join(dbs, " and ")
 }
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {

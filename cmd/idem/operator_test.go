@@ -32,6 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/nettest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/proctest"
@@ -632,14 +633,26 @@ func TestOperatorStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { drop() })
+	ms, err := mysqltest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ms.Stop)
+	myDB, err := ms.CreateDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
 	redisURL := "redis://" + redis.Addr()
-	// The log names the database, never the user or password.
+	// The log names the database (Redis's /0 when the URL gives none),
+	// never the user or password.
 	pgName := "postgres://" + strings.SplitN(strings.SplitN(dbURL, "@", 2)[1], "?", 2)[0]
 	for _, st := range []struct{ name, store, logged string }{
 		{"memory", "memory", "memory"},
-		{"redis", redisURL, redisURL},
+		{"redis", redisURL, redisURL + "/0"},
+		{"redis9", redisURL + "/9", redisURL + "/9"},
 		{"postgres", dbURL, pgName},
-		{"tiered", redisURL + " " + dbURL, redisURL + " " + pgName},
+		{"mysql", ms.URL(myDB), "mysql://" + ms.Addr() + "/" + myDB},
+		{"tiered", redisURL + " " + dbURL, redisURL + "/0 " + pgName},
 	} {
 		for _, withBlob := range []bool{false, true} {
 			name := st.name
@@ -745,6 +758,9 @@ func opStoreForm(t *testing.T, upstream, store, logged string, withBlob bool) {
 	if r.code != 1 || r.stdout != "no record\n" || !strings.Contains(r.stderr, "no record for stored key") ||
 		!strings.Contains(r.stderr, fmt.Sprintf("under %q in %s", prefix, logged)) || strings.Count(r.stderr, "\n") > 2 {
 		t.Errorf("inspect after purge: %v; want exit 1, no record, and at most two lines naming the prefix and the store", r)
+	}
+	if _, db, _ := strings.Cut(strings.SplitN(strings.Fields(logged)[0], "://", 2)[1], "/"); !strings.Contains(r.stderr, "is database /"+db+" of ") {
+		t.Errorf("inspect after purge: stderr %q; want the hint to ask about database /%s", r.stderr, db)
 	}
 }
 

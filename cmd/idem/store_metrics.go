@@ -28,7 +28,7 @@ const defaultMemoryLimit = 128 << 20
 
 // defaultReapInterval is --reap-interval's default, the tiered store's own
 // (tieredstore.DefaultReapInterval). A pass is a few indexed DELETEs of at
-// most reapBatch rows; records are reaped only once expired for the
+// most 1000 rows (pgstore.DefaultReapBatch); records are reaped only once expired for the
 // store's grace (a minute for pgstore, an hour for the tiered store), so
 // reaping more often frees little sooner.
 const defaultReapInterval = tieredstore.DefaultReapInterval

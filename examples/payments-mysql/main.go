@@ -3,7 +3,7 @@
 // made exactly once per idempotency key, whatever fails and however often
 // the client retries.
 //
-//	go run ./examples/payments-mysql -db 'root@tcp(127.0.0.1:3306)/payments'
+//	go run ./examples/payments-mysql -db 'mysql://root@127.0.0.1:3306/payments'
 //	curl -i -X POST localhost:8080/charges -H 'Idempotency-Key: order-1' -d '{"amount":1999,"currency":"eur"}'
 //
 // Per request: Acquire the key (a replay, in flight or mismatch answers at
@@ -31,29 +31,28 @@ import (
 	"strconv"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/mysqlstore"
 )
 
 func main() {
 	addr := flag.String("addr", "localhost:8080", "listen address")
-	dsn := flag.String("db", "root@tcp(127.0.0.1:3306)/payments", "go-sql-driver/mysql data source name")
+	url := flag.String("db", "mysql://root@127.0.0.1:3306/payments", "MySQL or MariaDB URL: mysql://[user[:pass]@]host[:port]/db[?params]")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	db, err := sql.Open("mysql", *dsn)
+	// The store owns its *sql.DB and its reaper, which deletes the expired
+	// records every minute; Close stops the one and closes the other.
+	store, err := mysqlstore.Open(ctx, *url, mysqlstore.Options{Namespace: "payments", Migrate: true, ReapInterval: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer db.Close()
-	svc, err := newService(ctx, db, time.Minute)
+	defer store.Close()
+	svc, err := newService(ctx, store, time.Minute)
 	if err != nil {
 		log.Fatal(err)
 	}
-	go svc.store.RunReaper(ctx, time.Minute, 1000)
 
 	srv := &http.Server{Addr: *addr, Handler: svc}
 	go func() {
@@ -101,13 +100,11 @@ type service struct {
 	lease time.Duration
 }
 
-// newService creates the tables if needed. lease bounds how long a crashed
-// request blocks its key.
-func newService(ctx context.Context, db *sql.DB, lease time.Duration) (*service, error) {
-	store, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: "payments", Migrate: true})
-	if err != nil {
-		return nil, err
-	}
+// newService creates the charges table if needed, in the store's
+// database (the store creates its own with Options.Migrate). lease bounds
+// how long a crashed request blocks its key.
+func newService(ctx context.Context, store *mysqlstore.Store, lease time.Duration) (*service, error) {
+	db := store.DB()
 	if _, err := db.ExecContext(ctx, schema); err != nil {
 		return nil, fmt.Errorf("create charges: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/mysqltest"
+	"github.com/idemkit/idem/mysqlstore"
 )
 
 var srv *mysqltest.Server
@@ -58,7 +59,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin := srv.New(t) // another database's pool: it kills, and is not killed
-	svc, err := newService(t.Context(), db, lease)
+	svc, err := newService(t.Context(), testStore(t, db), lease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func (c *chaos) strike(cancel context.CancelFunc) func() bool {
 // TestHTTP checks the service's answers over HTTP.
 func TestHTTP(t *testing.T) {
 	db := srv.New(t)
-	svc, err := newService(t.Context(), db, time.Minute)
+	svc, err := newService(t.Context(), testStore(t, db), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,4 +297,15 @@ func TestHTTP(t *testing.T) {
 	if err := db.QueryRow("SELECT count(*) FROM charges").Scan(&n); err != nil || n != 1 {
 		t.Errorf("charges: got %d, %v; want 1", n, err)
 	}
+}
+
+// testStore is the service's store on a test's database, as main opens it.
+func testStore(t *testing.T, db *sql.DB) *mysqlstore.Store {
+	t.Helper()
+	s, err := mysqlstore.New(t.Context(), db, mysqlstore.Options{Namespace: "payments", Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

@@ -43,16 +43,17 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	pool, err := pgxpool.New(ctx, *db)
+	// The store owns its pool and its reaper, which deletes the expired
+	// records every minute; Close stops the one and closes the other.
+	store, err := pgstore.Open(ctx, *db, pgstore.Options{Namespace: "payments", Migrate: true, ReapInterval: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	svc, err := newService(ctx, pool, time.Minute)
+	defer store.Close()
+	svc, err := newService(ctx, store, time.Minute)
 	if err != nil {
 		log.Fatal(err)
 	}
-	go svc.store.RunReaper(ctx, time.Minute, 1000)
 
 	srv := &http.Server{Addr: *addr, Handler: svc}
 	go func() {
@@ -100,13 +101,11 @@ type service struct {
 	lease time.Duration
 }
 
-// newService creates the tables if needed. lease bounds how long a crashed
-// request blocks its key.
-func newService(ctx context.Context, pool *pgxpool.Pool, lease time.Duration) (*service, error) {
-	store, err := pgstore.New(ctx, pool, pgstore.Options{Namespace: "payments", Migrate: true})
-	if err != nil {
-		return nil, err
-	}
+// newService creates the charges table if needed, in the store's
+// database (the store creates its own with Options.Migrate). lease bounds
+// how long a crashed request blocks its key.
+func newService(ctx context.Context, store *pgstore.Store, lease time.Duration) (*service, error) {
+	pool := store.Pool()
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return nil, fmt.Errorf("create charges: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgstore"
 )
 
 // TestChaos sends 1,000 charge requests (200 keys, 5 sends each, 16 at a
@@ -46,7 +47,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	svc, err := newService(t.Context(), pool, lease)
+	svc, err := newService(t.Context(), testStore(t, pool), lease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +285,7 @@ func (c *chaos) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 
 // TestHTTP checks the service's answers over HTTP.
 func TestHTTP(t *testing.T) {
-	svc, err := newService(t.Context(), pgtest.New(t), time.Minute)
+	svc, err := newService(t.Context(), testStore(t, pgtest.New(t)), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,4 +323,15 @@ func TestHTTP(t *testing.T) {
 	if err := svc.pool.QueryRow(t.Context(), `SELECT count(*) FROM charges`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("charges: got %d, %v; want 1", n, err)
 	}
+}
+
+// testStore is the service's store on a test's pool, as main opens it.
+func testStore(t *testing.T, pool *pgxpool.Pool) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.New(t.Context(), pool, pgstore.Options{Namespace: "payments", Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

@@ -15,15 +15,8 @@
 package sidecar
 
 import (
-	"errors"
-	"fmt"
-	"net"
 	"net/http"
-	"net/url"
 	"strings"
-	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/ident"
@@ -89,46 +82,4 @@ func HideReplayHints(h http.Header) http.Header {
 		return h
 	}
 	return out
-}
-
-// mysqlForm is the form of a MySQL store URL, for errors.
-const mysqlForm = "write mysql://[user[:pass]@]host[:port]/db"
-
-// MySQLConfig returns the go-sql-driver/mysql configuration of a store
-// URL mysql://[user[:pass]@]host[:port]/db[?params] (or mariadb://), whose
-// params are the driver's DSN parameters; the port defaults to 3306 and
-// the connect timeout to timeout unless the URL sets one. Its errors say
-// what is wrong without the URL (it may hold a password), for the caller
-// to prefix with what it was given ("--store: ", "store: ").
-func MySQLConfig(u *url.URL, timeout time.Duration) (*mysql.Config, error) {
-	if u.Opaque != "" || u.Host == "" {
-		return nil, errors.New("the MySQL URL has no host: " + mysqlForm + " (is the // after mysql: missing?)")
-	}
-	dbName := strings.TrimPrefix(u.Path, "/")
-	if dbName == "" || strings.Contains(dbName, "/") {
-		return nil, errors.New("the MySQL URL names no database: " + mysqlForm)
-	}
-	cfg := mysql.NewConfig()
-	if u.RawQuery != "" {
-		// go-sql-driver parses its parameters from a DSN: let it.
-		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
-		if err != nil {
-			return nil, fmt.Errorf("the MySQL URL's parameters: %w", err)
-		}
-		cfg = parsed
-	}
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.Net = "tcp"
-	cfg.Addr = u.Host
-	if u.Port() == "" {
-		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	cfg.DBName = dbName
-	if cfg.Timeout == 0 {
-		cfg.Timeout = timeout
-	}
-	return cfg, nil
 }

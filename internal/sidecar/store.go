@@ -3,7 +3,6 @@ package sidecar
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,16 +11,15 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgurl"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/mysqlstore"
 	"github.com/idemkit/idem/pgstore"
@@ -58,11 +56,11 @@ type StoreOptions struct {
 	ReadOnly bool
 	// MaxBytes is memstore.Options.MaxBytes: 0, no bound.
 	MaxBytes int64
-	// ReapEvery is how often the reaper of a PostgreSQL store (pgstore,
-	// and the tiered store's table) deletes expired records. 0: the
-	// store's own way (pgstore: no reaper; the tiered store: its
-	// background reaper, every tieredstore.DefaultReapInterval). Negative:
-	// no reaper.
+	// ReapEvery is the SQL store's Options.ReapInterval: how often its
+	// reaper (pgstore's, mysqlstore's, the tiered store's table's)
+	// deletes expired records. 0: the store's own way (pgstore and
+	// mysqlstore: no reaper; the tiered store: every
+	// tieredstore.DefaultReapInterval). Negative: no reaper.
 	ReapEvery time.Duration
 	// OnReap receives each pass of the reaper (pgstore.Options.OnReap).
 	OnReap func(deleted int, took time.Duration, err error)
@@ -70,16 +68,14 @@ type StoreOptions struct {
 	Logger *slog.Logger
 }
 
-// reapBatch is the most records one statement of the proxy's PostgreSQL
-// reaper deletes (the tiered store's background reaper uses the same).
-const reapBatch = 1000
-
 // OpenStore opens the store a store URL (idem proxy's --store, the Caddy
 // handler's store) names, with its key prefix (Redis) or namespace (the
-// SQL stores); the front end checks the prefix. With o.ReapEvery positive, a
-// pgstore's or mysqlstore's reaper runs until close, which stops it (and
-// waits for a pass in progress) before closing the pool. A BadStore error
-// is one in the URL.
+// SQL stores); the front end checks the prefix. Each store opens from
+// its URL in its own package (redisstore.Open, pgstore.Open,
+// mysqlstore.Open; the tiered store from its two); the reaper is the
+// store's (Options.ReapInterval: o.ReapEvery), and close is the store's
+// Close, which stops it (and waits for a pass in progress) before closing
+// the connections. A BadStore error is one in the URL.
 func OpenStore(ctx context.Context, spec, prefix string, o StoreOptions) (store idem.Store, close func(), err error) {
 	if spec == "" || spec == "memory" {
 		return memstore.New(memstore.Options{MaxBytes: o.MaxBytes}), func() {}, nil
@@ -106,75 +102,55 @@ func OpenStore(ctx context.Context, spec, prefix string, o StoreOptions) (store 
 		}
 		return s, func() { s.Close() }, nil
 	case "postgres", "postgresql":
-		if u.Opaque != "" {
-			return nil, nil, badStore(o, "--store: no host: write postgres://[user:pass@]host:port/db (is the // after postgres: missing?)")
-		}
-		pool, err := openPG(ctx, spec, o)
-		if err != nil {
-			return nil, nil, err
-		}
-		if o.ReadOnly {
-			err = checkTable(ctx, pool, pgstore.DefaultTable)
-		}
-		var s *pgstore.Store
-		if err == nil {
-			s, err = pgstore.New(ctx, pool, pgstore.Options{Namespace: prefix, Migrate: !o.ReadOnly, NoStoreID: o.ReadOnly, Logger: o.Logger, OnReap: o.OnReap})
-		}
-		if err != nil {
-			pool.Close()
-			return nil, nil, pgError(err, u.Host)
-		}
-		if o.ReapEvery <= 0 {
-			return s, pool.Close, nil
-		}
-		rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-		var wg sync.WaitGroup
-		wg.Go(func() { s.RunReaper(rctx, o.ReapEvery, reapBatch) }) // interval and batch are positive: no error
-		return s, func() { stop(); wg.Wait(); pool.Close() }, nil
+		return openPGStore(ctx, spec, u, prefix, o)
 	case "mysql", "mariadb":
-		return openMySQL(ctx, u, prefix, o)
+		return openMySQL(ctx, spec, u, prefix, o)
 	}
 	return nil, nil, badStore(o, fmt.Sprintf("--store: unknown scheme %q; %s", u.Scheme, storeForms))
 }
 
-// openMySQL opens a mysqlstore on mysql://[user[:pass]@]host[:port]/db[?params]
-// (params are go-sql-driver/mysql's DSN parameters), creating its tables
-// unless o.ReadOnly, with its reaper when o.ReapEvery is positive.
-func openMySQL(ctx context.Context, u *url.URL, prefix string, o StoreOptions) (idem.Store, func(), error) {
-	cfg, err := MySQLConfig(u, pgConnectTimeout)
+// openPGStore opens a pgstore (pgstore.Open), creating its table unless
+// o.ReadOnly, with its reaper every o.ReapEvery (Options.ReapInterval).
+func openPGStore(ctx context.Context, spec string, u *url.URL, prefix string, o StoreOptions) (idem.Store, func(), error) {
+	s, err := pgstore.Open(ctx, spec, pgstore.Options{Namespace: prefix, Migrate: !o.ReadOnly, NoStoreID: o.ReadOnly,
+		ReapInterval: o.ReapEvery, Logger: o.Logger, OnReap: o.OnReap})
+	if errors.Is(err, pgstore.ErrBadURL) {
+		return nil, nil, badStore(o, "--store: "+strings.TrimPrefix(err.Error(), "pgstore: Open: "))
+	}
+	if err == nil && o.ReadOnly {
+		if err = checkTable(ctx, s.Pool(), pgstore.DefaultTable); err != nil {
+			s.Close()
+		}
+	}
 	if err != nil {
-		return nil, nil, badStore(o, "--store: "+err.Error())
+		return nil, nil, pgError(err, u.Host)
 	}
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, nil, badStore(o, "--store: the MySQL URL: "+err.Error())
+	return s, func() { s.Close() }, nil
+}
+
+// openMySQL opens a mysqlstore (mysqlstore.Open), creating its tables
+// unless o.ReadOnly, with its reaper every o.ReapEvery
+// (Options.ReapInterval).
+func openMySQL(ctx context.Context, spec string, u *url.URL, prefix string, o StoreOptions) (idem.Store, func(), error) {
+	s, err := mysqlstore.Open(ctx, spec, mysqlstore.Options{Namespace: prefix, Migrate: !o.ReadOnly, NoStoreID: o.ReadOnly,
+		ReapInterval: o.ReapEvery, Logger: o.Logger, OnReap: o.OnReap})
+	if errors.Is(err, mysqlstore.ErrBadURL) {
+		return nil, nil, badStore(o, "--store: "+strings.TrimPrefix(err.Error(), "mysqlstore: Open: "))
 	}
-	db := sql.OpenDB(conn)
-	fail := func(err error) (idem.Store, func(), error) {
-		db.Close()
-		return nil, nil, fmt.Errorf("MySQL at %s: %w", u.Host, err)
-	}
-	if o.ReadOnly {
+	if err == nil && o.ReadOnly {
 		var n int
-		err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", mysqlstore.DefaultTable).Scan(&n)
+		err = s.DB().QueryRowContext(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", mysqlstore.DefaultTable).Scan(&n)
+		if err == nil && n == 0 {
+			err = errNoTable{mysqlstore.DefaultTable}
+		}
 		if err != nil {
-			return fail(err)
-		}
-		if n == 0 {
-			return fail(errNoTable{mysqlstore.DefaultTable})
+			s.Close()
 		}
 	}
-	s, err := mysqlstore.New(ctx, db, mysqlstore.Options{Namespace: prefix, Migrate: !o.ReadOnly, NoStoreID: o.ReadOnly, Logger: o.Logger, OnReap: o.OnReap})
 	if err != nil {
-		return fail(err)
+		return nil, nil, fmt.Errorf("MySQL at %s: %w", strings.TrimPrefix(StoreForLog(spec), u.Scheme+"://"), err)
 	}
-	if o.ReapEvery <= 0 {
-		return s, func() { db.Close() }, nil
-	}
-	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	wg.Go(func() { s.RunReaper(rctx, o.ReapEvery, reapBatch) }) // interval and batch are positive: no error
-	return s, func() { stop(); wg.Wait(); db.Close() }, nil
+	return s, func() { s.Close() }, nil
 }
 
 // storeForms names what --store takes, for its usage errors.
@@ -280,20 +256,12 @@ func openRedis(spec, prefix string, o StoreOptions) (*redisstore.Store, error) {
 	return nil, fmt.Errorf("%s did not answer as Redis (%s): is it Redis? does it want TLS (rediss://) or a password (redis://:PASSWORD@host:port)?", host, cause)
 }
 
-// pgConnectTimeout bounds connecting to PostgreSQL when the URL does not
-// say (connect_timeout=SECONDS): pgx alone waits for ever on a server that
-// accepts the connection and never answers.
-const pgConnectTimeout = 10 * time.Second
-
-// openPG creates a pool on a PostgreSQL URL; it connects on first use.
+// openPG creates a pool on a PostgreSQL URL (internal/pgurl, as
+// pgstore.Open and tieredstore.Open read it); it connects on first use.
 func openPG(ctx context.Context, spec string, o StoreOptions) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(spec)
+	cfg, err := pgurl.Parse(spec)
 	if err != nil {
-		// pgconn's parse errors show the URL with its password masked.
 		return nil, badStore(o, "--store: the PostgreSQL URL: "+err.Error())
-	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = pgConnectTimeout
 	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
@@ -351,9 +319,13 @@ var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,
 // where a URL belongs (for Redis, for an upstream).
 func IsHostPort(s string) bool { return hostPort.MatchString(s) }
 
-// StoreForLog names the store without credentials or query: its scheme,
-// host and path (a Redis database index, a PostgreSQL database); for the
-// tiered store, both URLs so.
+// StoreForLog names the store without credentials or query, and always
+// with its database: its scheme, host and database, as in
+// redis://host:6379/0 (the index, 0 when the URL gives none, or the
+// query's db=N), postgres://host:5432/shop (with no database in the URL,
+// the user's: PostgreSQL's default), mysql://host:3306/shop (the port
+// 3306 when the URL gives none); for the tiered store, both URLs so.
+// Never the user's password.
 func StoreForLog(spec string) string {
 	if spec == "" || spec == "memory" {
 		return "memory"
@@ -368,5 +340,23 @@ func StoreForLog(spec string) string {
 	if err != nil {
 		return "(unparsable)"
 	}
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
+	host, db := u.Host, strings.TrimPrefix(u.EscapedPath(), "/")
+	q := u.Query()
+	switch u.Scheme {
+	case "redis", "rediss", "valkey", "valkeys":
+		db = cmp.Or(db, q.Get("db"), "0")
+	case "postgres", "postgresql":
+		host = cmp.Or(host, url.PathEscape(q.Get("host")))
+		if db = cmp.Or(db, url.PathEscape(q.Get("dbname"))); db == "" && u.User != nil {
+			db = url.PathEscape(u.User.Username())
+		}
+	case "mysql", "mariadb":
+		if host != "" && u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "3306")
+		}
+	}
+	if db == "" {
+		return u.Scheme + "://" + host
+	}
+	return u.Scheme + "://" + host + "/" + db
 }
