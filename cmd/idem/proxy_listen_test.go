@@ -37,7 +37,8 @@ func connCounter(t *testing.T) (port string, n *atomic.Int64) {
 // port out of range is a usage error (exit 2) before anything opens; a
 // port another process holds exits 1 and is found before the store is
 // opened, so the tiered store's Redis and PostgreSQL (counting listeners
-// here) see no connection: no table is created behind a failed start.
+// here) see no connection: no table is created behind a failed start. A
+// value from the environment names its variable too.
 func TestProxyListenErrors(t *testing.T) {
 	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
@@ -50,7 +51,7 @@ func TestProxyListenErrors(t *testing.T) {
 	pgPort, pgConns := connCounter(t)
 	tiered := "redis://127.0.0.1:" + redisPort + " postgres://idem@127.0.0.1:" + pgPort + "/shop?connect_timeout=2"
 	for _, c := range []struct {
-		args []string
+		args []string // flags, and IDEM_ variables for the environment
 		code int
 		want string // the whole of stderr, after "idem proxy: "
 	}{
@@ -61,8 +62,19 @@ func TestProxyListenErrors(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:18089", "--admin-listen", "127.0.0.1:18089"}, 2, "--listen and --admin-listen are both 127.0.0.1:18089: want two addresses"},
 		{[]string{"--listen", busyAddr, "--store", tiered}, 1, "--listen " + busyAddr + ": bind: address already in use"},
 		{[]string{"--listen", "127.0.0.1:0", "--admin-listen", busyAddr, "--store", tiered}, 1, "--admin-listen " + busyAddr + ": bind: address already in use"},
+		{[]string{"IDEM_LISTEN=127.0.0.1:0", "IDEM_ADMIN_LISTEN=" + busyAddr, "IDEM_STORE=" + tiered}, 1,
+			"IDEM_ADMIN_LISTEN: --admin-listen " + busyAddr + ": bind: address already in use"},
+		{[]string{"IDEM_LISTEN=127.0.0.1:70000"}, 2, `IDEM_LISTEN: --listen "127.0.0.1:70000": port "70000": want a port number from 0 to 65535 (0: any free port)`},
 	} {
-		code, stderr := runIdem(t, nil, append([]string{"proxy", "--upstream", "http://127.0.0.1:1"}, c.args...)...)
+		var env, args []string // IDEM_ variables, or flags
+		for _, a := range c.args {
+			if strings.HasPrefix(a, "IDEM_") {
+				env = append(env, a)
+			} else {
+				args = append(args, a)
+			}
+		}
+		code, stderr := runIdem(t, env, append([]string{"proxy", "--upstream", "http://127.0.0.1:1"}, args...)...)
 		if got := strings.TrimSpace(stderr); code != c.code || got != "idem proxy: "+c.want {
 			t.Errorf("idem proxy %q: exit %d, stderr %q; want exit %d and %q", c.args, code, got, c.code, "idem proxy: "+c.want)
 		}
