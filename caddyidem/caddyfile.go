@@ -8,7 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/dustin/go-humanize"
+
+	"github.com/idemkit/idem/internal/sidecar"
 )
 
 func init() {
@@ -107,11 +108,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return 0, err
 			}
-			v, err := humanize.ParseBytes(a)
-			if err != nil || v > 1<<62 {
-				return 0, d.Errf("%s %q: want a size such as 1048576, 64KiB or 1MiB", name, a)
+			v, err := sidecar.ParseSize(a)
+			if err != nil {
+				return 0, d.Errf("%s %q: %v", name, a, err)
 			}
-			return int64(v), nil
+			return v, nil
 		}
 		var err error
 		switch name {
@@ -164,10 +165,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "fail_open":
 			err = none()
 			h.FailOpen = true
-		case "max_body":
-			h.MaxBody, err = size()
-		case "max_response":
-			h.MaxResponse, err = size()
+		case "max_body", "max_response":
+			// 0 is the JSON field's "not set" (the default): written
+			// here, it would silently be 1MiB, where --max-body 0 is
+			// refused.
+			var v int64
+			if v, err = size(); err == nil && v == 0 {
+				return d.Errf("%s 0: want at least 1 byte (leave %s out for the default, 1MiB)", name, name)
+			}
+			if name == "max_body" {
+				h.MaxBody = v
+			} else {
+				h.MaxResponse = v
+			}
 		case "store_statuses":
 			if len(args) == 0 {
 				return d.Errf("store_statuses: want one or more statuses, such as 200 201 (JSON's [] stores nothing)")

@@ -300,6 +300,55 @@ func TestCaddyfileErrors(t *testing.T) {
 	}
 }
 
+// TestCaddyfileSizes: sizes are idem proxy's (sidecar.ParseSize): a bare
+// number is bytes, so max_body 1 is one byte, as --max-body 1 is; a unit
+// is written as the docs spell it; max_body 0 and max_response 0 are
+// refused (the JSON field's 0 is the default, 1MiB), and what was wanted
+// is named.
+func TestCaddyfileSizes(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want func(Handler) int64
+		n    int64
+	}{
+		{"max_body 1", func(h Handler) int64 { return h.MaxBody }, 1},
+		{"max_body 10B", func(h Handler) int64 { return h.MaxBody }, 10},
+		{"max_body 512KB", func(h Handler) int64 { return h.MaxBody }, 512e3},
+		{`max_body "1 MiB"`, func(h Handler) int64 { return h.MaxBody }, 1 << 20},
+		{"max_response 32MiB", func(h Handler) int64 { return h.MaxResponse }, 32 << 20},
+		{"memory_limit 0", func(h Handler) int64 { return *h.MemoryLimit }, 0},
+		{"memory_limit 1048576", func(h Handler) int64 { return *h.MemoryLimit }, 1 << 20},
+		{"quota_bytes 16MiB", func(h Handler) int64 { return *h.QuotaBytes }, 16 << 20},
+	} {
+		_, raw := handlersOf(t, adapt(t, ":8080\nidempotency {\n\t"+tc.body+"\n}\nreverse_proxy app:8080\n"))
+		var h Handler
+		if err := json.Unmarshal(raw, &h); err != nil {
+			t.Fatal(err)
+		}
+		if got := tc.want(h); got != tc.n {
+			t.Errorf("%s: got %d bytes, want %d", tc.body, got, tc.n)
+		}
+	}
+	for _, tc := range []struct{ body, want string }{
+		{"max_body 1mb", `max_body "1mb": ` + sidecar.SizeWant},
+		{"max_body 64K", `max_body "64K": ` + sidecar.SizeWant},
+		{"max_body 1.5MiB", `max_body "1.5MiB": ` + sidecar.SizeWant},
+		{"max_body 1TiB", `max_body "1TiB": ` + sidecar.SizeWant},
+		{"max_body -1", `max_body "-1": ` + sidecar.SizeWant},
+		{"max_body 1 MiB", "max_body: want one argument, got 2"},
+		{"max_body 0", "max_body 0: want at least 1 byte (leave max_body out for the default, 1MiB)"},
+		{"max_response 0B", "max_response 0: want at least 1 byte (leave max_response out for the default, 1MiB)"},
+		{"memory_limit 1GB5", `memory_limit "1GB5": ` + sidecar.SizeWant},
+		{"quota_bytes lots", `quota_bytes "lots": ` + sidecar.SizeWant},
+	} {
+		cf := ":8080\nidempotency {\n\t" + tc.body + "\n}\nreverse_proxy app:8080\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got error %v, want one containing %q", tc.body, err, tc.want)
+		}
+	}
+}
+
 // TestJSONValidate: the JSON config is checked as the Caddyfile is (the
 // handler's Provision validates before it opens anything).
 func TestJSONValidate(t *testing.T) {

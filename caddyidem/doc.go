@@ -2,17 +2,22 @@
 // http.handlers.idempotency and Caddyfile directive idempotency, that makes
 // the rest of its route (reverse_proxy to any upstream, usually) run once
 // per Idempotency-Key. It is the idemhttp middleware with the options and
-// outcomes of `idem proxy`, without a second process:
+// outcomes of `idem proxy`, without a second process. A whole Caddyfile:
 //
-//	route /payments/* {
-//		idempotency {
+//	:8080 {
+//		@payments path /payments /payments/*
+//		idempotency @payments {
 //			store redis://127.0.0.1:6379
 //		}
-//		reverse_proxy app:8080
+//		reverse_proxy 127.0.0.1:9000
 //	}
 //
-// The directive is ordered before reverse_proxy, so outside a route block
-// no order line is needed. Build Caddy with it with
+// The matcher covers /payments and the paths under it (/payments/* alone
+// does not match /payments). The directive is ordered before
+// reverse_proxy, so outside a route block no order line is needed; in a
+// route block, write it before reverse_proxy, and give the site a handler
+// for the requests the route does not match (Caddy answers those with an
+// empty 200 otherwise). Build Caddy with it with
 //
 //	xcaddy build v2.11.9 --with github.com/idemkit/idem/caddyidem
 //

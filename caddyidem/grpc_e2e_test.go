@@ -71,15 +71,16 @@ func (u *grpcUpstream) count(key string) int {
 
 // TestGRPC: through a real Caddy serving h2c (servers { protocols h1 h2
 // h2c }), the idempotency handler and reverse_proxy to an h2c upstream
-// (transport http { versions h2c }), a keyed grpc-go call runs once per
+// (transport http { versions h2c }): docs/caddy.md's gRPC Caddyfile, on
+// the private Redis. A keyed grpc-go call runs once per
 // key and its repeat gets the same message and trailing metadata, with
 // idempotent-replayed; another message under the key gets
 // FailedPrecondition; a stored InvalidArgument replays, a released
 // Unavailable runs again; the upstream never sees the client's deadline.
 func TestGRPC(t *testing.T) {
 	up, addr := startGRPCUpstream(t)
-	base := startCaddyGlobal(t, "\tservers {\n\t\tprotocols h1 h2 h2c\n\t}\n",
-		fmt.Sprintf("\troute {\n\t\tidempotency {\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy %s {\n\t\t\ttransport http {\n\t\t\t\tversions h2c\n\t\t\t}\n\t\t}\n\t}", addr))
+	_, cf := docCaddyfiles(t) // docs/caddy.md's, as written but for the addresses
+	base := loadDocCaddyfile(t, cf, docGRPCApp, addr, docRedisURL, "redis://"+rdb.Addr())
 	conn, err := grpc.NewClient(strings.TrimPrefix(base, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodec(upstreamtest.RawCodec{})))
 	if err != nil {

@@ -84,7 +84,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "idem %s: %s%v\n", args[0], fromEnvironment(err.Error(), args[1:]), err)
 		return 2
 	}
-	fmt.Fprintf(stderr, "idem %s: %v\n", args[0], err)
+	// A failure at run time that names a flag (--admin-listen ADDR: bind:
+	// address already in use) names its variable too when that set it.
+	fmt.Fprintf(stderr, "idem %s: %s%v\n", args[0], fromEnvironment(err.Error(), args[1:]), err)
 	return 1
 }
 
@@ -185,7 +187,7 @@ func fromEnvironment(msg string, args []string) string {
 	return envName(m[1]) + ": "
 }
 
-// flagInMessage matches the flag a usage error starts with.
+// flagInMessage matches the flag an error starts with.
 var flagInMessage = regexp.MustCompile(`^--([a-z0-9][a-z0-9-]*)\b`)
 
 // envName is the environment variable of the flag name: IDEM_<NAME>,

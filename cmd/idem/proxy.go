@@ -211,21 +211,24 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	lns, err := o.bindListeners() // before the store: a taken port opens nothing
+	if err != nil {
+		return err
+	}
 	b, err := o.openBackends(ctx, logger)
 	if err != nil {
+		lns.close()
 		return err
 	}
 	defer b.close() // the sweep, the blob store, then the store (its reaper first)
 	p, err := newProxy(target, t.upstream, b.store, o.settings, routes, b.metrics, logger, blobOptions{blobs: b.blobs, timeout: o.blobTimeout}, o.quota.tenants, o.v1Scopes.d, sealer)
 	if err != nil {
+		lns.close()
 		return err
 	}
 	b.metrics.registerQuotaTenants(p.quotas)
 	b.startSweep(o, logger)
-	srv, err := o.serve(p, b, t.certs, logger)
-	if err != nil {
-		return err
-	}
+	srv := o.serve(lns, p, b, t.certs, logger)
 	// Reloads last until the proxy returns, not until SIGTERM: a SIGHUP while it drains must
 	// not take SIGHUP's default action (exit) and cut the requests it is finishing.
 	reloadCtx, stopReloads := context.WithCancel(context.Background())
@@ -299,11 +302,18 @@ func (o *proxyOptions) validate() (*url.URL, error) {
 	}
 	if _, isUnix, err := listenUnixURL(o.listen); err != nil {
 		return nil, err
-	} else if _, _, err := net.SplitHostPort(o.listen); !isUnix && err != nil {
-		return nil, usageError{fmt.Sprintf("--listen %q: want host:port, such as 127.0.0.1:8080 or :8080, or unix:///path/to/idem.sock", o.listen)}
+	} else if !isUnix {
+		if err := checkListenAddr("listen", o.listen, "127.0.0.1:8080 or :8080, or unix:///path/to/idem.sock"); err != nil {
+			return nil, err
+		}
 	}
-	if _, _, err := net.SplitHostPort(o.adminListen); o.adminListen != "" && err != nil {
-		return nil, usageError{fmt.Sprintf("--admin-listen %q: want host:port, such as 127.0.0.1:9090 or :9090", o.adminListen)}
+	if o.adminListen != "" {
+		if err := checkListenAddr("admin-listen", o.adminListen, "127.0.0.1:9090 or :9090"); err != nil {
+			return nil, err
+		}
+		if _, port, _ := net.SplitHostPort(o.adminListen); o.adminListen == o.listen && port != "0" {
+			return nil, usageError{fmt.Sprintf("--listen and --admin-listen are both %s: want two addresses", o.listen)}
+		}
 	}
 	if o.shutdownTimeout <= 0 {
 		return nil, usageError{fmt.Sprintf("--shutdown-timeout %v: want a positive duration", o.shutdownTimeout)}

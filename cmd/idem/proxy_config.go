@@ -433,37 +433,16 @@ func (d *fileDuration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// byteSize is a size in bytes: a plain number, or one with a unit (KiB,
-// MiB, GiB; KB, MB, GB are decimal). It is a flag.Value and reads from
-// YAML.
+// byteSize is a size in bytes, read by sidecar.ParseSize: a plain number
+// of bytes, or one with a unit (KiB, MiB, GiB; KB, MB, GB are decimal).
+// It is a flag.Value and reads from YAML.
 type byteSize int64
 
-var sizeUnits = []struct {
-	suffix string
-	n      int64
-}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
-
-// sizeWant says what a size flag takes.
-const sizeWant = "want a size in bytes such as 1048576, 64KiB or 1MiB"
-
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	mult := int64(1)
-	for _, u := range sizeUnits {
-		if num, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mult = strings.TrimSpace(num), u.n
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/mult {
-		return 0, errors.New(sizeWant)
-	}
-	return n * mult, nil
-}
+// sizeWant says what a size flag or field takes.
+const sizeWant = sidecar.SizeWant
 
 func (b *byteSize) Set(s string) error {
-	n, err := parseSize(s)
+	n, err := sidecar.ParseSize(s)
 	if err != nil {
 		return err
 	}
@@ -475,19 +454,13 @@ func (b *byteSize) String() string {
 	if b == nil {
 		return "0"
 	}
-	n := int64(*b)
-	for i := 2; i >= 0; i-- { // GiB, MiB, KiB
-		if u := sizeUnits[i]; n >= u.n && n%u.n == 0 {
-			return strconv.FormatInt(n/u.n, 10) + u.suffix
-		}
-	}
-	return strconv.FormatInt(n, 10)
+	return sidecar.FormatSize(int64(*b))
 }
 
 func (b *byteSize) UnmarshalYAML(n *yaml.Node) error {
-	v, err := parseSize(n.Value)
+	v, err := sidecar.ParseSize(n.Value)
 	if n.Kind != yaml.ScalarNode || err != nil {
-		return fmt.Errorf("line %d: %q is not a size (want bytes such as 1048576, 64KiB or 1MiB)", n.Line, n.Value)
+		return fmt.Errorf("line %d: %q is not a size (%s)", n.Line, n.Value, sizeWant)
 	}
 	*b = byteSize(v)
 	return nil

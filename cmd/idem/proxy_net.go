@@ -128,7 +128,7 @@ func listenProxy(addr string) (net.Listener, string, error) {
 		return nil, "", err
 	}
 	if !isUnix {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := listenTCP("listen", addr)
 		if err != nil {
 			return nil, "", err
 		}
@@ -156,6 +156,70 @@ func listenProxy(addr string) (net.Listener, string, error) {
 		return nil, "", fmt.Errorf("--listen unix://%s: setting its mode to %04o: %w", path, listenSocketMode, err)
 	}
 	return ln, "unix://" + path, nil
+}
+
+// checkListenAddr checks the host:port of a listening flag (--listen,
+// --admin-listen) before anything is opened: a port that is not a number
+// from 0 to 65535 (or a service name) is a usage error naming the flag.
+func checkListenAddr(flag, addr, example string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usageError{fmt.Sprintf("--%s %q: want host:port, such as %s", flag, addr, example)}
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return usageError{fmt.Sprintf("--%s %q: port %q: want a port number from 0 to 65535 (0: any free port)", flag, addr, port)}
+	}
+	return nil
+}
+
+// listenTCP binds the TCP address of a listening flag; the error names
+// the flag and the address, and why (the port is taken, the address is
+// not this host's).
+func listenTCP(flag, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			err = op.Err // "bind: address already in use", without net's "listen tcp ADDR:"
+		}
+		return nil, fmt.Errorf("--%s %s: %w", flag, addr, err)
+	}
+	return ln, nil
+}
+
+// proxyListeners are the proxy's listeners: the proxied traffic's
+// (--listen) and the admin server's (--admin-listen; nil without it).
+type proxyListeners struct {
+	main, admin net.Listener
+	mainAddr    string // as logged: host:port or unix:///path
+}
+
+// bindListeners binds --listen and --admin-listen, before the store is
+// opened: a port that is taken fails the start with the flag and the
+// address, and leaves no store connection made, no table created and no
+// reaper started behind it.
+func (o *proxyOptions) bindListeners() (*proxyListeners, error) {
+	main, mainAddr, err := listenProxy(o.listen)
+	if err != nil {
+		return nil, err
+	}
+	l := &proxyListeners{main: main, mainAddr: mainAddr}
+	if o.adminListen != "" {
+		if l.admin, err = listenTCP("admin-listen", o.adminListen); err != nil {
+			main.Close()
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// close closes the listeners that no server took (a start that failed
+// after they were bound).
+func (l *proxyListeners) close() {
+	l.main.Close()
+	if l.admin != nil {
+		l.admin.Close()
+	}
 }
 
 func fileKind(m fs.FileMode) string {

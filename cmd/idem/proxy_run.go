@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"sync/atomic"
@@ -131,9 +130,10 @@ type servers struct {
 	errs                  chan error
 }
 
-// serve starts serving the proxied traffic on --listen (over TLS with
-// certs) and, with --admin-listen, /metrics, /healthz and /readyz.
-func (o *proxyOptions) serve(p *proxy, b *backends, certs *sidecar.CertSource, logger *slog.Logger) (*servers, error) {
+// serve starts serving the proxied traffic on --listen's listener (over
+// TLS with certs) and, with --admin-listen, /metrics, /healthz and
+// /readyz on the admin listener (both bound by bindListeners).
+func (o *proxyOptions) serve(lns *proxyListeners, p *proxy, b *backends, certs *sidecar.CertSource, logger *slog.Logger) *servers {
 	s := &servers{errs: make(chan error, 2)}
 	s.srv = &http.Server{
 		Handler:           p,
@@ -150,24 +150,17 @@ func (o *proxyOptions) serve(p *proxy, b *backends, certs *sidecar.CertSource, l
 	s.srv.Protocols.SetHTTP1(true)
 	s.srv.Protocols.SetHTTP2(certs != nil)
 	s.srv.Protocols.SetUnencryptedHTTP2(certs == nil)
-	ln, listenAddr, err := listenProxy(o.listen)
-	if err != nil {
-		return nil, err
-	}
-	s.listenAddr = listenAddr
+	ln := lns.main
+	s.listenAddr = lns.mainAddr
 	if certs != nil {
 		s.srv.TLSConfig = certs.Config()
 		go func() { s.errs <- s.srv.ServeTLS(ln, "", "") }()
 	} else {
 		go func() { s.errs <- s.srv.Serve(ln) }()
 	}
-	if o.adminListen == "" {
-		return s, nil
-	}
-	aln, err := net.Listen("tcp", o.adminListen)
-	if err != nil {
-		s.srv.Close()
-		return nil, err
+	aln := lns.admin
+	if aln == nil {
+		return s
 	}
 	s.admin = &http.Server{
 		Handler:           adminHandler(b.metrics, b.rawStore, blobStoreOrNil(b.blobs), &s.draining),
@@ -180,7 +173,7 @@ func (o *proxyOptions) serve(p *proxy, b *backends, certs *sidecar.CertSource, l
 	}
 	s.adminAddr = aln.Addr().String()
 	go func() { s.errs <- s.admin.Serve(aln) }()
-	return s, nil
+	return s
 }
 
 // close closes both servers at once.
