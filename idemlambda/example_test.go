@@ -18,7 +18,7 @@ import (
 // body as the payload that must match. In main, the store would be a
 // dynamostore.Store and the last line lambda.Start(handler).
 func ExampleWrap() {
-	store := memstore.New(memstore.Options{}) // dynamostore.New(client, dynamostore.Options{Table: "idem"})
+	store := memstore.New(memstore.Options{}) // or dynamostore.New(client, dynamostore.Options{Table: "idem"}), and its error
 	charges := 0
 	charge := func(ctx context.Context, req events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 		token, _ := idemlambda.FencingToken(ctx) // pass it to the system of record with the write
