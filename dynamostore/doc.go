@@ -10,6 +10,27 @@
 // "expires" has passed is absent for every method, whether TTL has deleted
 // it yet or not (TTL deletes within days, not at the second).
 //
+// # Options
+//
+// New checks its options and makes no request: Options.Table (a table
+// name or ARN) is required; Options.Namespace, prepended to every
+// partition key, lets several stores share a table; Options.ClockSkew and
+// Options.Clock are the time rules below. A bad value is an error naming
+// the option and what it must be.
+//
+// # A local endpoint
+//
+// Against DynamoDB Local, dynalite or LocalStack, the client needs four
+// settings that AWS would otherwise supply: the endpoint
+// (AWS_ENDPOINT_URL=http://localhost:8000 for config.LoadDefaultConfig,
+// or BaseEndpoint in dynamodb.Options), a region (AWS_REGION or
+// config.WithRegion; any one), static credentials (AWS_ACCESS_KEY_ID and
+// AWS_SECRET_ACCESS_KEY, or config.WithCredentialsProvider; any ones), and
+// AWS_EC2_METADATA_DISABLED=true. Without credentials every call fails
+// with "no EC2 IMDS role found", after the SDK has tried the instance
+// metadata address; the last setting makes that failure immediate.
+// ExampleNew_localEndpoint runs so, against the tests' dynalite.
+//
 // # Time without a server clock
 //
 // DynamoDB has no clock a condition can read, so time is the caller's
