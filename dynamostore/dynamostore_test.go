@@ -24,7 +24,10 @@ import (
 
 const table = "idem"
 
-var client *dynamodb.Client
+var (
+	client       *dynamodb.Client
+	dynaliteAddr string // host:port
+)
 
 func TestMain(m *testing.M) {
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
@@ -33,7 +36,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	client = srv.Client()
+	client, dynaliteAddr = srv.Client(), srv.Addr()
 	// For ExampleNew_localEndpoint, which takes the endpoint from the
 	// environment as a local run would (the other tests' clients name it).
 	os.Setenv("AWS_ENDPOINT_URL", "http://"+srv.Addr())

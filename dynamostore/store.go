@@ -5,17 +5,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/idemkit/idem"
@@ -202,21 +205,36 @@ func ctxErr(ctx context.Context, op string, key idem.Key) error {
 }
 
 // sendAttempts is how many times the store sends a request that got no
-// answer (the SDK's *smithyhttp.RequestSendError: the connection was
-// refused, reset or closed before a response came, after whatever
-// retries the client makes itself), when sending it again is safe: see
-// "Lost answers" in the package doc.
+// whole answer (see unanswered; after whatever retries the client makes
+// itself), when sending it again is safe: see "Lost answers" in the
+// package doc.
 const sendAttempts = 3
 
 // sendBackoff is the wait before the second attempt; it doubles, with
 // jitter, before each later one.
 const sendBackoff = 10 * time.Millisecond
 
-// unanswered reports whether err is a request that got no answer: the
-// server may or may not have applied it.
+// unanswered reports whether err is a request that got no whole answer,
+// so that the server may or may not have applied it: its connection was
+// refused, reset or closed before a response came (the SDK's
+// *smithyhttp.RequestSendError), or while the response's body was read
+// (a *smithy.DeserializationError of a body cut short: unexpected EOF, a
+// reset, a broken pipe). An answer read whole (a failed condition, a
+// throttling, validation or server error) is not one.
 func unanswered(err error) bool {
 	var rse *smithyhttp.RequestSendError
-	return errors.As(err, &rse)
+	if errors.As(err, &rse) {
+		return true
+	}
+	var de *smithy.DeserializationError
+	return errors.As(err, &de) && cutShort(de.Err)
+}
+
+// cutShort reports whether err is a connection's end: what reading a
+// response whose connection was cut returns.
+func cutShort(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
 // unsent reports whether err is a request that never reached the server
