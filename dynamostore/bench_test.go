@@ -30,7 +30,7 @@ import (
 //	go test -run '^$' -bench AcquireComplete -benchtime 5s ./dynamostore/
 func BenchmarkAcquireComplete(b *testing.B) {
 	b.Run("store", func(b *testing.B) {
-		storetest.BenchmarkPairs(b, dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("bench")}), 64)
+		storetest.BenchmarkPairs(b, mustNew(b, client, dynamostore.Options{Table: table, Namespace: newNamespace("bench")}), 64)
 	})
 	b.Run("raw", func(b *testing.B) {
 		ctx := context.Background()
@@ -116,10 +116,10 @@ func BenchmarkBatchPairs(b *testing.B) {
 		api  dynamostore.API
 	}{{"dynalite", client}, {"dynalite+rtt5ms", slow}} {
 		b.Run(c.name+"/batch", func(b *testing.B) {
-			storetest.BenchmarkBatchPairs(b, dynamostore.New(c.api, dynamostore.Options{Table: table, Prefix: newPrefix("bench")}), 1, 64)
+			storetest.BenchmarkBatchPairs(b, mustNew(b, c.api, dynamostore.Options{Table: table, Namespace: newNamespace("bench")}), 1, 64)
 		})
 		b.Run(c.name+"/sequential", func(b *testing.B) {
-			storetest.BenchmarkBatchPairs(b, sequential{dynamostore.New(c.api, dynamostore.Options{Table: table, Prefix: newPrefix("bench")})}, 1, 64)
+			storetest.BenchmarkBatchPairs(b, sequential{mustNew(b, c.api, dynamostore.Options{Table: table, Namespace: newNamespace("bench")})}, 1, 64)
 		})
 	}
 }

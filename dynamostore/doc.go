@@ -10,6 +10,27 @@
 // "expires" has passed is absent for every method, whether TTL has deleted
 // it yet or not (TTL deletes within days, not at the second).
 //
+// # Options
+//
+// New checks its options and makes no request: Options.Table (a table
+// name or ARN) is required; Options.Namespace, prepended to every
+// partition key, lets several stores share a table; Options.ClockSkew and
+// Options.Clock are the time rules below. A bad value is an error naming
+// the option and what it must be.
+//
+// # A local endpoint
+//
+// Against DynamoDB Local, dynalite or LocalStack, the client needs four
+// settings that AWS would otherwise supply: the endpoint
+// (AWS_ENDPOINT_URL=http://localhost:8000 for config.LoadDefaultConfig,
+// or BaseEndpoint in dynamodb.Options), a region (AWS_REGION or
+// config.WithRegion; any one), static credentials (AWS_ACCESS_KEY_ID and
+// AWS_SECRET_ACCESS_KEY, or config.WithCredentialsProvider; any ones), and
+// AWS_EC2_METADATA_DISABLED=true. Without credentials every call fails
+// with "no EC2 IMDS role found", after the SDK has tried the instance
+// metadata address; the last setting makes that failure immediate.
+// ExampleNew_localEndpoint runs so, against the tests' dynalite.
+//
 // # Time without a server clock
 //
 // DynamoDB has no clock a condition can read, so time is the caller's
@@ -51,11 +72,16 @@
 //
 // # Lost answers
 //
-// A request that gets no answer (its connection refused, reset or closed
-// before a response came: the SDK's *smithyhttp.RequestSendError, after
-// whatever retries the client makes) is sent again by the store where
-// that is safe: three attempts in all at most, the second after 5 to
-// 10 ms, the third 10 to 20 ms later, while the context lasts. A read (GetItem) is always
+// A request that gets no whole answer is sent again by the store where
+// that is safe: its connection was refused, reset or closed before a
+// response came (the SDK's *smithyhttp.RequestSendError), or while the
+// response's body was read (a *smithy.DeserializationError of a body cut
+// short: unexpected EOF, a reset, a broken pipe). That is what a reused
+// keep-alive connection gives when the server has closed it idle
+// (DynamoDB's endpoints and Node.js's servers close idle connections), and
+// the client's own retries are off or used up. Three attempts in all at
+// most, the second after 5 to 10 ms, the third 10 to 20 ms later, while
+// the context lasts. A read (GetItem) is always
 // safe. So is every conditional write: repeated after its first attempt
 // applied, it meets that write and is recognised by the caller's lease.
 // Acquire finds the item in flight under its own LeaseID and returns
@@ -67,10 +93,14 @@
 // released either way; idem.Store says the same of a caller's own
 // repeat). Delete is sent again only when its connection could not be
 // made: a repeat of a Delete that reached the server would find nothing
-// and report false. A request the server answered (a failed condition,
-// a throttling or validation error) is not sent again by the store; the
-// client's own retries (RetryMaxAttempts, 3 by default; they retry
-// throttling and lost answers) are safe for the same reasons.
+// and report false. A request the server answered whole (a failed
+// condition, a throttling, validation or server error) is not sent again
+// by the store; the client's own retries (RetryMaxAttempts, 3 by default;
+// they retry throttling and lost answers) are safe for the same reasons.
+// TestCutConnections puts a proxy between the store and dynalite that
+// cuts connections mid-request (never applied), before the answer, inside
+// its header and inside its body (applied), and after answers: every
+// key's work runs once, and no request answered whole is sent again.
 //
 // # dynalite
 //

@@ -24,7 +24,10 @@ import (
 
 const table = "idem"
 
-var client *dynamodb.Client
+var (
+	client       *dynamodb.Client
+	dynaliteAddr string // host:port
+)
 
 func TestMain(m *testing.M) {
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
@@ -33,7 +36,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	client = srv.Client()
+	client, dynaliteAddr = srv.Client(), srv.Addr()
+	// For ExampleNew_localEndpoint, which takes the endpoint from the
+	// environment as a local run would (the other tests' clients name it).
+	os.Setenv("AWS_ENDPOINT_URL", "http://"+srv.Addr())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err = dynamostore.CreateTable(ctx, client, table)
 	cancel()
@@ -83,13 +89,13 @@ func (a *allOld) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o
 }
 
 func harness(api func() dynamostore.API) storetest.Harness {
-	return func(t *testing.T, prefix string) storetest.Fixture {
-		s := dynamostore.New(api(), dynamostore.Options{Table: table, Prefix: prefix})
+	return func(t *testing.T, ns string) storetest.Fixture {
+		s := mustNew(t, api(), dynamostore.Options{Table: table, Namespace: ns})
 		return storetest.Fixture{
 			Store: s,
 			Sleep: time.Sleep,
 			Corrupt: func(key idem.Key) error {
-				return dynamostore.Corrupt(t.Context(), client, table, prefix, key)
+				return dynamostore.Corrupt(t.Context(), client, table, ns, key)
 			},
 		}
 	}
@@ -177,7 +183,7 @@ func conditionFailures(t *testing.T, st *dynamostore.Store) {
 // the item costs one GetItem.
 func TestConditionFailureReadsAfter(t *testing.T) {
 	c := &counting{Client: client}
-	conditionFailures(t, dynamostore.New(c, dynamostore.Options{Table: table, Prefix: "reads-after:" + idem.NewLeaseID().String() + ":"}))
+	conditionFailures(t, mustNew(t, c, dynamostore.Options{Table: table, Namespace: "reads-after:" + idem.NewLeaseID().String() + ":"}))
 	// Failed conditions: repeated Acquire, InFlight, Mismatch, repeated
 	// Complete, Replay, repeated Release, Complete after Release (Renew
 	// needs no item).
@@ -190,7 +196,7 @@ func TestConditionFailureReadsAfter(t *testing.T) {
 // (DynamoDB), the store reads nothing.
 func TestConditionFailureAllOld(t *testing.T) {
 	a := &allOld{Client: client}
-	conditionFailures(t, dynamostore.New(a, dynamostore.Options{Table: table, Prefix: "all-old:" + idem.NewLeaseID().String() + ":"}))
+	conditionFailures(t, mustNew(t, a, dynamostore.Options{Table: table, Namespace: "all-old:" + idem.NewLeaseID().String() + ":"}))
 	if got := a.gets.Load(); got != 0 {
 		t.Errorf("GetItem calls by the store: got %d, want 0", got)
 	}
@@ -199,7 +205,17 @@ func TestConditionFailureAllOld(t *testing.T) {
 	}
 }
 
-func newPrefix(name string) string { return name + ":" + idem.NewLeaseID().String() + ":" }
+// mustNew is dynamostore.New, failing tb on an error.
+func mustNew(tb testing.TB, api dynamostore.API, opts dynamostore.Options) *dynamostore.Store {
+	tb.Helper()
+	s, err := dynamostore.New(api, opts)
+	if err != nil {
+		tb.Fatalf("dynamostore.New: %v", err)
+	}
+	return s
+}
+
+func newNamespace(name string) string { return name + ":" + idem.NewLeaseID().String() + ":" }
 
 // TestTTLAttribute: the ttl attribute, for DynamoDB TTL, is ClockSkew past
 // both the record's end and its token read as a time, and an Acquire whose
@@ -209,17 +225,17 @@ func newPrefix(name string) string { return name + ":" + idem.NewLeaseID().Strin
 func TestTTLAttribute(t *testing.T) {
 	ctx := t.Context()
 	const skew = 20 * time.Millisecond
-	prefix := newPrefix("ttl")
+	ns := newNamespace("ttl")
 	c := &counting{Client: client}
 	// A clock that stands still: every acquisition adds 1 ms' worth of
 	// token, so they run ahead of it.
 	t0 := time.Now()
-	st := dynamostore.New(c, dynamostore.Options{Table: table, Prefix: prefix, ClockSkew: skew,
+	st := mustNew(t, c, dynamostore.Options{Table: table, Namespace: ns, ClockSkew: skew,
 		Clock: func() time.Time { return t0 }})
 	key := idem.Key{3}
 	check := func(what string) uint64 {
 		t.Helper()
-		exp, ttl, tok, ok, err := dynamostore.Raw(ctx, client, table, prefix, key)
+		exp, ttl, tok, ok, err := dynamostore.Raw(ctx, client, table, ns, key)
 		if err != nil || !ok {
 			t.Fatalf("%s: raw item: %v, %v", what, ok, err)
 		}
@@ -276,9 +292,9 @@ func TestTTLAttribute(t *testing.T) {
 // lease gone.
 func TestClockSkew(t *testing.T) {
 	ctx := t.Context()
-	prefix := newPrefix("skew")
-	a := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: prefix})
-	b := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: prefix,
+	ns := newNamespace("skew")
+	a := mustNew(t, client, dynamostore.Options{Table: table, Namespace: ns})
+	b := mustNew(t, client, dynamostore.Options{Table: table, Namespace: ns,
 		Clock: func() time.Time { return time.Now().Add(time.Hour) }})
 	key, fp := idem.Key{4}, idem.Fingerprint{1}
 	la, err := a.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Minute})
@@ -305,7 +321,7 @@ func TestClockSkew(t *testing.T) {
 func TestItemTooLarge(t *testing.T) {
 	ctx := t.Context()
 	var omitted atomic.Int64
-	st := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: newPrefix("large"),
+	st := mustNew(t, client, dynamostore.Options{Table: table, Namespace: newNamespace("large"),
 		OnBodyOmitted: func(idem.Key, int) { omitted.Add(1) }})
 	hdr := http.Header{"Content-Type": {"application/octet-stream"}}
 	for i, tt := range []struct {

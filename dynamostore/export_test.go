@@ -13,8 +13,8 @@ import (
 
 // Corrupt overwrites the stored response of key's record with bytes that
 // do not decode (storetest's Fixture.Corrupt).
-func Corrupt(ctx context.Context, c *dynamodb.Client, table, prefix string, key idem.Key) error {
-	s := New(c, Options{Table: table, Prefix: prefix})
+func Corrupt(ctx context.Context, c *dynamodb.Client, table, ns string, key idem.Key) error {
+	s := &Store{table: aws.String(table), pre: ns}
 	_, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 aws.String(table),
 		Key:                       s.key(key),
@@ -27,8 +27,8 @@ func Corrupt(ctx context.Context, c *dynamodb.Client, table, prefix string, key 
 
 // Raw returns the attributes of key's item as numbers and whether it is
 // there: expires (epoch ms), ttl (epoch s) and token.
-func Raw(ctx context.Context, c *dynamodb.Client, table, prefix string, key idem.Key) (expires, ttl int64, token uint64, ok bool, err error) {
-	s := New(c, Options{Table: table, Prefix: prefix})
+func Raw(ctx context.Context, c *dynamodb.Client, table, ns string, key idem.Key) (expires, ttl int64, token uint64, ok bool, err error) {
+	s := &Store{table: aws.String(table), pre: ns}
 	out, err := c.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: s.key(key), ConsistentRead: aws.Bool(true)})
 	if err != nil || out.Item == nil {
 		return 0, 0, 0, false, err

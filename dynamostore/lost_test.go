@@ -107,9 +107,9 @@ func (l *lossy) DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, op
 // the first attempt would have (see "Lost answers" in the package doc).
 func TestLostAnswers(t *testing.T) {
 	ctx := t.Context()
-	prefix := newPrefix("lost")
+	ns := newNamespace("lost")
 	api := newLossy()
-	st := dynamostore.New(api, dynamostore.Options{Table: table, Prefix: prefix})
+	st := mustNew(t, api, dynamostore.Options{Table: table, Namespace: ns})
 	fp := idem.Fingerprint{1}
 	acquire := func(what string, key idem.Key, id idem.LeaseID) idem.Acquisition {
 		t.Helper()
@@ -142,7 +142,7 @@ func TestLostAnswers(t *testing.T) {
 	api.arm("UpdateItem", lost)
 	sends("Acquire, answer lost", "UpdateItem", 2, func() {
 		acq := acquire("Acquire, answer lost", key, id)
-		_, _, tok, ok, err := dynamostore.Raw(ctx, client, table, prefix, key)
+		_, _, tok, ok, err := dynamostore.Raw(ctx, client, table, ns, key)
 		if acq.Outcome != idem.Acquired || acq.Lease.ID != id || !ok || err != nil || acq.Lease.Token != tok {
 			t.Fatalf("Acquire, answer lost: got %v lease %v token %d; want acquired, lease %v, the stored token %d (%v, %v)",
 				acq.Outcome, acq.Lease.ID, acq.Lease.Token, id, tok, ok, err)
@@ -197,7 +197,7 @@ func TestLostAnswers(t *testing.T) {
 	// key acquired by another caller before the store sent it again.
 	key3 := idem.Key{3}
 	l3 := acquire("Acquire of key 3", key3, idem.NewLeaseID()).Lease
-	other := dynamostore.New(client, dynamostore.Options{Table: table, Prefix: prefix})
+	other := mustNew(t, client, dynamostore.Options{Table: table, Namespace: ns})
 	api.hook = func() {
 		api.hook = nil
 		if acq, err := other.Acquire(ctx, idem.AcquireRequest{Key: key3, Fingerprint: fp, LeaseID: idem.NewLeaseID(), TTL: time.Minute}); err != nil || acq.Outcome != idem.Acquired {

@@ -24,12 +24,12 @@ func TestSealedAtRest(t *testing.T) {
 		name := map[bool]string{true: "sealed", false: "clear"}[sealed]
 		t.Run(name, func(t *testing.T) {
 			ctx := t.Context()
-			prefix := newPrefix("seal-" + name)
+			ns := newNamespace("seal-" + name)
 			cfg := idem.Config{}
 			if sealed {
 				cfg.Seal = sealtest.Ring(t, "k1")
 			}
-			g, err := idem.New(dynamostore.New(client, dynamostore.Options{Table: table, Prefix: prefix}), cfg)
+			g, err := idem.New(mustNew(t, client, dynamostore.Options{Table: table, Namespace: ns}), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,9 +50,9 @@ func TestSealedAtRest(t *testing.T) {
 			if res := do(); runs != 1 || res.Response == nil || !bytes.Contains(res.Response.Body, []byte(card)) {
 				t.Fatalf("replay: %d runs, response %+v", runs, res.Response)
 			}
-			dump := scanTable(ctx, t, prefix)
+			dump := scanTable(ctx, t, ns)
 			if len(dump) == 0 {
-				t.Fatal("the scan found no item of the prefix")
+				t.Fatal("the scan found no item of the namespace")
 			}
 			for _, s := range []string{card, token} {
 				if got := bytes.Contains(dump, []byte(s)); got == sealed {
@@ -64,8 +64,8 @@ func TestSealedAtRest(t *testing.T) {
 }
 
 // scanTable returns the bytes of every attribute of the table's items
-// whose key starts with prefix, as a scan (or an export) shows them.
-func scanTable(ctx context.Context, t *testing.T, prefix string) []byte {
+// whose key starts with ns, as a scan (or an export) shows them.
+func scanTable(ctx context.Context, t *testing.T, ns string) []byte {
 	t.Helper()
 	var dump []byte
 	p := dynamodb.NewScanPaginator(client, &dynamodb.ScanInput{TableName: &[]string{table}[0]})
@@ -80,7 +80,7 @@ func scanTable(ctx context.Context, t *testing.T, prefix string) []byte {
 			for _, v := range item {
 				switch v := v.(type) {
 				case *types.AttributeValueMemberS:
-					mine = mine || bytes.HasPrefix([]byte(v.Value), []byte(prefix))
+					mine = mine || bytes.HasPrefix([]byte(v.Value), []byte(ns))
 					b = append(b, v.Value...)
 				case *types.AttributeValueMemberB:
 					b = append(b, v.Value...)

@@ -5,14 +5,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"regexp"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/idemkit/idem"
@@ -29,7 +35,7 @@ var _ API = (*dynamodb.Client)(nil)
 
 // Attribute names of an item.
 const (
-	KeyAttribute = "pk"  // partition key (string): Options.Prefix + the key in hex
+	KeyAttribute = "pk"  // partition key (string): Options.Namespace + the key in hex
 	TTLAttribute = "ttl" // epoch seconds for DynamoDB TTL
 
 	attrState   = "state"
@@ -43,18 +49,35 @@ const (
 // DefaultClockSkew is Options.ClockSkew when it is zero.
 const DefaultClockSkew = time.Minute
 
-// Options configures a Store.
+// MinClockSkew and MaxClockSkew bound Options.ClockSkew when it is set.
+const (
+	MinClockSkew = time.Millisecond
+	MaxClockSkew = 24 * time.Hour
+)
+
+// MaxNamespace is the longest Options.Namespace, in bytes (as
+// mysqlstore's).
+const MaxNamespace = 255
+
+// Options configures a Store. Table is required; the zero value of every
+// other field means its default.
 type Options struct {
-	// Table is the table's name. Required.
+	// Table is the table: its name (3 to 255 letters, digits, '_', '-'
+	// and '.') or its ARN (arn:aws:dynamodb:REGION:ACCOUNT:table/NAME,
+	// in any AWS partition). Required.
 	Table string
-	// Prefix is prepended to every partition key, so that several stores
-	// share a table.
-	Prefix string
+	// Namespace isolates stores sharing a table: each sees only the
+	// records of its own namespace. It is prepended to every partition
+	// key (the key in hex follows it), so items written by a store of the
+	// same Namespace are its records. Valid UTF-8, at most MaxNamespace
+	// bytes. Default "".
+	Namespace string
 	// Clock is the time source; time.Now when nil. See the package doc.
 	Clock func() time.Time
 	// ClockSkew is the largest difference between the clocks of the
 	// instances sharing the table that fencing tokens survive a TTL
-	// deletion with (see the package doc). Default DefaultClockSkew.
+	// deletion with (see the package doc): between MinClockSkew and
+	// MaxClockSkew. Default DefaultClockSkew.
 	ClockSkew time.Duration
 	// OnBodyOmitted, when set, is called for every response that Complete
 	// stores without its body because the item would exceed DynamoDB's
@@ -78,19 +101,65 @@ var (
 	_ idem.Namespacer = (*Store)(nil)
 )
 
-// New returns a store on opts.Table through api (a *dynamodb.Client).
-func New(api API, opts Options) *Store {
+// New returns a store on opts.Table through api (a *dynamodb.Client). It
+// checks opts and makes no request: an error names the option and what
+// it must be.
+func New(api API, opts Options) (*Store, error) {
+	if api == nil {
+		return nil, errors.New("dynamostore: New: nil API (want a *dynamodb.Client)")
+	}
+	if err := checkTable(opts.Table); err != nil {
+		return nil, err
+	}
+	switch {
+	case !utf8.ValidString(opts.Namespace):
+		return nil, fmt.Errorf("dynamostore: New: Options.Namespace %q is not valid UTF-8", opts.Namespace)
+	case len(opts.Namespace) > MaxNamespace:
+		return nil, fmt.Errorf("dynamostore: New: Options.Namespace is %d bytes, want at most %d", len(opts.Namespace), MaxNamespace)
+	}
+	switch {
+	case opts.ClockSkew == 0:
+		opts.ClockSkew = DefaultClockSkew
+	case opts.ClockSkew < MinClockSkew || opts.ClockSkew > MaxClockSkew:
+		return nil, fmt.Errorf("dynamostore: New: Options.ClockSkew %v, want 0 (the default, %v) or %v to %v",
+			opts.ClockSkew, DefaultClockSkew, MinClockSkew, MaxClockSkew)
+	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	if opts.ClockSkew <= 0 {
-		opts.ClockSkew = DefaultClockSkew
-	}
-	return &Store{api: api, table: aws.String(opts.Table), pre: opts.Prefix, clock: opts.Clock, skew: opts.ClockSkew,
-		omitted: opts.OnBodyOmitted}
+	return &Store{api: api, table: aws.String(opts.Table), pre: opts.Namespace, clock: opts.Clock, skew: opts.ClockSkew,
+		omitted: opts.OnBodyOmitted}, nil
 }
 
-// Namespace is "dynamodb " and the table name and prefix.
+var (
+	tableName = regexp.MustCompile(`^[A-Za-z0-9_.-]{3,255}$`)
+	tableARN  = regexp.MustCompile(`^arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/([^/]*)$`)
+)
+
+// checkTable checks Options.Table: a table name, or a table's ARN.
+func checkTable(t string) error {
+	const name = "3 to 255 letters, digits, '_', '-' or '.'"
+	const arn = "arn:PARTITION:dynamodb:REGION:ACCOUNT:table/NAME, ACCOUNT 12 digits"
+	switch {
+	case t == "":
+		return errors.New("dynamostore: New: Options.Table is required: a table name (" + name + ") or ARN (" + arn + ")")
+	case strings.HasPrefix(t, "arn:"):
+		m := tableARN.FindStringSubmatch(t)
+		if m == nil {
+			return fmt.Errorf("dynamostore: New: Options.Table %q is not a table ARN: want %s", t, arn)
+		}
+		if !tableName.MatchString(m[1]) {
+			return fmt.Errorf("dynamostore: New: Options.Table %q: the table name %q in the ARN is not %s", t, m[1], name)
+		}
+	case !tableName.MatchString(t):
+		return fmt.Errorf("dynamostore: New: Options.Table %q is not a table name (%s) nor an ARN (%s)", t, name, arn)
+	}
+	return nil
+}
+
+// Namespace implements idem.Namespacer: "dynamodb ", Options.Table (as
+// given: a name and an ARN of one table differ), a space and
+// Options.Namespace.
 func (s *Store) Namespace() string { return "dynamodb " + *s.table + " " + s.pre }
 
 var names = map[string]string{
@@ -136,21 +205,36 @@ func ctxErr(ctx context.Context, op string, key idem.Key) error {
 }
 
 // sendAttempts is how many times the store sends a request that got no
-// answer (the SDK's *smithyhttp.RequestSendError: the connection was
-// refused, reset or closed before a response came, after whatever
-// retries the client makes itself), when sending it again is safe: see
-// "Lost answers" in the package doc.
+// whole answer (see unanswered; after whatever retries the client makes
+// itself), when sending it again is safe: see "Lost answers" in the
+// package doc.
 const sendAttempts = 3
 
 // sendBackoff is the wait before the second attempt; it doubles, with
 // jitter, before each later one.
 const sendBackoff = 10 * time.Millisecond
 
-// unanswered reports whether err is a request that got no answer: the
-// server may or may not have applied it.
+// unanswered reports whether err is a request that got no whole answer,
+// so that the server may or may not have applied it: its connection was
+// refused, reset or closed before a response came (the SDK's
+// *smithyhttp.RequestSendError), or while the response's body was read
+// (a *smithy.DeserializationError of a body cut short: unexpected EOF, a
+// reset, a broken pipe). An answer read whole (a failed condition, a
+// throttling, validation or server error) is not one.
 func unanswered(err error) bool {
 	var rse *smithyhttp.RequestSendError
-	return errors.As(err, &rse)
+	if errors.As(err, &rse) {
+		return true
+	}
+	var de *smithy.DeserializationError
+	return errors.As(err, &de) && cutShort(de.Err)
+}
+
+// cutShort reports whether err is a connection's end: what reading a
+// response whose connection was cut returns.
+func cutShort(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
 // unsent reports whether err is a request that never reached the server

@@ -133,6 +133,21 @@ mutant dynamo-lost-acquire-lease dynamostore/store.go ./dynamostore 'TestLostAns
 mutant dynamo-lost-delete-unsent dynamostore/store.go ./dynamostore 'TestLostAnswers' \
 	'resend(ctx, unsent, func()' \
 	'resend(ctx, unanswered, func()'
+# The resends through a proxy that cuts connections (TestCutConnections):
+# none at all; a half-read answer not taken for a lost one; a Complete
+# that never arrived taken for done; a whole answer sent again.
+mutant dynamo-cut-resend-once dynamostore/store.go ./dynamostore 'TestCutConnections' \
+	'const sendAttempts = 3' \
+	'const sendAttempts = 1'
+mutant dynamo-cut-half-answer dynamostore/store.go ./dynamostore 'TestCutConnections' \
+	'return errors.As(err, &de) && cutShort(de.Err)' \
+	'return errors.As(err, &de) && false'
+mutant dynamo-cut-unanswered-done dynamostore/store.go ./dynamostore 'TestCutConnections' \
+	$'state idem.State, err error) error {\n\tif err == nil {' \
+	$'state idem.State, err error) error {\n\tif err == nil || unanswered(err) {'
+mutant dynamo-cut-answer-resent dynamostore/store.go ./dynamostore 'TestCutConnections' \
+	$'if errors.As(err, &rse) {\n\t\treturn true' \
+	$'if errors.As(err, &rse) || true {\n\t\treturn true'
 
 # --- CompleteTx of an expired lease.
 mutant pgstore-completetx-expiry pgstore/sql.go ./pgstore 'TestCompleteTx$' \

@@ -59,7 +59,10 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	store := dynamostore.New(client, dynamostore.Options{Table: table})
+	store, err := dynamostore.New(client, dynamostore.Options{Table: table})
+	if err != nil {
+		log.Fatal(err)
+	}
 	idempotent, err := idemlambda.Wrap(store, idemlambda.Config[events.APIGatewayProxyRequest]{
 		Namespace: "payments",
 		Key:       idemlambda.APIGatewayKey,

@@ -50,6 +50,12 @@ const Region = "us-east-1"
 // "connection reset by peer"): failures of the test server, not of the
 // store.
 //
+// A client that goes away in the middle of a request (its context ended,
+// or a connection cut by the tests' proxies) makes dynalite throw from the
+// request's "error" event ("aborted", ECONNRESET), which would end the
+// process: the script ignores that one exception (the request was never
+// read in full, so nothing was applied) and exits on any other.
+//
 // It also listens with a backlog of Backlog connections (the kernel caps
 // it at net.core.somaxconn) instead of Node.js's 511. A storm of new
 // connections (storetest's Concurrency: 2,000 callers at once) fills a
@@ -64,6 +70,11 @@ const serve = `const server = require(process.argv[1])({createTableMs: 0, delete
 server.keepAliveTimeout = 0;
 server.headersTimeout = 0;
 server.requestTimeout = 0;
+process.on("uncaughtException", (err) => {
+  if (err && err.code === "ECONNRESET" && err.message === "aborted") return;
+  console.error(err);
+  process.exit(1);
+});
 server.listen(Number(process.argv[2]), "127.0.0.1", Number(process.argv[3]));`
 
 // Backlog is the listen backlog the server asks for.
@@ -145,10 +156,14 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 // Client returns a client of the server. It makes one attempt per call
 // (the SDK's retries off, so that the tests see what the code under test
 // does with a failure) over at most MaxConns connections.
-func (s *Server) Client() *dynamodb.Client {
+func (s *Server) Client() *dynamodb.Client { return Client(s.Addr()) }
+
+// Client returns a client of a server at addr (host:port), made as
+// Server.Client makes one: for a proxy in front of the server.
+func Client(addr string) *dynamodb.Client {
 	return dynamodb.New(dynamodb.Options{
 		Region:           Region,
-		BaseEndpoint:     aws.String("http://" + s.Addr()),
+		BaseEndpoint:     aws.String("http://" + addr),
 		Credentials:      credentials.NewStaticCredentialsProvider("idemtest", "idemtestsecret", ""),
 		RetryMaxAttempts: 1,
 		HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {

@@ -75,11 +75,16 @@ func main() {
 	if ep := os.Getenv("IDEMTEST_DYNAMODB"); ep != "" {
 		// The store on DynamoDB (the tests' dynalite, host:port), table
 		// "idem"; Redis stays the system of record.
-		store = dynamostore.New(dynamodb.New(dynamodb.Options{
+		ds, err := dynamostore.New(dynamodb.New(dynamodb.Options{
 			Region:       "us-east-1",
 			BaseEndpoint: aws.String("http://" + ep),
 			Credentials:  credentials.NewStaticCredentialsProvider("idemtest", "idemtestsecret", ""),
 		}), dynamostore.Options{Table: "idem"})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		store = ds
 	} else {
 		rs, err := redisstore.New(rdb, redisstore.Options{Timeout: time.Second})
 		if err != nil {
