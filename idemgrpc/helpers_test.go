@@ -25,15 +25,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var redisSrv *redistest.Server
+var redisSrv *redisserver.Server
 
 func TestMain(m *testing.M) {
-	redisSrv = redistest.MustStartServer()
+	redisSrv = redisserver.MustStartServer()
 	code := m.Run()
 	redisSrv.Stop()
 	os.Exit(code)

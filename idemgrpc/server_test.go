@@ -24,7 +24,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -333,7 +333,7 @@ func TestTenantIsolation(t *testing.T) {
 // With the store down: Unavailable with RetryInfo, the handler not run
 // (FailOpen: run unprotected); back up: served again.
 func TestStoreDown(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

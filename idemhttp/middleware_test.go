@@ -24,15 +24,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var redisSrv *redistest.Server
+var redisSrv *redisserver.Server
 
 func TestMain(m *testing.M) {
-	redisSrv = redistest.MustStartServer()
+	redisSrv = redisserver.MustStartServer()
 	code := m.Run()
 	redisSrv.Stop()
 	os.Exit(code)
@@ -714,7 +714,7 @@ func TestWaitForInFlight(t *testing.T) {
 }
 
 func TestStoreDown(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,15 +15,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
 func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
+	srv = redisserver.MustStartServer()
 	code := m.Run()
 	srv.Stop()
 	os.Exit(code)

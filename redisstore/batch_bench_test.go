@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -45,7 +45,7 @@ func BenchmarkAcquireCompleteBatch(b *testing.B) {
 					}
 					b.Cleanup(func() { s.Close() })
 				}
-				cpu0, err := redistest.CPUTime(b.Context(), info)
+				cpu0, err := redisserver.CPUTime(b.Context(), info)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -54,7 +54,7 @@ func BenchmarkAcquireCompleteBatch(b *testing.B) {
 				} else {
 					storetest.BenchmarkBatchPairs(b, s, 64, size)
 				}
-				cpu1, err := redistest.CPUTime(b.Context(), info)
+				cpu1, err := redisserver.CPUTime(b.Context(), info)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -78,7 +78,7 @@ func traceRounds(t *testing.T, s *redisstore.Store) (sent func(f func()) []strin
 // did not stand takes one more round trip (its fix).
 func TestNativeBatchPipeline(t *testing.T) {
 	srvs := startKinds(t)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		for _, c := range []client{
 			goredisClient(t, redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()}), "single"),
 			rueidisClient(t, []string{srvs[kind].Addr()}, "single"),
@@ -159,7 +159,7 @@ func testNativeBatchPipeline(t *testing.T, c client) {
 // and on Cluster (where each key takes its own path).
 func TestNativeBatchMixed(t *testing.T) {
 	srvs := startKinds(t)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		raw := redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()})
 		t.Cleanup(func() { raw.Close() })
 		for _, c := range []client{
@@ -172,7 +172,7 @@ func TestNativeBatchMixed(t *testing.T) {
 		}
 	}
 	t.Run("valkey-cluster", func(t *testing.T) {
-		clus, err := redistest.StartCluster(3, 0, redistest.WithKind(redistest.Valkey9))
+		clus, err := redisserver.StartCluster(3, 0, redisserver.WithKind(redisserver.Valkey9))
 		if err != nil {
 			t.Fatal(err)
 		}

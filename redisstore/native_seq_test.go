@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -23,7 +23,7 @@ import (
 // one SET IFEQ without GET; Renew reads no PTTL, RaiseToken does.
 func TestNativeCommands(t *testing.T) {
 	srvs := startKinds(t)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		raw := redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()})
 		t.Cleanup(func() { raw.Close() })
 		for _, c := range []client{

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -24,14 +24,14 @@ import (
 // One private redis-server and one private 3-primary cluster (with a
 // replica each) for the whole package.
 var (
-	single  *redistest.Server
-	cluster *redistest.Cluster
+	single  *redisserver.Server
+	cluster *redisserver.Cluster
 )
 
 func TestMain(m *testing.M) {
-	single = redistest.MustStartServer()
+	single = redisserver.MustStartServer()
 	var err error
-	if cluster, err = redistest.StartCluster(3, 1); err != nil {
+	if cluster, err = redisserver.StartCluster(3, 1); err != nil {
 		single.Stop()
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -288,7 +288,7 @@ func jsonBody(n int) []byte {
 // TestServerDown: with Redis gone, Do fails with a *StoreError and never
 // runs the work; once Redis is back, the same store works again by itself.
 func TestServerDown(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 // Redis that stops answering fails the call with the deadline, however
 // long rueidis would go on retrying.
 func TestOpenBoundsCalls(t *testing.T) {
-	srv := redistest.MustStartServer()
+	srv := redisserver.MustStartServer()
 	defer srv.Stop()
 	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{})
 	if err != nil {

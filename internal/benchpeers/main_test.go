@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/bench"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
 func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
+	srv = redisserver.MustStartServer()
 	code := m.Run()
 	srv.Stop()
 	os.Exit(code)

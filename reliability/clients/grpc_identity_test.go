@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -123,7 +123,7 @@ func runGRPCCalls(t *testing.T, addr string, calls []pyCall) []pyResult {
 	ctx, cancel := context.WithTimeout(t.Context(), clientDeadline)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tool("python-grpc"), "testdata/grpc_calls.py", addr, chargeMethod, string(arg))
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.WaitDelay = time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -26,7 +26,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -270,7 +270,7 @@ func runGRPCPython(ctx context.Context, addr, key, value string, attempts int) g
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tool("python-grpc"), "testdata/grpc_client.py", addr, chargeMethod, key, value,
 		seconds(grpcDeadline), strconv.Itoa(attempts), grpcServiceConfig)
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.WaitDelay = time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

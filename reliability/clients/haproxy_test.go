@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/reltest"
 )
@@ -151,7 +152,7 @@ func startHAProxy(t *testing.T, o haproxyOptions, names []string, backends map[s
 		}
 		h := &haproxyProc{addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		cmd := exec.Command(bin, "-db", "-f", conf)
-		cmd.SysProcAttr = proctest.SysProcAttr()
+		cmd.SysProcAttr = childproc.SysProcAttr()
 		cmd.Stdout, cmd.Stderr = h, h
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("starting haproxy: %v", err)
@@ -583,7 +584,7 @@ func killHolderFirst(t *testing.T, s *haSetup, key, body string) result {
 func pause(t *testing.T, p *proctest.Proxy) {
 	t.Helper()
 	t.Cleanup(func() { p.Cmd.Process.Signal(syscall.SIGCONT) })
-	if err := proctest.Pause(p.Cmd.Process, 10*time.Second); err != nil {
+	if err := childproc.Pause(p.Cmd.Process, 10*time.Second); err != nil {
 		t.Fatalf("idem proxy %s: %v", p.Addr, err)
 	}
 }

@@ -11,19 +11,19 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/proctest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // rdb is the private redis-server of the Redis targets; every store gets
 // its own prefix.
-var rdb *redistest.Server
+var rdb *redisserver.Server
 
 // runID makes the keys of this run unique, so that a key never meets a
 // record or an upstream count of another test.
 var runID = rand.Text()[:8]
 
 func TestMain(m *testing.M) {
-	rdb = redistest.MustStartServer()
+	rdb = redisserver.MustStartServer()
 	code := m.Run()
 	rdb.Stop()
 	proctest.RemoveIdem()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/reltest"
 )
@@ -84,7 +85,7 @@ func startNginx(t *testing.T, backends ...string) *nginxProc {
 			t.Fatal(err)
 		}
 		cmd := exec.Command(bin, "-p", dir+"/", "-e", filepath.Join(dir, "error.log"), "-c", conf)
-		cmd.SysProcAttr = proctest.SysProcAttr()
+		cmd.SysProcAttr = childproc.SysProcAttr()
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {

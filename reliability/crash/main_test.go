@@ -7,19 +7,19 @@ import (
 	"os"
 	"testing"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // redisSrv is the private redis-server every test of the package shares
 // (keys are unique per test).
-var redisSrv *redistest.Server
+var redisSrv *redisserver.Server
 
 func TestMain(m *testing.M) {
 	if kind := os.Getenv(envChild); kind != "" {
 		os.Exit(childMain(kind)) // a child server, not the tests
 	}
 	var err error
-	redisSrv, err = redistest.StartServer()
+	redisSrv, err = redisserver.StartServer()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

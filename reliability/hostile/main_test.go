@@ -37,17 +37,17 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
 // rdb is the private redis-server shared by the tests that only need
 // records under their own prefix. Tests that change server-wide state
 // (ACL users) or measure the whole server (memory, DBSIZE) start their own.
-var rdb *redistest.Server
+var rdb *redisserver.Server
 
 func TestMain(m *testing.M) {
-	rdb = redistest.MustStartServer()
+	rdb = redisserver.MustStartServer()
 	code := m.Run()
 	rdb.Stop()
 	proctest.RemoveIdem()
@@ -64,7 +64,7 @@ var prefixSeq atomic.Int64
 
 // newRedisStore opens a store (rueidis, as Open makes it) on srv under a
 // fresh prefix, closed at the end of the test.
-func newRedisStore(t testing.TB, srv *redistest.Server) (*redisstore.Store, string) {
+func newRedisStore(t testing.TB, srv *redisserver.Server) (*redisstore.Store, string) {
 	t.Helper()
 	prefix := fmt.Sprintf("idem:h%d:", prefixSeq.Add(1))
 	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: prefix})
@@ -76,7 +76,7 @@ func newRedisStore(t testing.TB, srv *redistest.Server) (*redisstore.Store, stri
 }
 
 // keysWith returns the names of the keys on srv that start with prefix.
-func keysWith(t testing.TB, srv *redistest.Server, prefix string) []string {
+func keysWith(t testing.TB, srv *redisserver.Server, prefix string) []string {
 	t.Helper()
 	out, err := srv.Do("KEYS", prefix+"*")
 	if err != nil {

@@ -21,17 +21,17 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/tieredstore"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
 func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
+	srv = redisserver.MustStartServer()
 	code := m.Run()
 	srv.Stop()
 	os.Exit(code)

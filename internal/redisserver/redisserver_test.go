@@ -1,4 +1,4 @@
-package redistest
+package redisserver
 
 import (
 	"bufio"
@@ -213,7 +213,7 @@ func TestStartFailureShowsLog(t *testing.T) {
 func TestMissingBinary(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	_, err := StartServer()
-	if want := "redistest: redis-server not found on PATH; install it (apt-get install redis-server)"; err == nil || err.Error() != want {
+	if want := "redisserver: redis-server not found on PATH; install it (apt-get install redis-server)"; err == nil || err.Error() != want {
 		t.Errorf("StartServer error = %v, want %q", err, want)
 	}
 	if _, err := StartCluster(3, 0); err == nil || !strings.Contains(err.Error(), "not found on PATH") {

@@ -1,16 +1,21 @@
-// Package redistest starts private, real redis-server processes for tests.
+// Package redisserver starts private, real redis-server processes on
+// 127.0.0.1: a server, a Redis Cluster, a Sentinel set. It is not test
+// support only: idem bench (and internal/benchpeers) start a server with
+// it when no --redis URL is given, so it imports neither testing nor any
+// internal/*test package.
 //
 // Every server listens on a free port on 127.0.0.1, keeps its files (log and,
 // for cluster nodes, the cluster config) in its own temporary directory and
 // persists nothing (--save "" --appendonly no). Servers are started with a
-// parent-death signal on Linux, so they do not outlive the test binary even
-// if it crashes, but callers should still Stop them. A test package usually
-// starts one server (or cluster) for all its tests in TestMain:
+// parent-death signal on Linux (internal/childproc), so they do not outlive
+// their parent even if it crashes, but callers should still Stop them. A
+// test package usually starts one server (or cluster) for all its tests in
+// TestMain:
 //
-//	var srv *redistest.Server
+//	var srv *redisserver.Server
 //
 //	func TestMain(m *testing.M) {
-//		srv = redistest.MustStartServer()
+//		srv = redisserver.MustStartServer()
 //		code := m.Run()
 //		srv.Stop()
 //		os.Exit(code)
@@ -23,9 +28,8 @@
 // Servers and clusters need only the standard library: [Server.Do] speaks
 // just enough RESP2 to send commands such as INFO, CONFIG SET or FLUSHALL.
 // The Sentinel set and [CPUTime] use go-redis, a dependency of the module
-// anyway. The package does not import testing: cmd/idem (idem bench) imports
-// it.
-package redistest
+// anyway.
+package redisserver
 
 import (
 	"errors"
@@ -40,7 +44,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 const (
@@ -132,7 +136,7 @@ func MustStartServer(opts ...Option) *Server {
 func lookPath(bin, pkg string) (string, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return "", fmt.Errorf("redistest: %s not found on PATH; install it (apt-get install %s)", bin, pkg)
+		return "", fmt.Errorf("redisserver: %s not found on PATH; install it (apt-get install %s)", bin, pkg)
 	}
 	return path, nil
 }
@@ -140,9 +144,9 @@ func lookPath(bin, pkg string) (string, error) {
 // startServer creates the server's directory and starts it, picking new
 // ports when a bind races with another process.
 func startServer(bin string, cfg config) (*Server, error) {
-	dir, err := os.MkdirTemp("", "redistest-")
+	dir, err := os.MkdirTemp("", "redisserver-")
 	if err != nil {
-		return nil, fmt.Errorf("redistest: %w", err)
+		return nil, fmt.Errorf("redisserver: %w", err)
 	}
 	s := &Server{bin: bin, dir: dir, logPath: filepath.Join(dir, "redis.log"), post: cfg.post}
 	for attempt := 1; ; attempt++ {
@@ -193,23 +197,23 @@ func (s *Server) serverArgs(cfg config) []string {
 func (s *Server) launch() error {
 	logFile, err := os.OpenFile(s.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("redistest: %w", err)
+		return fmt.Errorf("redisserver: %w", err)
 	}
 	logStart, err := logFile.Seek(0, io.SeekEnd)
 	if err != nil {
 		logFile.Close()
-		return fmt.Errorf("redistest: %w", err)
+		return fmt.Errorf("redisserver: %w", err)
 	}
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.dir
 	// Errors printed before the log file is open (bad arguments) go to
 	// stderr; append them to the same log.
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	err = cmd.Start()
 	logFile.Close() // the child has its own descriptor
 	if err != nil {
-		return fmt.Errorf("redistest: starting redis-server: %w", err)
+		return fmt.Errorf("redisserver: starting redis-server: %w", err)
 	}
 	p := &process{cmd: cmd, done: make(chan struct{})}
 	go func() {
@@ -223,13 +227,13 @@ func (s *Server) launch() error {
 		if strings.Contains(tail, "Address already in use") {
 			err = errPortInUse
 		}
-		return fmt.Errorf("redistest: redis-server on %s did not start: %w\n--- redis-server log (tail) ---\n%s",
+		return fmt.Errorf("redisserver: redis-server on %s did not start: %w\n--- redis-server log (tail) ---\n%s",
 			s.Addr(), err, tail)
 	}
 	for _, c := range s.post {
 		if _, err := do(s.Addr(), startTimeout, c...); err != nil {
 			p.kill()
-			return fmt.Errorf("redistest: %s on the server on %s: %w", strings.Join(c, " "), s.Addr(), err)
+			return fmt.Errorf("redisserver: %s on the server on %s: %w", strings.Join(c, " "), s.Addr(), err)
 		}
 	}
 	s.proc = p
@@ -334,7 +338,7 @@ func (s *Server) Restart() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
-		return fmt.Errorf("redistest: cannot restart %s after Stop", s.Addr())
+		return fmt.Errorf("redisserver: cannot restart %s after Stop", s.Addr())
 	}
 	if s.proc != nil {
 		s.proc.kill()
@@ -354,16 +358,16 @@ func (s *Server) Restart() error {
 
 // Pause freezes the server with SIGSTOP: it keeps its port, and connections
 // are accepted by the kernel, but nothing is answered until Resume.
-// It returns once the server has stopped (proctest.Pause): until then a
+// It returns once the server has stopped (childproc.Pause): until then a
 // busy server may still answer.
 func (s *Server) Pause() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil || s.proc.exited() {
-		return fmt.Errorf("redistest: server %s is not running", s.Addr())
+		return fmt.Errorf("redisserver: server %s is not running", s.Addr())
 	}
-	if err := proctest.Pause(s.proc.cmd.Process, 10*time.Second); err != nil {
-		return fmt.Errorf("redistest: pausing %s: %w", s.Addr(), err)
+	if err := childproc.Pause(s.proc.cmd.Process, 10*time.Second); err != nil {
+		return fmt.Errorf("redisserver: pausing %s: %w", s.Addr(), err)
 	}
 	return nil
 }
@@ -376,10 +380,10 @@ func (s *Server) signal(sig syscall.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil || s.proc.exited() {
-		return fmt.Errorf("redistest: server %s is not running", s.Addr())
+		return fmt.Errorf("redisserver: server %s is not running", s.Addr())
 	}
 	if err := s.proc.cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("redistest: signalling %s: %w", s.Addr(), err)
+		return fmt.Errorf("redisserver: signalling %s: %w", s.Addr(), err)
 	}
 	return nil
 }
