@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -119,7 +120,7 @@ func cachedStore(t *testing.T, o rueidis.ClientOption, leaky bool) cacheSetup {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	s, err := redisstore.NewRueidis(c, redisstore.Options{Prefix: uniquePrefix("cache")})
+	s, err := redisstore.NewRueidis(c, redisstore.Options{Prefix: redistest.Prefix("cache")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +412,7 @@ func TestCacheNoRoundTrip(t *testing.T) {
 	}
 	for _, size := range []int{0, -1} {
 		t.Run(fmt.Sprintf("CacheSize=%d", size), func(t *testing.T) {
-			s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: uniquePrefix("rt"), CacheSize: size})
+			s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: redistest.Prefix("rt"), CacheSize: size})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -444,7 +445,7 @@ func TestCacheNoRoundTrip(t *testing.T) {
 // answers: another fingerprint is a mismatch, another tenant's key of
 // the same name is its own record, an in-flight key stays in flight.
 func TestCacheKeepsReplayRules(t *testing.T) {
-	s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("rules")})
+	s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: redistest.Prefix("rules")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +539,7 @@ func BenchmarkReplay(b *testing.B) {
 		size int
 	}{{"cache", 0}, {"nocache", -1}} {
 		b.Run(c.name, func(b *testing.B) {
-			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("benchreplay"), CacheSize: c.size})
+			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: redistest.Prefix("benchreplay"), CacheSize: c.size})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -92,7 +93,7 @@ func TestNativeBatchPipeline(t *testing.T) {
 
 func testNativeBatchPipeline(t *testing.T, c client) {
 	ctx := t.Context()
-	s := c.store(t, redisstore.Options{Prefix: uniquePrefix("nbatch"), Path: redisstore.PathNative})
+	s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("nbatch"), Path: redisstore.PathNative})
 	sent := traceRounds(t, s)
 	const n = 16
 	acquire := func() []idem.Lease {
@@ -209,7 +210,7 @@ func testNativeBatchMixed(t *testing.T, c client, raw redis.UniversalClient, one
 		gone     uint64            // released's token before the release
 	}
 	setup := func(name string) *side {
-		prefix := uniquePrefix("nbmix-" + name)
+		prefix := redistest.Prefix("nbmix-" + name)
 		sd := &side{
 			s:     c.store(t, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative}),
 			other: c.store(t, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative}),

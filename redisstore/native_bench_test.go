@@ -6,6 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -27,7 +28,7 @@ func BenchmarkAcquireCompletePath(b *testing.B) {
 			for _, path := range []redisstore.Path{redisstore.PathLua, redisstore.PathNative} {
 				b.Run(string(kind)+"/"+name+"/"+path.String(), func(b *testing.B) {
 					var s *redisstore.Store
-					opts := redisstore.Options{Prefix: uniquePrefix("bench"), Path: path}
+					opts := redisstore.Options{Prefix: redistest.Prefix("bench"), Path: path}
 					switch name {
 					case "go-redis":
 						c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 64})

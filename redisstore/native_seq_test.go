@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -39,7 +40,7 @@ func TestNativeCommands(t *testing.T) {
 
 func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 	ctx := t.Context()
-	s := c.store(t, redisstore.Options{Prefix: uniquePrefix("seq"), Path: redisstore.PathNative})
+	s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("seq"), Path: redisstore.PathNative})
 	if _, _, err := s.Get(ctx, scope(0)); err != nil { // picks the path
 		t.Fatal(err)
 	}

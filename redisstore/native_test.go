@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -94,7 +95,7 @@ func TestConformanceServers(t *testing.T) {
 							},
 						}
 					})
-					s := c.store(t, redisstore.Options{Prefix: uniquePrefix("path"), Path: path})
+					s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("path"), Path: path})
 					if _, _, err := s.Get(t.Context(), scope(0)); err != nil {
 						t.Fatal(err)
 					}
@@ -120,7 +121,7 @@ func TestPathRefused(t *testing.T) {
 
 	c := redis.NewClient(&redis.Options{Addr: srvs[redisserver.Redis7].Addr()})
 	defer c.Close()
-	s, err := redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("refused"), Path: redisstore.PathNative})
+	s, err := redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("refused"), Path: redisstore.PathNative})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +134,9 @@ func TestPathRefused(t *testing.T) {
 		if name == "go-redis" {
 			c := redis.NewClient(&redis.Options{Addr: srvs[redisserver.Valkey9NoLua].Addr()})
 			defer c.Close()
-			s, err = redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("refused"), Path: redisstore.PathLua})
+			s, err = redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("refused"), Path: redisstore.PathLua})
 		} else {
-			s, err = redisstore.Open("redis://"+srvs[redisserver.Valkey9NoLua].Addr(), redisstore.Options{Prefix: uniquePrefix("refused"), Path: redisstore.PathLua})
+			s, err = redisstore.Open("redis://"+srvs[redisserver.Valkey9NoLua].Addr(), redisstore.Options{Prefix: redistest.Prefix("refused"), Path: redisstore.PathLua})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -172,9 +173,9 @@ func TestNativeTokens(t *testing.T) {
 			var s *redisstore.Store
 			var err error
 			if name == "go-redis" {
-				s, err = redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("tokens"), Path: redisstore.PathNative})
+				s, err = redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("tokens"), Path: redisstore.PathNative})
 			} else {
-				s, err = redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: uniquePrefix("tokens"), Path: redisstore.PathNative})
+				s, err = redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: redistest.Prefix("tokens"), Path: redisstore.PathNative})
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -246,7 +247,7 @@ func TestNativeTokens(t *testing.T) {
 // other, on the same server.
 func TestSwitchPaths(t *testing.T) {
 	srv := startKinds(t)[redisserver.Valkey9]
-	prefix := uniquePrefix("switch")
+	prefix := redistest.Prefix("switch")
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
 	lua, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Path: redisstore.PathLua})
@@ -306,7 +307,7 @@ func TestSwitchPaths(t *testing.T) {
 // that the runner's memory holds only leases in flight.
 func TestNativeLeaseMemos(t *testing.T) {
 	srv := startKinds(t)[redisserver.Valkey9]
-	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: uniquePrefix("memos"), Path: redisstore.PathNative})
+	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: redistest.Prefix("memos"), Path: redisstore.PathNative})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func TestNativeProvisionalToken(t *testing.T) {
 	srv := startKinds(t)[redisserver.Valkey9]
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
-	prefix := uniquePrefix("provisional")
+	prefix := redistest.Prefix("provisional")
 	s, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -163,7 +164,7 @@ func TestWaitCluster(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range clients(t)[2:] {
 		t.Run(c.name, func(t *testing.T) {
-			s := c.store(t, redisstore.Options{WaitReplicas: 1, WaitTimeout: time.Second, Prefix: uniquePrefix("wait")})
+			s := c.store(t, redisstore.Options{WaitReplicas: 1, WaitTimeout: time.Second, Prefix: redistest.Prefix("wait")})
 			resp := &idem.Response{Status: 200, Body: []byte("ok")}
 			for i := range 30 {
 				key := scope(i)

@@ -18,18 +18,14 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
 var srv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	srv = redisserver.MustStartServer()
-	code := m.Run()
-	srv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &srv)) }
 
 // Short enough that claims of crashed or failed entries happen within the
 // test's bounds.

@@ -9,17 +9,10 @@
 // persists nothing (--save "" --appendonly no). Servers are started with a
 // parent-death signal on Linux (internal/childproc), so they do not outlive
 // their parent even if it crashes, but callers should still Stop them. A
-// test package usually starts one server (or cluster) for all its tests in
-// TestMain:
-//
-//	var srv *redisserver.Server
-//
-//	func TestMain(m *testing.M) {
-//		srv = redisserver.MustStartServer()
-//		code := m.Run()
-//		srv.Stop()
-//		os.Exit(code)
-//	}
+// test package usually shares one server among its tests through
+// internal/redistest (redistest.Run in TestMain, redistest.Store for a
+// store under a prefix of its own); a test that kills, pauses or
+// configures a server starts one of its own here and stops it.
 //
 // A test that fails a Sentinel deployment over starts its own
 // [SentinelSet] (a primary, a replica, three sentinels) and stops it when

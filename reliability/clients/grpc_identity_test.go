@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/internal/childproc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -38,11 +39,7 @@ type identityPayments struct {
 
 func startIdentityPayments(t *testing.T, cfg idemgrpc.Config) *identityPayments {
 	t.Helper()
-	store, err := redisstore.Open("redis://"+rdb.Addr(), redisstore.Options{Prefix: newPrefix()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store := redistest.Store(t, rdb, redisstore.Options{})
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	g := &identityPayments{runs: map[string]int{}}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, cfg)))

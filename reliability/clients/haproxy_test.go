@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -212,7 +213,7 @@ func startHASetup(t *testing.T, up *upstream, o haproxyOptions, proxyArgs ...str
 	// once. With the default wait (500ms) it would wait past HAProxy's
 	// "timeout server 300ms", which would then retry again: the cases
 	// are about HAProxy passing on and the clients handling that 409.
-	args := append([]string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", newPrefix(), "--wait", "0"}, proxyArgs...)
+	args := append([]string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", redistest.Prefix("clients"), "--wait", "0"}, proxyArgs...)
 	s := &haSetup{up: up, proxies: map[string]*proctest.Proxy{}}
 	addrs := map[string]string{}
 	for _, n := range haNames {
@@ -308,12 +309,12 @@ type haCase struct {
 }
 
 // haBody is the keyed POST of the HAProxy cases.
-func haBody() string { return fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, 100+prefixSeq.Add(1)) }
+func haBody() string { return fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, 100+bodySeq.Add(1)) }
 
 // haLargeBody is a keyed POST of 32 KiB, more than HAProxy's request
 // buffer (tune.bufsize, 16 KiB by default).
 func haLargeBody() string {
-	return fmt.Sprintf(`{"amount":%d,"currency":"eur","memo":%q}`, 100+prefixSeq.Add(1), strings.Repeat("m", 32<<10))
+	return fmt.Sprintf(`{"amount":%d,"currency":"eur","memo":%q}`, 100+bodySeq.Add(1), strings.Repeat("m", 32<<10))
 }
 
 // goFirst sends the POST with Go's http.Client, 10 s timeout, no retry.

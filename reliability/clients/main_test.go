@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/internal/proctest"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 )
 
 // rdb is the private redis-server of the Redis targets; every store gets
@@ -23,20 +24,14 @@ var rdb *redisserver.Server
 var runID = rand.Text()[:8]
 
 func TestMain(m *testing.M) {
-	rdb = redisserver.MustStartServer()
-	code := m.Run()
-	rdb.Stop()
+	code := redistest.Run(m, &rdb)
 	proctest.RemoveIdem()
 	proctest.RemoveCaddy()
 	os.Exit(code)
 }
 
-// prefixSeq makes every Redis prefix unique within the run.
-var prefixSeq atomic.Int64
-
-func newPrefix() string {
-	return fmt.Sprintf("idem:clients%d:%s:", prefixSeq.Add(1), runID)
-}
+// bodySeq makes every request body of the run unique.
+var bodySeq atomic.Int64
 
 // outcomes returns "outcome→status" for every request line of an idem
 // proxy's log for the stored key digest, in order.

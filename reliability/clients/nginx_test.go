@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -174,7 +175,7 @@ func loadBalancerResend(t *testing.T, what string, start func(up *upstream, pref
 		}
 	}
 	up := startUpstream(t)
-	tg := start(up, newPrefix())
+	tg := start(up, redistest.Prefix("clients"))
 	tg.store = "redis (single)"
 	lb := startNginx(t, strings.Fields(tg.url)...)
 	tg.url = "http://" + lb.addr

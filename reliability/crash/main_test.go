@@ -3,11 +3,11 @@
 package crash
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 )
 
 // redisSrv is the private redis-server every test of the package shares
@@ -18,14 +18,7 @@ func TestMain(m *testing.M) {
 	if kind := os.Getenv(envChild); kind != "" {
 		os.Exit(childMain(kind)) // a child server, not the tests
 	}
-	var err error
-	redisSrv, err = redisserver.StartServer()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	redisSrv.Stop()
+	code := redistest.Run(m, &redisSrv)
 	stopMySQL()
 	os.Exit(code)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redisserver"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
@@ -30,12 +31,7 @@ import (
 
 var srv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	srv = redisserver.MustStartServer()
-	code := m.Run()
-	srv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &srv)) }
 
 // long is far beyond any run: in untimed runs nothing expires.
 const long = time.Hour
