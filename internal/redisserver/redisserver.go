@@ -2,7 +2,8 @@
 // 127.0.0.1: a server, a Redis Cluster, a Sentinel set. It is not test
 // support only: idem bench (and internal/benchpeers) start a server with
 // it when no --redis URL is given, so it imports neither testing nor any
-// internal/*test package.
+// internal/*test package (cmd/idem's TestBinariesLinkNoTestPackages
+// checks that no binary links one).
 //
 // Every server listens on a free port on 127.0.0.1, keeps its files (log and,
 // for cluster nodes, the cluster config) in its own temporary directory and
