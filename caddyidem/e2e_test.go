@@ -20,11 +20,11 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/nettest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // rdb is the private redis-server of the tests on Redis.
-var rdb *redistest.Server
+var rdb *redisserver.Server
 
 func TestMain(m *testing.M) {
 	// Caddy keeps its data (certificates, locks) and autosaved config
@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 	os.Setenv("XDG_DATA_HOME", dir)
 	os.Setenv("XDG_CONFIG_HOME", dir)
 	storageDir = dir // caddy.DefaultStorage took its path at init: set storage in the config
-	rdb = redistest.MustStartServer()
+	rdb = redisserver.MustStartServer()
 	code := m.Run()
 	caddy.Stop()
 	rdb.Stop()

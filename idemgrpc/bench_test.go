@@ -18,7 +18,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/redisstore"
 )
 
 // noop is the benchmarks' handler: it does nothing but answer.
@@ -85,8 +87,8 @@ func BenchmarkLatency(b *testing.B) {
 	}{
 		{"no-layer", nil, func(*testing.B) handlerFunc { return noop }, "", false},
 		{"no-layer+ping", nil, pingNoop, "", false},
-		{"first/redis", func(b *testing.B) idem.Store { return newRedisStore(b, redisSrv.Addr()) }, func(*testing.B) handlerFunc { return noop }, "new", false},
-		{"replay/redis", func(b *testing.B) idem.Store { return newRedisStore(b, redisSrv.Addr()) }, func(*testing.B) handlerFunc { return noop }, "same", false},
+		{"first/redis", func(b *testing.B) idem.Store { return redistest.Store(b, redisSrv, redisstore.Options{}) }, func(*testing.B) handlerFunc { return noop }, "new", false},
+		{"replay/redis", func(b *testing.B) idem.Store { return redistest.Store(b, redisSrv, redisstore.Options{}) }, func(*testing.B) handlerFunc { return noop }, "same", false},
 		{"first/memstore", func(*testing.B) idem.Store { return memstore.New(memstore.Options{}) }, func(*testing.B) handlerFunc { return noop }, "new", false},
 		{"replay/memstore", func(*testing.B) idem.Store { return memstore.New(memstore.Options{}) }, func(*testing.B) handlerFunc { return noop }, "same", false},
 		{"first/memstore+otel", func(*testing.B) idem.Store { return memstore.New(memstore.Options{}) }, func(*testing.B) handlerFunc { return noop }, "new", true},

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,37 +24,20 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var redisSrv *redistest.Server
+var redisSrv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	redisSrv = redistest.MustStartServer()
-	code := m.Run()
-	redisSrv.Stop()
-	os.Exit(code)
-}
-
-var prefixSeq atomic.Int64
-
-// newRedisStore returns a store on a redis-server with a prefix of its own.
-func newRedisStore(t testing.TB, addr string) *redisstore.Store {
-	prefix := fmt.Sprintf("t%d-%d:", time.Now().UnixNano(), prefixSeq.Add(1))
-	s, err := redisstore.Open("redis://"+addr, redisstore.Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &redisSrv)) }
 
 // eachStore runs f against memstore and against the real Redis store.
 func eachStore(t *testing.T, f func(t *testing.T, store idem.Store)) {
 	t.Run("memstore", func(t *testing.T) { f(t, memstore.New(memstore.Options{})) })
-	t.Run("redis", func(t *testing.T) { f(t, newRedisStore(t, redisSrv.Addr())) })
+	t.Run("redis", func(t *testing.T) { f(t, redistest.Store(t, redisSrv, redisstore.Options{})) })
 }
 
 // The test service, registered by hand (no protoc): two unary methods that

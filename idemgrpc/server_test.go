@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
@@ -333,7 +334,7 @@ func TestTenantIsolation(t *testing.T) {
 // With the store down: Unavailable with RetryInfo, the handler not run
 // (FailOpen: run unprotected); back up: served again.
 func TestStoreDown(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +342,7 @@ func TestStoreDown(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("FailOpen=%t", failOpen), func(t *testing.T) {
 			var outcomes sync.Map
-			s := newServer(t, newRedisStore(t, srv.Addr()), idemgrpc.Config{FailOpen: failOpen, OnOutcome: func(_ context.Context, _ string, o idemgrpc.Outcome) {
+			s := newServer(t, redistest.Store(t, srv, redisstore.Options{}), idemgrpc.Config{FailOpen: failOpen, OnOutcome: func(_ context.Context, _ string, o idemgrpc.Outcome) {
 				outcomes.Store(o, true)
 			}}, charge)
 			if a := s.call(t.Context(), methodCharge, "before", nil); a.err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -90,17 +91,6 @@ func pingHandler(b *testing.B) http.Handler {
 	})
 }
 
-// newRedisStoreNoCache is newRedisStore with the replay cache off: every
-// replay runs the acquire script.
-func newRedisStoreNoCache(b *testing.B, addr string) *redisstore.Store {
-	s, err := redisstore.Open("redis://"+addr, redisstore.Options{Prefix: fmt.Sprintf("nc%d:", time.Now().UnixNano()), CacheSize: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
-	return s
-}
-
 // BenchmarkLatency sends requests one at a time and reports p50/p99 per
 // request: without the middleware, without it but with one Redis PING in
 // the handler (the round trip as a handler pays it), and first requests
@@ -119,9 +109,11 @@ func BenchmarkLatency(b *testing.B) {
 	}{
 		{"no-layer", func(*testing.B) http.Handler { return http.HandlerFunc(noop) }, ""},
 		{"no-layer+ping", pingHandler, ""},
-		{"first/redis", func(b *testing.B) http.Handler { return withStore(newRedisStore(b, redisSrv.Addr())) }, "new"},
-		{"replay/redis", func(b *testing.B) http.Handler { return withStore(newRedisStore(b, redisSrv.Addr())) }, "same"},
-		{"replay/redis-nocache", func(b *testing.B) http.Handler { return withStore(newRedisStoreNoCache(b, redisSrv.Addr())) }, "same"},
+		{"first/redis", func(b *testing.B) http.Handler { return withStore(redistest.Store(b, redisSrv, redisstore.Options{})) }, "new"},
+		{"replay/redis", func(b *testing.B) http.Handler { return withStore(redistest.Store(b, redisSrv, redisstore.Options{})) }, "same"},
+		{"replay/redis-nocache", func(b *testing.B) http.Handler {
+			return withStore(redistest.Store(b, redisSrv, redisstore.Options{CacheSize: -1}))
+		}, "same"},
 		{"first/memstore", func(*testing.B) http.Handler { return withStore(memstore.New(memstore.Options{})) }, "new"},
 		{"replay/memstore", func(*testing.B) http.Handler { return withStore(memstore.New(memstore.Options{})) }, "same"},
 	}
@@ -155,8 +147,8 @@ func BenchmarkThroughput(b *testing.B) {
 			key     string
 		}{
 			{"no-layer", func(*testing.B) http.Handler { return http.HandlerFunc(noop) }, ""},
-			{"first/redis", func(b *testing.B) http.Handler { return withStore(newRedisStore(b, redisSrv.Addr())) }, "new"},
-			{"replay/redis", func(b *testing.B) http.Handler { return withStore(newRedisStore(b, redisSrv.Addr())) }, "same"},
+			{"first/redis", func(b *testing.B) http.Handler { return withStore(redistest.Store(b, redisSrv, redisstore.Options{})) }, "new"},
+			{"replay/redis", func(b *testing.B) http.Handler { return withStore(redistest.Store(b, redisSrv, redisstore.Options{})) }, "same"},
 			{"first/memstore", func(*testing.B) http.Handler { return withStore(memstore.New(memstore.Options{})) }, "new"},
 		} {
 			b.Run(fmt.Sprintf("g%d/%s", goroutines, c.name), func(b *testing.B) {

@@ -24,38 +24,20 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var redisSrv *redistest.Server
+var redisSrv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	redisSrv = redistest.MustStartServer()
-	code := m.Run()
-	redisSrv.Stop()
-	os.Exit(code)
-}
-
-var prefixSeq atomic.Int64
-
-// newRedisStore returns a store on the package's redis-server with a
-// prefix of its own.
-func newRedisStore(t testing.TB, addr string) *redisstore.Store {
-	prefix := fmt.Sprintf("t%d-%d:", time.Now().UnixNano(), prefixSeq.Add(1))
-	s, err := redisstore.Open("redis://"+addr, redisstore.Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &redisSrv)) }
 
 // eachStore runs f against memstore and against the real Redis store.
 func eachStore(t *testing.T, f func(t *testing.T, store idem.Store)) {
 	t.Run("memstore", func(t *testing.T) { f(t, memstore.New(memstore.Options{})) })
-	t.Run("redis", func(t *testing.T) { f(t, newRedisStore(t, redisSrv.Addr())) })
+	t.Run("redis", func(t *testing.T) { f(t, redistest.Store(t, redisSrv, redisstore.Options{})) })
 }
 
 // server is a test API behind the middleware; runs counts handler
@@ -714,14 +696,14 @@ func TestWaitForInFlight(t *testing.T) {
 }
 
 func TestStoreDown(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Stop()
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("FailOpen=%t", failOpen), func(t *testing.T) {
-			s := newServer(t, newRedisStore(t, srv.Addr()), idemhttp.Config{FailOpen: failOpen, Logger: quietLogger()}, charge)
+			s := newServer(t, redistest.Store(t, srv, redisstore.Options{}), idemhttp.Config{FailOpen: failOpen, Logger: quietLogger()}, charge)
 			if a := s.do(t, "POST", "/charges", "before", "{}"); a.status != 201 {
 				t.Fatalf("Redis up: got %d, want 201", a.status)
 			}

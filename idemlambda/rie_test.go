@@ -30,10 +30,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/dynamostore"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/nettest"
-	"github.com/idemkit/idem/internal/proctest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // rieInstall is the command that installs the emulator where the tests
@@ -107,7 +107,7 @@ func startInstance(t *testing.T, rdb string, timeout int, env ...string) *instan
 			"AWS_LAMBDA_FUNCTION_TIMEOUT="+strconv.Itoa(timeout), "IDEMTEST_REDIS="+rdb)
 		in.cmd.Env = append(in.cmd.Env, env...)
 		in.cmd.Stdout, in.cmd.Stderr = in.log, in.log
-		in.cmd.SysProcAttr = proctest.SysProcAttr()
+		in.cmd.SysProcAttr = childproc.SysProcAttr()
 		if err := in.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -266,9 +266,9 @@ type sor struct {
 	c *redis.Client
 }
 
-func startRedis(t *testing.T) (*redistest.Server, sor) {
+func startRedis(t *testing.T) (*redisserver.Server, sor) {
 	t.Helper()
-	s, err := redistest.StartServer()
+	s, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestRIEStaleInvocationIsFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := proctest.Pause(fn, 5*time.Second); err != nil {
+	if err := childproc.Pause(fn, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	var r result

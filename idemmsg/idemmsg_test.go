@@ -15,19 +15,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
-	code := m.Run()
-	srv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &srv)) }
 
 // stores runs f once per store: memory and a private redis-server.
 func stores(t *testing.T, f func(t *testing.T, store idem.Store)) {

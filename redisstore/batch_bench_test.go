@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
@@ -37,15 +38,15 @@ func BenchmarkAcquireCompleteBatch(b *testing.B) {
 				case "go-redis":
 					c := redis.NewClient(&redis.Options{Addr: single.Addr(), PoolSize: 64})
 					b.Cleanup(func() { c.Close() })
-					s, _ = redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("bench")})
+					s, _ = redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("bench")})
 				default:
 					var err error
-					if s, err = redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("bench")}); err != nil {
+					if s, err = redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: redistest.Prefix("bench")}); err != nil {
 						b.Fatal(err)
 					}
 					b.Cleanup(func() { s.Close() })
 				}
-				cpu0, err := redistest.CPUTime(b.Context(), info)
+				cpu0, err := redisserver.CPUTime(b.Context(), info)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -54,7 +55,7 @@ func BenchmarkAcquireCompleteBatch(b *testing.B) {
 				} else {
 					storetest.BenchmarkBatchPairs(b, s, 64, size)
 				}
-				cpu1, err := redistest.CPUTime(b.Context(), info)
+				cpu1, err := redisserver.CPUTime(b.Context(), info)
 				if err != nil {
 					b.Fatal(err)
 				}

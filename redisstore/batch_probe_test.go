@@ -9,6 +9,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -22,7 +23,7 @@ func TestBatchProbeBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := redisstore.NewRueidis(c, redisstore.Options{Prefix: uniquePrefix("probe"), Timeout: 200 * time.Millisecond})
+	s, err := redisstore.NewRueidis(c, redisstore.Options{Prefix: redistest.Prefix("probe"), Timeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

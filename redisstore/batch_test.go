@@ -11,6 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -55,8 +56,8 @@ func TestBatchRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ru.Close()
-	viaGoredis, _ := redisstore.New(gr, redisstore.Options{Prefix: uniquePrefix("brt-go-redis")})
-	viaRueidis, _ := redisstore.NewRueidis(countingRueidis{ru, &sent}, redisstore.Options{Prefix: uniquePrefix("brt-rueidis")})
+	viaGoredis, _ := redisstore.New(gr, redisstore.Options{Prefix: redistest.Prefix("brt-go-redis")})
+	viaRueidis, _ := redisstore.NewRueidis(countingRueidis{ru, &sent}, redisstore.Options{Prefix: redistest.Prefix("brt-rueidis")})
 	for name, s := range map[string]*redisstore.Store{"go-redis": viaGoredis, "rueidis": viaRueidis} {
 		t.Run(name, func(t *testing.T) {
 			reqs := make([]idem.AcquireRequest, 16)
@@ -113,7 +114,7 @@ func TestBatchSharedSlots(t *testing.T) {
 	}
 	for _, c := range clients(t)[2:] { // the cluster ones
 		t.Run(c.name, func(t *testing.T) {
-			s := c.store(t, redisstore.Options{Prefix: uniquePrefix("slots")})
+			s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("slots")})
 			for pass := range 2 {
 				if pass == 1 {
 					for _, n := range cluster.Nodes() {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -21,11 +22,11 @@ func BenchmarkAcquireComplete(b *testing.B) {
 			// 64 goroutines need 64 connections; go-redis's default pool is 10 per CPU.
 			c := redis.NewClient(&redis.Options{Addr: single.Addr(), PoolSize: 64})
 			b.Cleanup(func() { c.Close() })
-			s, _ := redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("bench")})
+			s, _ := redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("bench")})
 			return s
 		},
 		"rueidis": func(b *testing.B) *redisstore.Store { // as Open configures it
-			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("bench")})
+			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: redistest.Prefix("bench")})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -47,7 +48,7 @@ func TestCacheLateHintAfterChange(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Close)
-			prefix := uniquePrefix("latehint")
+			prefix := redistest.Prefix("latehint")
 			s1, err1 := redisstore.NewRueidis(c, redisstore.Options{Prefix: prefix})
 			s2, err2 := redisstore.NewRueidis(c, redisstore.Options{Prefix: prefix})
 			if err := errors.Join(err1, err2); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -119,7 +120,7 @@ func cachedStore(t *testing.T, o rueidis.ClientOption, leaky bool) cacheSetup {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	s, err := redisstore.NewRueidis(c, redisstore.Options{Prefix: uniquePrefix("cache")})
+	s, err := redisstore.NewRueidis(c, redisstore.Options{Prefix: redistest.Prefix("cache")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,9 +262,9 @@ func runCacheScenario(t *testing.T, newSetup func(t *testing.T, leaky bool) cach
 
 // privateServer starts a redis-server for one test (the disruptive
 // scenarios must not touch the package's shared one).
-func privateServer(t *testing.T) *redistest.Server {
+func privateServer(t *testing.T) *redisserver.Server {
 	t.Helper()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,13 +272,13 @@ func privateServer(t *testing.T) *redistest.Server {
 	return srv
 }
 
-func singleSetup(srv *redistest.Server) func(t *testing.T, leaky bool) cacheSetup {
+func singleSetup(srv *redisserver.Server) func(t *testing.T, leaky bool) cacheSetup {
 	return func(t *testing.T, leaky bool) cacheSetup {
 		return cachedStore(t, rueidis.ClientOption{InitAddress: []string{srv.Addr()}}, leaky)
 	}
 }
 
-func mustDo(t *testing.T, srv *redistest.Server, args ...string) string {
+func mustDo(t *testing.T, srv *redisserver.Server, args ...string) string {
 	t.Helper()
 	out, err := srv.Do(args...)
 	if err != nil {
@@ -365,14 +366,14 @@ func TestCacheCluster(t *testing.T) {
 // deleted on the new primary; the cache read from the old one must not
 // answer.
 func TestCacheSentinelFailover(t *testing.T) {
-	set, err := redistest.StartSentinelSet()
+	set, err := redisserver.StartSentinelSet()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(set.Stop)
 	runCacheScenario(t, func(t *testing.T, leaky bool) cacheSetup {
 		return cachedStore(t, rueidis.ClientOption{InitAddress: set.SentinelAddrs(),
-			Sentinel: rueidis.SentinelOption{MasterSet: redistest.SentinelMasterName}}, leaky)
+			Sentinel: rueidis.SentinelOption{MasterSet: redisserver.SentinelMasterName}}, leaky)
 	}, time.Minute, func(t *testing.T, cs cacheSetup, key idem.Key) {
 		if err := set.Failover(true); err != nil {
 			t.Fatal(err)
@@ -402,7 +403,7 @@ func TestCacheNoRoundTrip(t *testing.T) {
 	srv := privateServer(t)
 	commands := func() int {
 		info := mustDo(t, srv, "INFO", "stats")
-		v, _ := redistest.InfoField(info, "total_commands_processed")
+		v, _ := redisserver.InfoField(info, "total_commands_processed")
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			t.Fatalf("total_commands_processed %q", v)
@@ -411,7 +412,7 @@ func TestCacheNoRoundTrip(t *testing.T) {
 	}
 	for _, size := range []int{0, -1} {
 		t.Run(fmt.Sprintf("CacheSize=%d", size), func(t *testing.T) {
-			s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: uniquePrefix("rt"), CacheSize: size})
+			s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: redistest.Prefix("rt"), CacheSize: size})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -444,7 +445,7 @@ func TestCacheNoRoundTrip(t *testing.T) {
 // answers: another fingerprint is a mismatch, another tenant's key of
 // the same name is its own record, an in-flight key stays in flight.
 func TestCacheKeepsReplayRules(t *testing.T) {
-	s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("rules")})
+	s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: redistest.Prefix("rules")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +539,7 @@ func BenchmarkReplay(b *testing.B) {
 		size int
 	}{{"cache", 0}, {"nocache", -1}} {
 		b.Run(c.name, func(b *testing.B) {
-			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: uniquePrefix("benchreplay"), CacheSize: c.size})
+			s, err := redisstore.Open("redis://"+single.Addr(), redisstore.Options{Prefix: redistest.Prefix("benchreplay"), CacheSize: c.size})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -16,7 +17,7 @@ func TestLayered(t *testing.T) {
 	for _, c := range clients(t) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			s := c.store(t, redisstore.Options{Prefix: uniquePrefix("layered")})
+			s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("layered")})
 			t.Run("Hold", func(t *testing.T) { testHold(t, s) })
 			t.Run("Fill", func(t *testing.T) { testFill(t, s) })
 			t.Run("RaiseToken", func(t *testing.T) { testRaiseToken(t, s) })

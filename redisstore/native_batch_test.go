@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -78,7 +79,7 @@ func traceRounds(t *testing.T, s *redisstore.Store) (sent func(f func()) []strin
 // did not stand takes one more round trip (its fix).
 func TestNativeBatchPipeline(t *testing.T) {
 	srvs := startKinds(t)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		for _, c := range []client{
 			goredisClient(t, redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()}), "single"),
 			rueidisClient(t, []string{srvs[kind].Addr()}, "single"),
@@ -92,7 +93,7 @@ func TestNativeBatchPipeline(t *testing.T) {
 
 func testNativeBatchPipeline(t *testing.T, c client) {
 	ctx := t.Context()
-	s := c.store(t, redisstore.Options{Prefix: uniquePrefix("nbatch"), Path: redisstore.PathNative})
+	s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("nbatch"), Path: redisstore.PathNative})
 	sent := traceRounds(t, s)
 	const n = 16
 	acquire := func() []idem.Lease {
@@ -159,7 +160,7 @@ func testNativeBatchPipeline(t *testing.T, c client) {
 // and on Cluster (where each key takes its own path).
 func TestNativeBatchMixed(t *testing.T) {
 	srvs := startKinds(t)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		raw := redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()})
 		t.Cleanup(func() { raw.Close() })
 		for _, c := range []client{
@@ -172,7 +173,7 @@ func TestNativeBatchMixed(t *testing.T) {
 		}
 	}
 	t.Run("valkey-cluster", func(t *testing.T) {
-		clus, err := redistest.StartCluster(3, 0, redistest.WithKind(redistest.Valkey9))
+		clus, err := redisserver.StartCluster(3, 0, redisserver.WithKind(redisserver.Valkey9))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +210,7 @@ func testNativeBatchMixed(t *testing.T, c client, raw redis.UniversalClient, one
 		gone     uint64            // released's token before the release
 	}
 	setup := func(name string) *side {
-		prefix := uniquePrefix("nbmix-" + name)
+		prefix := redistest.Prefix("nbmix-" + name)
 		sd := &side{
 			s:     c.store(t, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative}),
 			other: c.store(t, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative}),

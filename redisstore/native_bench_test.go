@@ -5,6 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
@@ -19,7 +20,7 @@ import (
 //	go test -run '^$' -bench AcquireCompletePath -benchtime 5s ./redisstore/
 func BenchmarkAcquireCompletePath(b *testing.B) {
 	srvs := startKindsB(b)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		srv := srvs[kind]
 		info := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		b.Cleanup(func() { info.Close() })
@@ -27,7 +28,7 @@ func BenchmarkAcquireCompletePath(b *testing.B) {
 			for _, path := range []redisstore.Path{redisstore.PathLua, redisstore.PathNative} {
 				b.Run(string(kind)+"/"+name+"/"+path.String(), func(b *testing.B) {
 					var s *redisstore.Store
-					opts := redisstore.Options{Prefix: uniquePrefix("bench"), Path: path}
+					opts := redisstore.Options{Prefix: redistest.Prefix("bench"), Path: path}
 					switch name {
 					case "go-redis":
 						c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 64})
@@ -40,12 +41,12 @@ func BenchmarkAcquireCompletePath(b *testing.B) {
 						}
 						b.Cleanup(func() { s.Close() })
 					}
-					cpu0, err := redistest.CPUTime(b.Context(), info)
+					cpu0, err := redisserver.CPUTime(b.Context(), info)
 					if err != nil {
 						b.Fatal(err)
 					}
 					storetest.BenchmarkPairs(b, s, 64)
-					cpu1, err := redistest.CPUTime(b.Context(), info)
+					cpu1, err := redisserver.CPUTime(b.Context(), info)
 					if err != nil {
 						b.Fatal(err)
 					}

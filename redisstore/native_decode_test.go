@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // TestRueidisValDecodes: the native path's decoding of rueidis replies
@@ -15,7 +15,7 @@ import (
 // string tried as an integer and as an array cost five more, and the
 // fmt.Errorf of the array's error showed in consumer profiles).
 func TestRueidisValDecodes(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

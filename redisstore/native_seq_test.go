@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -23,7 +24,7 @@ import (
 // one SET IFEQ without GET; Renew reads no PTTL, RaiseToken does.
 func TestNativeCommands(t *testing.T) {
 	srvs := startKinds(t)
-	for _, kind := range []redistest.Kind{redistest.Valkey9, redistest.Redis8} {
+	for _, kind := range []redisserver.Kind{redisserver.Valkey9, redisserver.Redis8} {
 		raw := redis.NewClient(&redis.Options{Addr: srvs[kind].Addr()})
 		t.Cleanup(func() { raw.Close() })
 		for _, c := range []client{
@@ -39,7 +40,7 @@ func TestNativeCommands(t *testing.T) {
 
 func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 	ctx := t.Context()
-	s := c.store(t, redisstore.Options{Prefix: uniquePrefix("seq"), Path: redisstore.PathNative})
+	s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("seq"), Path: redisstore.PathNative})
 	if _, _, err := s.Get(ctx, scope(0)); err != nil { // picks the path
 		t.Fatal(err)
 	}

@@ -12,33 +12,34 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 )
 
-// servers starts one private server of each kind (redistest.Kinds) for the
+// servers starts one private server of each kind (redisserver.Kinds) for the
 // test, once per test binary. A kind whose binary is missing fails the
 // test: scripts/test.sh builds them (scripts/build-redis-servers.sh).
 var (
 	serversOnce sync.Once
-	servers     map[redistest.Kind]*redistest.Server
+	servers     map[redisserver.Kind]*redisserver.Server
 	serversErr  error
 )
 
-func startKinds(t *testing.T) map[redistest.Kind]*redistest.Server { return startKindsB(t) }
+func startKinds(t *testing.T) map[redisserver.Kind]*redisserver.Server { return startKindsB(t) }
 
-func startKindsB(t testing.TB) map[redistest.Kind]*redistest.Server {
+func startKindsB(t testing.TB) map[redisserver.Kind]*redisserver.Server {
 	t.Helper()
 	serversOnce.Do(func() {
-		servers = map[redistest.Kind]*redistest.Server{}
+		servers = map[redisserver.Kind]*redisserver.Server{}
 		var errs []error
-		for _, k := range redistest.Kinds {
-			if k == redistest.Redis7 {
+		for _, k := range redisserver.Kinds {
+			if k == redisserver.Redis7 {
 				servers[k] = single
 				continue
 			}
-			s, err := redistest.StartServer(redistest.WithKind(k))
+			s, err := redisserver.StartServer(redisserver.WithKind(k))
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -55,18 +56,18 @@ func startKindsB(t testing.TB) map[redistest.Kind]*redistest.Server {
 
 func stopKinds() {
 	for k, s := range servers {
-		if k != redistest.Redis7 {
+		if k != redisserver.Redis7 {
 			s.Stop()
 		}
 	}
 }
 
 // wantPath is the path PathAuto must pick on each kind.
-var wantPath = map[redistest.Kind]redisstore.Path{
-	redistest.Redis7:       redisstore.PathLua,
-	redistest.Valkey9:      redisstore.PathNative,
-	redistest.Redis8:       redisstore.PathNative,
-	redistest.Valkey9NoLua: redisstore.PathNative,
+var wantPath = map[redisserver.Kind]redisstore.Path{
+	redisserver.Redis7:       redisstore.PathLua,
+	redisserver.Valkey9:      redisstore.PathNative,
+	redisserver.Redis8:       redisstore.PathNative,
+	redisserver.Valkey9NoLua: redisstore.PathNative,
 }
 
 // TestConformanceServers runs the store suite on every server kind, on
@@ -75,7 +76,7 @@ func TestConformanceServers(t *testing.T) {
 	for kind, srv := range startKinds(t) {
 		for _, path := range []redisstore.Path{redisstore.PathAuto, redisstore.PathLua, redisstore.PathNative} {
 			if path == redisstore.PathNative && wantPath[kind] != redisstore.PathNative ||
-				path == redisstore.PathLua && kind == redistest.Valkey9NoLua {
+				path == redisstore.PathLua && kind == redisserver.Valkey9NoLua {
 				continue // refused: TestPathRefused
 			}
 			for _, c := range []client{
@@ -94,7 +95,7 @@ func TestConformanceServers(t *testing.T) {
 							},
 						}
 					})
-					s := c.store(t, redisstore.Options{Prefix: uniquePrefix("path"), Path: path})
+					s := c.store(t, redisstore.Options{Prefix: redistest.Prefix("path"), Path: path})
 					if _, _, err := s.Get(t.Context(), scope(0)); err != nil {
 						t.Fatal(err)
 					}
@@ -118,9 +119,9 @@ func TestPathRefused(t *testing.T) {
 	ctx := t.Context()
 	req := idem.AcquireRequest{Key: scope(1), LeaseID: idem.NewLeaseID(), Fingerprint: idem.Fingerprint{1}, TTL: time.Second}
 
-	c := redis.NewClient(&redis.Options{Addr: srvs[redistest.Redis7].Addr()})
+	c := redis.NewClient(&redis.Options{Addr: srvs[redisserver.Redis7].Addr()})
 	defer c.Close()
-	s, err := redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("refused"), Path: redisstore.PathNative})
+	s, err := redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("refused"), Path: redisstore.PathNative})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,11 +132,11 @@ func TestPathRefused(t *testing.T) {
 	for _, name := range []string{"go-redis", "rueidis"} {
 		var s *redisstore.Store
 		if name == "go-redis" {
-			c := redis.NewClient(&redis.Options{Addr: srvs[redistest.Valkey9NoLua].Addr()})
+			c := redis.NewClient(&redis.Options{Addr: srvs[redisserver.Valkey9NoLua].Addr()})
 			defer c.Close()
-			s, err = redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("refused"), Path: redisstore.PathLua})
+			s, err = redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("refused"), Path: redisstore.PathLua})
 		} else {
-			s, err = redisstore.Open("redis://"+srvs[redistest.Valkey9NoLua].Addr(), redisstore.Options{Prefix: uniquePrefix("refused"), Path: redisstore.PathLua})
+			s, err = redisstore.Open("redis://"+srvs[redisserver.Valkey9NoLua].Addr(), redisstore.Options{Prefix: redistest.Prefix("refused"), Path: redisstore.PathLua})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -164,7 +165,7 @@ func serverMs(t *testing.T, c *redis.Client) int64 {
 // key; and records keep their expiry (a compare-and-set without PX would
 // drop it).
 func TestNativeTokens(t *testing.T) {
-	srv := startKinds(t)[redistest.Valkey9]
+	srv := startKinds(t)[redisserver.Valkey9]
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
 	for _, name := range []string{"go-redis", "rueidis"} {
@@ -172,9 +173,9 @@ func TestNativeTokens(t *testing.T) {
 			var s *redisstore.Store
 			var err error
 			if name == "go-redis" {
-				s, err = redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("tokens"), Path: redisstore.PathNative})
+				s, err = redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("tokens"), Path: redisstore.PathNative})
 			} else {
-				s, err = redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: uniquePrefix("tokens"), Path: redisstore.PathNative})
+				s, err = redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: redistest.Prefix("tokens"), Path: redisstore.PathNative})
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -245,8 +246,8 @@ func TestNativeTokens(t *testing.T) {
 // TestSwitchPaths: records written on one path are read and moved on by the
 // other, on the same server.
 func TestSwitchPaths(t *testing.T) {
-	srv := startKinds(t)[redistest.Valkey9]
-	prefix := uniquePrefix("switch")
+	srv := startKinds(t)[redisserver.Valkey9]
+	prefix := redistest.Prefix("switch")
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
 	lua, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Path: redisstore.PathLua})
@@ -305,8 +306,8 @@ func TestSwitchPaths(t *testing.T) {
 // TestNativeLeaseMemos: Complete and Release forget the lease they end, so
 // that the runner's memory holds only leases in flight.
 func TestNativeLeaseMemos(t *testing.T) {
-	srv := startKinds(t)[redistest.Valkey9]
-	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: uniquePrefix("memos"), Path: redisstore.PathNative})
+	srv := startKinds(t)[redisserver.Valkey9]
+	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: redistest.Prefix("memos"), Path: redisstore.PathNative})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,10 +341,10 @@ func TestNativeLeaseMemos(t *testing.T) {
 // the linearizability model of the native path allows it
 // (reliability/linearize, stepper.provisional).
 func TestNativeProvisionalToken(t *testing.T) {
-	srv := startKinds(t)[redistest.Valkey9]
+	srv := startKinds(t)[redisserver.Valkey9]
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
-	prefix := uniquePrefix("provisional")
+	prefix := redistest.Prefix("provisional")
 	s, err := redisstore.New(c, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative})
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -83,7 +83,7 @@ func openers(addr string, auth ...string) map[string]func(opts redisstore.Option
 // logs a WARN.
 func TestEvictingPolicyRefused(t *testing.T) {
 	for _, policy := range []string{"volatile-lru", "allkeys-lru"} {
-		srv := redistest.MustStartServer(redistest.WithArgs("--maxmemory-policy", policy))
+		srv := redisserver.MustStartServer(redisserver.WithArgs("--maxmemory-policy", policy))
 		t.Cleanup(srv.Stop)
 		for name, open := range openers(srv.Addr()) {
 			t.Run(policy+"/"+name, func(t *testing.T) {
@@ -155,7 +155,7 @@ func TestNoEvictionOpens(t *testing.T) {
 // the policy is read from INFO memory; where INFO is refused too, the
 // store opens with a WARN saying it could not tell.
 func TestPolicyWithoutConfig(t *testing.T) {
-	noConfig := redistest.MustStartServer(redistest.WithArgs("--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", ""))
+	noConfig := redisserver.MustStartServer(redisserver.WithArgs("--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", ""))
 	t.Cleanup(noConfig.Stop)
 	for name, open := range openers(noConfig.Addr()) {
 		t.Run("INFO/"+name, func(t *testing.T) {
@@ -167,7 +167,7 @@ func TestPolicyWithoutConfig(t *testing.T) {
 		})
 	}
 	// A user the ACL denies both (as some managed services do).
-	neither := redistest.MustStartServer(redistest.WithArgs("--maxmemory-policy", "volatile-lru"))
+	neither := redisserver.MustStartServer(redisserver.WithArgs("--maxmemory-policy", "volatile-lru"))
 	t.Cleanup(neither.Stop)
 	if _, err := neither.Do("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-config", "-info"); err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestPolicyWithoutConfig(t *testing.T) {
 
 // TestPolicyCluster: on Redis Cluster every primary is checked.
 func TestPolicyCluster(t *testing.T) {
-	c := redistest.MustStartCluster(3, 0)
+	c := redisserver.MustStartCluster(3, 0)
 	t.Cleanup(c.Stop)
 	victim := c.Nodes()[2]
 	if _, err := victim.Do("CONFIG", "SET", "maxmemory-policy", "volatile-lru"); err != nil {
@@ -223,7 +223,7 @@ func TestPolicyCluster(t *testing.T) {
 // here; a failover in TestPolicyFailover) is noticed by the next checks:
 // a WARN and PolicyStats.
 func TestPolicyRecheck(t *testing.T) {
-	srv := redistest.MustStartServer()
+	srv := redisserver.MustStartServer()
 	t.Cleanup(srv.Stop)
 	for name, open := range openers(srv.Addr()) {
 		t.Run(name, func(t *testing.T) {
@@ -277,7 +277,7 @@ func TestPolicyFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a Sentinel failover takes seconds")
 	}
-	set, err := redistest.StartSentinelSet()
+	set, err := redisserver.StartSentinelSet()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,14 +321,14 @@ func TestPolicyFailover(t *testing.T) {
 }
 
 // setReplicaPolicy sets the policy of the Sentinel set's replica.
-func setReplicaPolicy(set *redistest.SentinelSet, policy string) error {
+func setReplicaPolicy(set *redisserver.SentinelSet, policy string) error {
 	c := redis.NewClient(&redis.Options{Addr: set.MasterAddr()})
 	defer c.Close()
 	info, err := c.Info(context.Background(), "replication").Result()
 	if err != nil {
 		return err
 	}
-	ip, _ := redistest.InfoField(info, "slave0")
+	ip, _ := redisserver.InfoField(info, "slave0")
 	// slave0:ip=127.0.0.1,port=NNNN,state=online,...
 	var addr string
 	for _, f := range strings.Split(ip, ",") {
@@ -349,7 +349,7 @@ func setReplicaPolicy(set *redistest.SentinelSet, policy string) error {
 // a victim's completed record, and its retry is granted a new lease (its
 // work runs a second time) instead of the replay.
 func TestEvictionRunsRetryAgain(t *testing.T) {
-	srv := redistest.MustStartServer(redistest.WithArgs("--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"))
+	srv := redisserver.MustStartServer(redisserver.WithArgs("--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"))
 	t.Cleanup(srv.Stop)
 	s, err := redisstore.Open("redis://"+srv.Addr()+"?allow_eviction=1", redisstore.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -395,7 +395,7 @@ func TestEvictionRunsRetryAgain(t *testing.T) {
 		}
 	}
 	info, _ := srv.Do("INFO", "stats")
-	evicted, _ := redistest.InfoField(info, "evicted_keys")
+	evicted, _ := redisserver.InfoField(info, "evicted_keys")
 	t.Logf("a flood of %d keys evicted %s records, the victim's among them", flood, evicted)
 	if a := claim(victim); a.Outcome != idem.Acquired {
 		t.Fatalf("victim's retry after the flood: %v; want Acquired (the record evicted, the work run again)", a.Outcome)

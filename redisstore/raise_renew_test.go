@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -26,7 +27,7 @@ func TestNativeRaiseKeepsRenew(t *testing.T) {
 			ctx := context.Background()
 			var armed atomic.Bool
 			var renewErr error
-			prefix := uniquePrefix("raise")
+			prefix := redistest.Prefix("raise")
 			other := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 			t.Cleanup(func() { other.Close() })
 			renewer, err := redisstore.New(other, redisstore.Options{Prefix: prefix, Path: redisstore.PathNative})

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
@@ -24,14 +25,14 @@ import (
 // One private redis-server and one private 3-primary cluster (with a
 // replica each) for the whole package.
 var (
-	single  *redistest.Server
-	cluster *redistest.Cluster
+	single  *redisserver.Server
+	cluster *redisserver.Cluster
 )
 
 func TestMain(m *testing.M) {
-	single = redistest.MustStartServer()
+	single = redisserver.MustStartServer()
 	var err error
-	if cluster, err = redistest.StartCluster(3, 1); err != nil {
+	if cluster, err = redisserver.StartCluster(3, 1); err != nil {
 		single.Stop()
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -127,12 +128,6 @@ func TestPrefixValidation(t *testing.T) {
 	}
 }
 
-// uniquePrefix returns a key prefix no earlier run in this server used
-// (tests may run with -count > 1).
-func uniquePrefix(name string) string {
-	return name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
-}
-
 func scope(i int) idem.Key {
 	k, err := idem.Scope{Tenant: "t", Method: "POST", Route: "/pay"}.Key("key-" + strconv.Itoa(i))
 	if err != nil {
@@ -188,8 +183,8 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ru.Close()
-	viaGoredis, _ := redisstore.New(gr, redisstore.Options{Prefix: uniquePrefix("rt-go-redis")})
-	viaRueidis, _ := redisstore.NewRueidis(countingRueidis{ru, &sent}, redisstore.Options{Prefix: uniquePrefix("rt-rueidis")})
+	viaGoredis, _ := redisstore.New(gr, redisstore.Options{Prefix: redistest.Prefix("rt-go-redis")})
+	viaRueidis, _ := redisstore.NewRueidis(countingRueidis{ru, &sent}, redisstore.Options{Prefix: redistest.Prefix("rt-rueidis")})
 	for name, s := range map[string]*redisstore.Store{"go-redis": viaGoredis, "rueidis": viaRueidis} {
 		t.Run(name, func(t *testing.T) {
 			g, err := idem.New(s, idem.Config{})
@@ -227,7 +222,7 @@ func TestMemory(t *testing.T) {
 	ctx := context.Background()
 	c := clients(t)[1]
 	s := c.store(t, redisstore.Options{}) // the default prefix: the size depends on the key's length
-	tenant := uniquePrefix("mem")         // unique keys under it, run after run
+	tenant := redistest.Prefix("mem")     // unique keys under it, run after run
 	key := func(name string) idem.Key {
 		k, err := idem.Scope{Tenant: tenant}.Key(name)
 		if err != nil {
@@ -288,7 +283,7 @@ func jsonBody(n int) []byte {
 // TestServerDown: with Redis gone, Do fails with a *StoreError and never
 // runs the work; once Redis is back, the same store works again by itself.
 func TestServerDown(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +344,7 @@ func TestOpen(t *testing.T) {
 		"cluster": "redis://" + cluster.Addrs()[0] + "?addr=" + cluster.Addrs()[1],
 	}
 	for name, url := range urls {
-		s, err := redisstore.Open(url, redisstore.Options{Prefix: uniquePrefix("open")})
+		s, err := redisstore.Open(url, redisstore.Options{Prefix: redistest.Prefix("open")})
 		if err != nil {
 			t.Fatalf("Open(%s): %v", name, err)
 		}
@@ -380,7 +375,7 @@ func TestForeignValues(t *testing.T) {
 	ctx := context.Background()
 	c := redis.NewClient(&redis.Options{Addr: single.Addr()})
 	defer c.Close()
-	s, _ := redisstore.New(c, redisstore.Options{Prefix: uniquePrefix("foreign")})
+	s, _ := redisstore.New(c, redisstore.Options{Prefix: redistest.Prefix("foreign")})
 	req := func(k idem.Key) idem.AcquireRequest {
 		return idem.AcquireRequest{Key: k, LeaseID: idem.NewLeaseID(), TTL: time.Second}
 	}
@@ -447,7 +442,7 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 // Redis that stops answering fails the call with the deadline, however
 // long rueidis would go on retrying.
 func TestOpenBoundsCalls(t *testing.T) {
-	srv := redistest.MustStartServer()
+	srv := redisserver.MustStartServer()
 	defer srv.Stop()
 	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{})
 	if err != nil {

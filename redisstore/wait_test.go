@@ -12,27 +12,28 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
 
 // startPair starts a private primary and a replica of it, and waits
 // (bounded) until the replica is in sync.
-func startPair(t *testing.T) (primary, replica *redistest.Server) {
+func startPair(t *testing.T) (primary, replica *redisserver.Server) {
 	t.Helper()
-	primary, err := redistest.StartServer()
+	primary, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(primary.Stop)
-	replica, err = redistest.StartServer(redistest.WithArgs("--replicaof", "127.0.0.1", strconv.Itoa(primary.Port())))
+	replica, err = redisserver.StartServer(redisserver.WithArgs("--replicaof", "127.0.0.1", strconv.Itoa(primary.Port())))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(replica.Stop)
 	waitFor(t, 10*time.Second, "replica in sync", func() bool {
 		info, err := replica.Do("INFO", "replication")
-		link, _ := redistest.InfoField(info, "master_link_status")
+		link, _ := redisserver.InfoField(info, "master_link_status")
 		return err == nil && link == "up"
 	})
 	return primary, replica
@@ -163,7 +164,7 @@ func TestWaitCluster(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range clients(t)[2:] {
 		t.Run(c.name, func(t *testing.T) {
-			s := c.store(t, redisstore.Options{WaitReplicas: 1, WaitTimeout: time.Second, Prefix: uniquePrefix("wait")})
+			s := c.store(t, redisstore.Options{WaitReplicas: 1, WaitTimeout: time.Second, Prefix: redistest.Prefix("wait")})
 			resp := &idem.Response{Status: 200, Body: []byte("ok")}
 			for i := range 30 {
 				key := scope(i)
@@ -244,7 +245,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-func clusterNodes(t *testing.T) []redistest.ClusterNode {
+func clusterNodes(t *testing.T) []redisserver.ClusterNode {
 	t.Helper()
 	nodes, err := cluster.Topology()
 	if err != nil {
@@ -281,7 +282,7 @@ func keySlot(key string) int {
 	return int(crc % 16384)
 }
 
-func server(addr string) *redistest.Server {
+func server(addr string) *redisserver.Server {
 	for _, s := range cluster.Nodes() {
 		if s.Addr() == addr {
 			return s
@@ -305,7 +306,7 @@ func onReplica(t *testing.T, key string) bool {
 }
 
 // onReplicaOf reports whether every replica of primary holds key.
-func onReplicaOf(t *testing.T, primary redistest.ClusterNode, key string) bool {
+func onReplicaOf(t *testing.T, primary redisserver.ClusterNode, key string) bool {
 	found := false
 	for _, n := range clusterNodes(t) {
 		if n.Primary || n.Master != primary.ID {
@@ -329,13 +330,13 @@ func onReplicaOf(t *testing.T, primary redistest.ClusterNode, key string) bool {
 // redis-cli --cluster reshard does it.
 type move struct {
 	slot     int
-	src, dst redistest.ClusterNode
+	src, dst redisserver.ClusterNode
 }
 
 func startMove(t *testing.T, key string) *move {
 	t.Helper()
 	m := &move{slot: slotOf(t, key)}
-	var primaries []redistest.ClusterNode
+	var primaries []redisserver.ClusterNode
 	for _, n := range clusterNodes(t) {
 		if n.Primary {
 			primaries = append(primaries, n)

@@ -7,7 +7,7 @@
 #	idem-servers/valkey/valkey-server   (Valkey 9.1, Lua as a module)
 #	idem-servers/redis8/redis-server    (Redis 8.6)
 #
-# where internal/redistest looks for them. The system's apt configuration
+# where internal/redisserver looks for them. The system's apt configuration
 # is never changed: a private sources list and private lists directory under
 # the cache folder add the sid and experimental deb-src entries for
 # `apt-get source --download-only` only. Building takes about 4 minutes for

@@ -158,7 +158,7 @@ fi
 # The redisstore suites also run on Valkey 9.1 (with and without its Lua
 # module) and Redis 8.6, which have SET IFEQ (the store's native path).
 # Build them from Debian's source packages (sid, experimental) when they
-# are missing, into $(go env GOPATH)/idem-servers, where internal/redistest
+# are missing, into $(go env GOPATH)/idem-servers, where internal/redisserver
 # looks (about 6 minutes; the system's apt sources are left alone).
 ./scripts/build-redis-servers.sh
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/storetest"
 	"github.com/idemkit/idem/tieredstore"
@@ -23,7 +23,7 @@ import (
 // One private redis-server and one private PostgreSQL database (with the
 // table migrated) for the package; tests that break Redis start their own.
 var (
-	shared   *redistest.Server
+	shared   *redisserver.Server
 	database string
 )
 
@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	shared, err = redistest.StartServer()
+	shared, err = redisserver.StartServer()
 	if err != nil {
 		drop()
 		fmt.Fprintln(os.Stderr, err)

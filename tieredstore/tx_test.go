@@ -20,7 +20,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/idemmsg"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/tieredstore"
 )
@@ -31,7 +31,7 @@ import (
 type env struct {
 	t      *testing.T
 	ctx    context.Context
-	srv    *redistest.Server
+	srv    *redisserver.Server
 	client rueidis.Client
 	pool   *pgxpool.Pool
 	store  *tieredstore.Store
@@ -51,7 +51,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
 	e := &env{t: t, ctx: t.Context(), srv: shared, pool: newPool(t, 8), prefix: uniquePrefix(t.Name())}
 	if o.ownRedis {
-		srv, err := redistest.StartServer()
+		srv, err := redisserver.StartServer()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // The harness and its full test are in internal/bench; these test the
@@ -39,7 +39,7 @@ func TestBenchUsage(t *testing.T) {
 // TestBenchCommand runs one small scenario through the command, with a
 // flag from the environment, and checks the markdown and the JSON.
 func TestBenchCommand(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // demoOutput is what demo --json prints.
@@ -98,7 +98,7 @@ func TestDemoTable(t *testing.T) {
 }
 
 func TestDemoRedis(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestDemoFlags(t *testing.T) {
 		}
 	}
 	// An unreachable store fails at once, before the runs.
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/seal"
 )
@@ -34,7 +34,7 @@ func inspectExec(t *testing.T, args ...string) (code int, stdout, stderr string)
 // a key prefix and a store on that prefix.
 func inspectRedis(t *testing.T) (storeURL, prefix string, store *redisstore.Store) {
 	t.Helper()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/nettest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -67,7 +68,7 @@ func opRun(t *testing.T, env []string, args ...string) opResult {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, opBin(t), args...)
 	cmd.Env = proxyEnv(env)
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

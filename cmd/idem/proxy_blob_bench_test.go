@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // BenchmarkProxyBlobReplay compares, for a 10 MiB response, a replay from
@@ -37,7 +37,7 @@ func BenchmarkProxyBlobReplay(b *testing.B) {
 		}
 	}))
 	defer up.Close()
-	redis, err := redistest.StartServer()
+	redis, err := redisserver.StartServer()
 	if err != nil {
 		b.Fatal(err)
 	}

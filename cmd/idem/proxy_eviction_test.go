@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // The proxy refuses to start on a Redis whose maxmemory-policy evicts keys
@@ -15,7 +15,7 @@ func TestProxyEvictingRedis(t *testing.T) {
 	t.Parallel()
 	up := newTestUpstream(t)
 	for _, policy := range []string{"volatile-lru", "allkeys-lru"} {
-		srv, err := redistest.StartServer(redistest.WithArgs("--maxmemory-policy", policy))
+		srv, err := redisserver.StartServer(redisserver.WithArgs("--maxmemory-policy", policy))
 		if err != nil {
 			t.Fatal(err)
 		}

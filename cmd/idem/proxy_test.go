@@ -29,7 +29,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // proxyRace is set in proxy_race_test.go when the tests run under -race.
@@ -77,9 +77,9 @@ func idemBinary(t *testing.T) string {
 }
 
 // proxyRedis starts a private redis-server for one test.
-func proxyRedis(t *testing.T) *redistest.Server {
+func proxyRedis(t *testing.T) *redisserver.Server {
 	t.Helper()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

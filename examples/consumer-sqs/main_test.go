@@ -16,7 +16,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/sqstest"
 )
 
@@ -203,7 +203,7 @@ func TestRun(t *testing.T) {
 // for the lease left, so this may take the lease, 30s.)
 func TestShared(t *testing.T) {
 	localEnv(t)
-	redis, err := redistest.StartServer()
+	redis, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/idemkit/idem/idemmsg/internal/loop"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -71,7 +71,7 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // a process of its own).
 //
 // The store's server is the system's redis-server (Redis 7.0: the
-// store's Lua path). $IDEM_BENCH_SERVERS (redistest.BenchKinds) runs the
+// store's Lua path). $IDEM_BENCH_SERVERS (redisserver.BenchKinds) runs the
 // whole benchmark with the store on each server kind it lists instead,
 // one sub-benchmark per kind, each on a private server of that kind
 // started for it; the store's path is PathAuto, and the benchmark fails
@@ -81,7 +81,7 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //
 //	IDEM_BENCH_SERVERS=valkey-9.1,redis-8.6 go test -run '^$' -bench Consume -benchtime 1x ./idemmsg/natsjs/
 func BenchmarkConsume(b *testing.B) {
-	kinds, err := redistest.BenchKinds()
+	kinds, err := redisserver.BenchKinds()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -95,18 +95,18 @@ func BenchmarkConsume(b *testing.B) {
 }
 
 // benchPath is the path redisstore's PathAuto takes on each server kind.
-var benchPath = map[redistest.Kind]redisstore.Path{
-	redistest.Redis7:       redisstore.PathLua,
-	redistest.Valkey9:      redisstore.PathNative,
-	redistest.Redis8:       redisstore.PathNative,
-	redistest.Valkey9NoLua: redisstore.PathNative,
+var benchPath = map[redisserver.Kind]redisstore.Path{
+	redisserver.Redis7:       redisstore.PathLua,
+	redisserver.Valkey9:      redisstore.PathNative,
+	redisserver.Redis8:       redisstore.PathNative,
+	redisserver.Valkey9NoLua: redisstore.PathNative,
 }
 
 // benchConsumeOn runs every mode in every shape with the store on a
 // private server of kind ("": the system's redis-server), where it must
 // take path.
-func benchConsumeOn(b *testing.B, kind redistest.Kind, path redisstore.Path) {
-	rs, err := redistest.StartServer(redistest.WithKind(kind))
+func benchConsumeOn(b *testing.B, kind redisserver.Kind, path redisstore.Path) {
+	rs, err := redisserver.StartServer(redisserver.WithKind(kind))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		var cpu0 time.Duration
 		if t.redis != nil {
 			var err error
-			if cpu0, err = redistest.CPUTime(ctx, t.redis); err != nil {
+			if cpu0, err = redisserver.CPUTime(ctx, t.redis); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -287,7 +287,7 @@ func benchConsume(b *testing.B, js jetstream.JetStream, shape benchShape, mode s
 		ccpu1, _ := msgtest.ProcessCPU()
 		ccpu += ccpu1 - ccpu0
 		if t.redis != nil {
-			cpu1, err := redistest.CPUTime(ctx, t.redis)
+			cpu1, err := redisserver.CPUTime(ctx, t.redis)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -76,7 +76,7 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //
 // The server, broker and store at once, is the system's redis-server
 // (Redis 7.0: the store's Lua path). $IDEM_BENCH_SERVERS
-// (redistest.BenchKinds) runs the whole benchmark on each server kind it
+// (redisserver.BenchKinds) runs the whole benchmark on each server kind it
 // lists instead, one sub-benchmark per kind, each on a private server of
 // that kind started for it; the store's path is PathAuto, and the
 // benchmark fails if the store did not take the path the kind calls for
@@ -84,7 +84,7 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 //
 //	IDEM_BENCH_SERVERS=valkey-9.1,redis-8.6 go test -run '^$' -bench Consume -benchtime 1x ./idemmsg/redisstream/
 func BenchmarkConsume(b *testing.B) {
-	kinds, err := redistest.BenchKinds()
+	kinds, err := redisserver.BenchKinds()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -95,9 +95,9 @@ func BenchmarkConsume(b *testing.B) {
 	for _, kind := range kinds {
 		b.Run(string(kind), func(b *testing.B) {
 			s := srv
-			if kind != redistest.Redis7 {
+			if kind != redisserver.Redis7 {
 				var err error
-				if s, err = redistest.StartServer(redistest.WithKind(kind)); err != nil {
+				if s, err = redisserver.StartServer(redisserver.WithKind(kind)); err != nil {
 					b.Fatal(err)
 				}
 				defer s.Stop()
@@ -108,11 +108,11 @@ func BenchmarkConsume(b *testing.B) {
 }
 
 // benchPath is the path redisstore's PathAuto takes on each server kind.
-var benchPath = map[redistest.Kind]redisstore.Path{
-	redistest.Redis7:       redisstore.PathLua,
-	redistest.Valkey9:      redisstore.PathNative,
-	redistest.Redis8:       redisstore.PathNative,
-	redistest.Valkey9NoLua: redisstore.PathNative,
+var benchPath = map[redisserver.Kind]redisstore.Path{
+	redisserver.Redis7:       redisstore.PathLua,
+	redisserver.Valkey9:      redisstore.PathNative,
+	redisserver.Redis8:       redisstore.PathNative,
+	redisserver.Valkey9NoLua: redisstore.PathNative,
 }
 
 // benchConsumeShapes runs every mode in every shape on the server at
@@ -267,7 +267,7 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 		ctx, cancel := context.WithCancel(context.Background())
 		stop = cancel
 		stopped := make(chan struct{})
-		cpu0, err := redistest.CPUTime(ctx, c)
+		cpu0, err := redisserver.CPUTime(ctx, c)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -281,7 +281,7 @@ func benchConsume(b *testing.B, addr string, path redisstore.Path, shape benchSh
 		elapsed += time.Since(start)
 		ccpu1, _ := msgtest.ProcessCPU()
 		ccpu += ccpu1 - ccpu0
-		cpu1, err := redistest.CPUTime(ctx, c)
+		cpu1, err := redisserver.CPUTime(ctx, c)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -17,19 +17,15 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
-	code := m.Run()
-	srv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &srv)) }
 
 // Short enough that claims of crashed or failed entries happen within the
 // test's bounds.
@@ -82,7 +78,7 @@ type env struct {
 type envOptions struct {
 	maxFailures int
 	// server, when set, is where the stream lives instead of srv.
-	server *redistest.Server
+	server *redisserver.Server
 	// consumerAddr, when set, is the address the consumers' client
 	// connects to (a proxy in front of the server).
 	consumerAddr string

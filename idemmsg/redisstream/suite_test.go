@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/adaptertest"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // TestAdapterSuite runs the shared adapter scenarios against the private
@@ -50,7 +50,7 @@ func newSuiteTopic(t *testing.T, lib string, cfg adaptertest.Config) adaptertest
 	if !cfg.Faults {
 		return &suiteTopic{env: newEnvWith(t, lib, o)}
 	}
-	server, err := redistest.StartServer(redistest.WithArgs("--appendonly", "yes", "--appendfsync", "always"))
+	server, err := redisserver.StartServer(redisserver.WithArgs("--appendonly", "yes", "--appendfsync", "always"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func (s *suiteTopic) DeadLetters(t testing.TB) []adaptertest.DeadLetter {
 // consumers reach through proxy.
 type faultTopic struct {
 	suiteTopic
-	server *redistest.Server
+	server *redisserver.Server
 	proxy  *msgtest.Proxy
 }
 

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/internal/msgtest"
 	"github.com/idemkit/idem/idemmsg/internal/workpool"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -63,7 +63,7 @@ var benchShapes = []benchShape{{16, 1}, {1, 16}, {16, 16}}
 // ratio of its rate to raw's from the same process, and idem-batch also
 // idem/raw-batch.
 func BenchmarkConsume(b *testing.B) {
-	rs, err := redistest.StartServer()
+	rs, err := redisserver.StartServer()
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -28,7 +28,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // Scenario is one workload of idem bench.
@@ -254,7 +254,7 @@ func Run(ctx context.Context, o Options, stderr io.Writer) ([]Result, Meta, erro
 		Quick: o.Quick, Rate: o.Rate, RetryPause: o.RetryPause, Instances: o.Instances, Scenarios: o.Scenarios, Impls: o.Impls}
 	url := o.RedisURL
 	if url == "" {
-		srv, err := redistest.StartServer()
+		srv, err := redisserver.StartServer()
 		if err != nil {
 			return nil, meta, fmt.Errorf("no --redis URL given, and starting a private redis-server failed: %w", err)
 		}
@@ -271,7 +271,7 @@ func Run(ctx context.Context, o Options, stderr io.Writer) ([]Result, Meta, erro
 	if err != nil {
 		return nil, meta, fmt.Errorf("redis at %s: %w", url, err)
 	}
-	v, _ := redistest.InfoField(info, "redis_version")
+	v, _ := redisserver.InfoField(info, "redis_version")
 	meta.Redis = "redis-server " + v
 	if meta.PrivateRedis {
 		meta.Redis += " (private, started by idem bench)"

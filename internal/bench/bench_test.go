@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 )
 
 // parse parses idem bench's command line as the idem command does.
@@ -38,7 +38,7 @@ func parse(t *testing.T, catalog []Impl, args ...string) Options {
 // TestBench runs idem bench --quick in-process at a tiny size against a
 // private redis-server and checks the JSON, the markdown and the SVG.
 func TestBench(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestMakePlan(t *testing.T) {
 // across two instances the latter runs keys twice, and the report checks
 // idem against both.
 func TestInstancesAndPeers(t *testing.T) {
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestBenchSealed(t *testing.T) {
 		sealed bool
 	}{{"idem-sealed", true}, {"idem-rueidis", false}} {
 		t.Run(c.impl, func(t *testing.T) {
-			srv, err := redistest.StartServer()
+			srv, err := redisserver.StartServer()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -22,7 +22,7 @@ import (
 	"github.com/idemkit/idem/idemmsg"
 	"github.com/idemkit/idem/idemmsg/redisstream"
 	"github.com/idemkit/idem/internal/bench"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -108,7 +108,7 @@ func runConsume(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // the server's version.
 func consumeAll(ctx context.Context, url string, sel []consumerImpl, shapes []consumeRun, n int, limit time.Duration, stderr io.Writer) ([]consumeResult, string, error) {
 	if url == "" {
-		srv, err := redistest.StartServer()
+		srv, err := redisserver.StartServer()
 		if err != nil {
 			return nil, "", fmt.Errorf("no --redis URL given, and starting a private redis-server failed: %w", err)
 		}
@@ -124,7 +124,7 @@ func consumeAll(ctx context.Context, url string, sel []consumerImpl, shapes []co
 	if err != nil {
 		return nil, "", fmt.Errorf("redis at %s: %w", url, err)
 	}
-	version, _ := redistest.InfoField(info, "redis_version")
+	version, _ := redisserver.InfoField(info, "redis_version")
 	var results []consumeResult
 	for _, run := range shapes {
 		for _, impl := range sel {
@@ -405,7 +405,7 @@ func redisCPU(ctx context.Context, rdb *redis.Client) (float64, error) {
 	}
 	var s float64
 	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, _ := redistest.InfoField(info, f)
+		v, _ := redisserver.InfoField(info, f)
 		x, _ := strconv.ParseFloat(v, 64)
 		s += x
 	}

@@ -12,17 +12,13 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/bench"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
-	code := m.Run()
-	srv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &srv)) }
 
 // options parses idem bench's flags over the peers' catalog.
 func options(t *testing.T, args ...string) bench.Options {

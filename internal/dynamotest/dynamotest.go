@@ -25,7 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 // Version is the dynalite release scripts/test.sh installs.
@@ -119,7 +119,7 @@ func Start() (*Server, error) {
 		l.Close()
 		s := &Server{port: port, done: make(chan struct{})}
 		s.cmd = exec.Command("node", "-e", serve, filepath.Join(filepath.Dir(cli), "index.js"), strconv.Itoa(port), strconv.Itoa(Backlog))
-		s.cmd.SysProcAttr = proctest.SysProcAttr()
+		s.cmd.SysProcAttr = childproc.SysProcAttr()
 		if err := s.cmd.Start(); err != nil {
 			return nil, err
 		}

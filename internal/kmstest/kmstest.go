@@ -50,7 +50,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/kms"
 
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 // Module and Version are the local-kms that scripts/test.sh installs.
@@ -166,7 +166,7 @@ func (s *Server) start() error {
 		"KMS_SEED_PATH="+filepath.Join(s.dir, "seed.yaml"),
 	)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return err

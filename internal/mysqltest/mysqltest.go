@@ -43,8 +43,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/nettest"
-	"github.com/idemkit/idem/internal/proctest"
 )
 
 // Install is the command that installs the server where Start finds it.
@@ -113,7 +113,7 @@ func Start() (*Server, error) {
 		args = append(args, "--user=root")
 	}
 	install := exec.Command(installDB, args...)
-	install.SysProcAttr = proctest.SysProcAttr()
+	install.SysProcAttr = childproc.SysProcAttr()
 	if out, err := install.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("mysqltest: mariadb-install-db: %v\n%s", err, out)
@@ -160,7 +160,7 @@ func (s *Server) launch(mysqld string) error {
 		args = append(args, "--user=root")
 	}
 	s.cmd = exec.Command(mysqld, args...)
-	s.cmd.SysProcAttr = proctest.SysProcAttr()
+	s.cmd.SysProcAttr = childproc.SysProcAttr()
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}

@@ -10,7 +10,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 var (
@@ -79,7 +82,7 @@ func (c *Caddy) LogText() string {
 // must listen there, with admin off), waits up to 30s for the port to
 // accept connections, and kills it at the end of the test, logging the
 // tail of its log if the test failed.
-func StartCaddy(t TB, caddyfile func(addr string) string) *Caddy {
+func StartCaddy(t testing.TB, caddyfile func(addr string) string) *Caddy {
 	t.Helper()
 	bin, err := BuildCaddy()
 	if err != nil {
@@ -103,7 +106,7 @@ func StartCaddy(t TB, caddyfile func(addr string) string) *Caddy {
 	// Caddy keeps its data and config in XDG_DATA_HOME and
 	// XDG_CONFIG_HOME: a directory of the test's, not the user's.
 	c.Cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir, "HOME="+dir, "AWS_EC2_METADATA_DISABLED=true")
-	c.Cmd.SysProcAttr = SysProcAttr()
+	c.Cmd.SysProcAttr = childproc.SysProcAttr()
 	stderr, err := c.Cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,7 @@
 // Package proctest runs the child processes of the test suites: it builds
 // the idem command once per test binary and runs `idem proxy` with its JSON
-// log captured, and gives every child a parent-death signal on Linux
-// ([SysProcAttr]) so none outlives a crashed test binary.
+// log captured (with internal/childproc's parent-death signal, so none
+// outlives a crashed test binary), and does the same for Caddy.
 //
 // A suite that starts proxies removes the built binary in TestMain:
 //
@@ -24,8 +24,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
+	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 // modulePath is the module whose cmd/idem BuildIdem builds.
@@ -157,25 +159,12 @@ func (p *Proxy) LogText() string {
 	return p.log.String()
 }
 
-// TB is the part of testing.TB that StartProxy uses (a *testing.T or
-// *testing.B is one). proctest does not import testing: internal/redistest
-// imports proctest for SysProcAttr, and cmd/idem (idem bench) imports
-// redistest, so testing would be linked into the idem binary.
-type TB interface {
-	Helper()
-	Cleanup(func())
-	Failed() bool
-	Fatal(args ...any)
-	Fatalf(format string, args ...any)
-	Logf(format string, args ...any)
-}
-
 // StartProxy runs `idem proxy --listen 127.0.0.1:0 --log-format json` with
 // args (built by BuildIdem; IDEM_* variables removed from its environment,
 // since they would change the flags), waits up to 15s for its "idem proxy
 // listening" log line, and kills it at the end of the test, logging the
 // tail of its log if the test failed.
-func StartProxy(t TB, args ...string) *Proxy {
+func StartProxy(t testing.TB, args ...string) *Proxy {
 	t.Helper()
 	bin, err := BuildIdem()
 	if err != nil {
@@ -185,7 +174,7 @@ func StartProxy(t TB, args ...string) *Proxy {
 }
 
 // StartProxyBin is StartProxy with the idem binary bin (BuildIdemAt's).
-func StartProxyBin(t TB, bin string, args ...string) *Proxy {
+func StartProxyBin(t testing.TB, bin string, args ...string) *Proxy {
 	t.Helper()
 	all := append([]string{"proxy", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
 	p := &Proxy{Cmd: exec.Command(bin, all...)}
@@ -197,7 +186,7 @@ func StartProxyBin(t TB, bin string, args ...string) *Proxy {
 	// The AWS SDK behind s3:// looks for credentials at the EC2 metadata
 	// address when it finds none: tests send traffic to loopback only.
 	p.Cmd.Env = append(p.Cmd.Env, "AWS_EC2_METADATA_DISABLED=true")
-	p.Cmd.SysProcAttr = SysProcAttr()
+	p.Cmd.SysProcAttr = childproc.SysProcAttr()
 	stderr, err := p.Cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -247,29 +236,10 @@ func StartProxyBin(t TB, bin string, args ...string) *Proxy {
 	return p
 }
 
-// Pause stops p with SIGSTOP and returns once every thread of it is
-// stopped (see Stopped), or an error after timeout.
-func Pause(p *os.Process, timeout time.Duration) error {
-	if err := p.Signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := Stopped(p.Pid)
-		if err != nil || ok {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("proctest: process %d not stopped %v after SIGSTOP", p.Pid, timeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // RequireTool is the path of the installed tool name, or it fails the
 // test: scripts/test.sh installs every tool a test runs, so a missing one
 // is a broken machine, not a reason to skip.
-func RequireTool(t TB, name string) string {
+func RequireTool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {

@@ -15,6 +15,3 @@ func TestModuleRoot(t *testing.T) {
 		t.Fatalf("module root %s: %v", root, err)
 	}
 }
-
-// testing.TB is a TB: StartProxy takes a *testing.T or *testing.B.
-var _ TB = testing.TB(nil)

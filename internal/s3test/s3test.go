@@ -35,8 +35,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/nettest"
-	"github.com/idemkit/idem/internal/proctest"
 )
 
 // Version is the versitygw release scripts/test.sh installs.
@@ -139,7 +139,7 @@ func (s *Server) launch() error {
 	cmd := exec.Command(s.bin, "--access", AccessKey, "--secret", SecretKey, "--region", Region,
 		"--port", s.Addr(), "--quiet", "posix", s.dir)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	err = cmd.Start()
 	logFile.Close()
 	if err != nil {
@@ -244,14 +244,14 @@ func (s *Server) MustBucket() string {
 // Pause stops the server process (SIGSTOP): connections hang, as with a
 // server that stopped answering. Resume continues it.
 // It returns once every thread of the server has stopped: until then it
-// may still answer (proctest.Pause).
+// may still answer (childproc.Pause).
 func (s *Server) Pause() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
 		return errors.New("s3test: server not running")
 	}
-	return proctest.Pause(s.cmd.Process, 10*time.Second)
+	return childproc.Pause(s.cmd.Process, 10*time.Second)
 }
 
 // Resume continues a paused server (SIGCONT).

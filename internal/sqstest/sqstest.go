@@ -56,8 +56,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/nettest"
-	"github.com/idemkit/idem/internal/proctest"
 )
 
 // Version is the fauxqs release scripts/test.sh installs.
@@ -139,7 +139,7 @@ func (s *Server) start() error {
 	if s.dataDir != "" {
 		cmd.Env = append(cmd.Env, "FAUXQS_DATA_DIR="+s.dataDir, "FAUXQS_PERSISTENCE=true")
 	}
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return err
 	}

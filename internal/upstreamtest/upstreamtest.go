@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
 )
 
@@ -37,7 +38,7 @@ func StartUnixPython(t testing.TB) string {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(proctest.RequireTool(t, "python3"), script, sock)
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

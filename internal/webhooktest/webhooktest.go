@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
 )
 
@@ -112,7 +113,7 @@ func send(t testing.TB, d Delivery) (Answer, error) {
 	} else {
 		cmd = exec.CommandContext(ctx, proctest.RequireTool(t, "node"), script(t, "send.mjs", sendMJS, true))
 	}
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 // call is one logical request: the same key and body on every attempt.
@@ -144,7 +144,7 @@ func runScript(ctx context.Context, bin string, args ...string) result {
 	ctx, cancel := context.WithTimeout(ctx, clientDeadline)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.WaitDelay = time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -207,7 +207,7 @@ func runCurl(ctx context.Context, c call) result {
 		"-H", "Content-Type: application/json", "-H", idemhttp.HeaderKey+": "+c.key, "--data-binary", c.body,
 		"-m", seconds(c.timeout), "--retry", strconv.Itoa(c.attempts-1), "--retry-all-errors", "--fail-with-body",
 		"--retry-delay", "1", "-o", bodyFile, "-w", "%{http_code}\n%{header_json}")
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.WaitDelay = time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

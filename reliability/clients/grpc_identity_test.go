@@ -18,7 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -38,11 +39,7 @@ type identityPayments struct {
 
 func startIdentityPayments(t *testing.T, cfg idemgrpc.Config) *identityPayments {
 	t.Helper()
-	store, err := redisstore.Open("redis://"+rdb.Addr(), redisstore.Options{Prefix: newPrefix()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store := redistest.Store(t, rdb, redisstore.Options{})
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	g := &identityPayments{runs: map[string]int{}}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, cfg)))
@@ -123,7 +120,7 @@ func runGRPCCalls(t *testing.T, addr string, calls []pyCall) []pyResult {
 	ctx, cancel := context.WithTimeout(t.Context(), clientDeadline)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tool("python-grpc"), "testdata/grpc_calls.py", addr, chargeMethod, string(arg))
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.WaitDelay = time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

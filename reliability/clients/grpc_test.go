@@ -26,7 +26,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -99,11 +100,7 @@ var paymentsDesc = grpc.ServiceDesc{
 
 func startGRPCPayments(t *testing.T) *grpcPayments {
 	t.Helper()
-	store, err := redisstore.Open("redis://"+rdb.Addr(), redisstore.Options{Prefix: newPrefix()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store := redistest.Store(t, rdb, redisstore.Options{})
 	g := &grpcPayments{effects: map[string][]string{}, running: map[string]int{}, outcomes: map[string][]string{}}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, idemgrpc.Config{
 		// ABORTED at once: the case is the clients' retryPolicy resending
@@ -270,7 +267,7 @@ func runGRPCPython(ctx context.Context, addr, key, value string, attempts int) g
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tool("python-grpc"), "testdata/grpc_client.py", addr, chargeMethod, key, value,
 		seconds(grpcDeadline), strconv.Itoa(attempts), grpcServiceConfig)
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	cmd.WaitDelay = time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -151,7 +153,7 @@ func startHAProxy(t *testing.T, o haproxyOptions, names []string, backends map[s
 		}
 		h := &haproxyProc{addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		cmd := exec.Command(bin, "-db", "-f", conf)
-		cmd.SysProcAttr = proctest.SysProcAttr()
+		cmd.SysProcAttr = childproc.SysProcAttr()
 		cmd.Stdout, cmd.Stderr = h, h
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("starting haproxy: %v", err)
@@ -211,7 +213,7 @@ func startHASetup(t *testing.T, up *upstream, o haproxyOptions, proxyArgs ...str
 	// once. With the default wait (500ms) it would wait past HAProxy's
 	// "timeout server 300ms", which would then retry again: the cases
 	// are about HAProxy passing on and the clients handling that 409.
-	args := append([]string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", newPrefix(), "--wait", "0"}, proxyArgs...)
+	args := append([]string{"--upstream", up.srv.URL, "--store", "redis://" + rdb.Addr(), "--prefix", redistest.Prefix("clients"), "--wait", "0"}, proxyArgs...)
 	s := &haSetup{up: up, proxies: map[string]*proctest.Proxy{}}
 	addrs := map[string]string{}
 	for _, n := range haNames {
@@ -307,12 +309,12 @@ type haCase struct {
 }
 
 // haBody is the keyed POST of the HAProxy cases.
-func haBody() string { return fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, 100+prefixSeq.Add(1)) }
+func haBody() string { return fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, 100+bodySeq.Add(1)) }
 
 // haLargeBody is a keyed POST of 32 KiB, more than HAProxy's request
 // buffer (tune.bufsize, 16 KiB by default).
 func haLargeBody() string {
-	return fmt.Sprintf(`{"amount":%d,"currency":"eur","memo":%q}`, 100+prefixSeq.Add(1), strings.Repeat("m", 32<<10))
+	return fmt.Sprintf(`{"amount":%d,"currency":"eur","memo":%q}`, 100+bodySeq.Add(1), strings.Repeat("m", 32<<10))
 }
 
 // goFirst sends the POST with Go's http.Client, 10 s timeout, no retry.
@@ -583,7 +585,7 @@ func killHolderFirst(t *testing.T, s *haSetup, key, body string) result {
 func pause(t *testing.T, p *proctest.Proxy) {
 	t.Helper()
 	t.Cleanup(func() { p.Cmd.Process.Signal(syscall.SIGCONT) })
-	if err := proctest.Pause(p.Cmd.Process, 10*time.Second); err != nil {
+	if err := childproc.Pause(p.Cmd.Process, 10*time.Second); err != nil {
 		t.Fatalf("idem proxy %s: %v", p.Addr, err)
 	}
 }

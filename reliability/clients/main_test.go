@@ -11,32 +11,27 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 )
 
 // rdb is the private redis-server of the Redis targets; every store gets
 // its own prefix.
-var rdb *redistest.Server
+var rdb *redisserver.Server
 
 // runID makes the keys of this run unique, so that a key never meets a
 // record or an upstream count of another test.
 var runID = rand.Text()[:8]
 
 func TestMain(m *testing.M) {
-	rdb = redistest.MustStartServer()
-	code := m.Run()
-	rdb.Stop()
+	code := redistest.Run(m, &rdb)
 	proctest.RemoveIdem()
 	proctest.RemoveCaddy()
 	os.Exit(code)
 }
 
-// prefixSeq makes every Redis prefix unique within the run.
-var prefixSeq atomic.Int64
-
-func newPrefix() string {
-	return fmt.Sprintf("idem:clients%d:%s:", prefixSeq.Add(1), runID)
-}
+// bodySeq makes every request body of the run unique.
+var bodySeq atomic.Int64
 
 // outcomes returns "outcome→status" for every request line of an idem
 // proxy's log for the stored key digest, in order.

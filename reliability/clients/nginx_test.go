@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -84,7 +86,7 @@ func startNginx(t *testing.T, backends ...string) *nginxProc {
 			t.Fatal(err)
 		}
 		cmd := exec.Command(bin, "-p", dir+"/", "-e", filepath.Join(dir, "error.log"), "-c", conf)
-		cmd.SysProcAttr = proctest.SysProcAttr()
+		cmd.SysProcAttr = childproc.SysProcAttr()
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
@@ -173,7 +175,7 @@ func loadBalancerResend(t *testing.T, what string, start func(up *upstream, pref
 		}
 	}
 	up := startUpstream(t)
-	tg := start(up, newPrefix())
+	tg := start(up, redistest.Prefix("clients"))
 	tg.store = "redis (single)"
 	lb := startNginx(t, strings.Fields(tg.url)...)
 	tg.url = "http://" + lb.addr

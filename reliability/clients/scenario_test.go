@@ -56,7 +56,7 @@ func runOn(t *testing.T, up *upstream, tg *target, sc scenario) (reltest.Row, []
 	if !sc.sameKey { // the long run: each client on 4 keys at once
 		sc.clients = slices.Repeat(sc.clients, reltest.Scale(1, 4))
 	}
-	body := fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, 100+prefixSeq.Add(1))
+	body := fmt.Sprintf(`{"amount":%d,"currency":"eur"}`, 100+bodySeq.Add(1))
 	keys := make([]string, len(sc.clients))
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%s-%s-%d-%s", sc.short, tg.short, i, runID)

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -180,7 +181,7 @@ func startProxyTarget(t *testing.T, up *upstream, store string) *target {
 	args := []string{"--upstream", up.srv.URL, "--store", store}
 	if store != "memory" {
 		tg.store, tg.short = "redis (single)", "proxy-redis"
-		args = append(args, "--prefix", newPrefix())
+		args = append(args, "--prefix", redistest.Prefix("clients"))
 	}
 	p := proctest.StartProxy(t, args...)
 	tg.url, tg.proxies = "http://"+p.Addr, []*proctest.Proxy{p}
@@ -229,7 +230,7 @@ func startCaddyTarget(t *testing.T, up *upstream, store string) *target {
 	tg := &target{name: "Caddy", store: "memory", short: "caddy-mem"}
 	prefix := ""
 	if store != "memory" {
-		tg.store, tg.short, prefix = "redis (single)", "caddy-redis", newPrefix()
+		tg.store, tg.short, prefix = "redis (single)", "caddy-redis", redistest.Prefix("clients")
 	}
 	c := proctest.StartCaddy(t, func(addr string) string { return caddyfile(addr, up.srv.URL, store, prefix) })
 	tg.url, tg.caddies = "http://"+c.Addr, []*proctest.Caddy{c}
@@ -254,11 +255,7 @@ func startMiddlewareTarget(t *testing.T, up *upstream, redis bool) *target {
 	tg := &target{name: "middleware", store: "memory", short: "mw-mem"}
 	var store idem.Store = memstore.New(memstore.Options{})
 	if redis {
-		s, err := redisstore.Open("redis://"+rdb.Addr(), redisstore.Options{Prefix: newPrefix()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		s := redistest.Store(t, rdb, redisstore.Options{})
 		store, tg.store, tg.short = s, "redis (single)", "mw-redis"
 	}
 	m := &mwServer{

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 // ---------------------------------------------------------------------------
@@ -306,7 +306,7 @@ func (c *cluster) start(slot int) error {
 	ch.cmd.Env = append(append(os.Environ(), c.env...), envInc+"="+strconv.Itoa(inc))
 	ch.cmd.Stdout = w
 	ch.cmd.Stderr = ch.logs
-	ch.cmd.SysProcAttr = proctest.SysProcAttr()
+	ch.cmd.SysProcAttr = childproc.SysProcAttr()
 	err = ch.cmd.Start()
 	w.Close()
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -22,12 +22,12 @@ import (
 // started by the first test that needs it.
 var (
 	clusterOnce sync.Once
-	clus        *redistest.Cluster
+	clus        *redisserver.Cluster
 	clusErr     error
 )
 
-func sharedCluster(t *testing.T) *redistest.Cluster {
-	clusterOnce.Do(func() { clus, clusErr = redistest.StartCluster(3, 1) })
+func sharedCluster(t *testing.T) *redisserver.Cluster {
+	clusterOnce.Do(func() { clus, clusErr = redisserver.StartCluster(3, 1) })
 	if clusErr != nil {
 		t.Fatal(clusErr)
 	}
@@ -46,7 +46,7 @@ type storeClient struct {
 	open func(t *testing.T, opts redisstore.Options) *redisstore.Store
 }
 
-func clusterClients(c *redistest.Cluster) []storeClient {
+func clusterClients(c *redisserver.Cluster) []storeClient {
 	addrs := c.Addrs()
 	return []storeClient{
 		{"go-redis", func(t *testing.T, opts redisstore.Options) *redisstore.Store {
@@ -70,10 +70,10 @@ func clusterClients(c *redistest.Cluster) []storeClient {
 }
 
 // node is one line of CLUSTER NODES.
-type node = redistest.ClusterNode
+type node = redisserver.ClusterNode
 
 // topology reads CLUSTER NODES from the first node that answers.
-func topology(t *testing.T, c *redistest.Cluster) []node {
+func topology(t *testing.T, c *redisserver.Cluster) []node {
 	t.Helper()
 	nodes, err := c.Topology()
 	if err != nil {
@@ -86,7 +86,7 @@ func primaries(nodes []node) []node {
 	return slices.DeleteFunc(slices.Clone(nodes), func(n node) bool { return !n.Primary })
 }
 
-func serverAt(c *redistest.Cluster, addr string) *redistest.Server {
+func serverAt(c *redisserver.Cluster, addr string) *redisserver.Server {
 	for _, s := range c.Nodes() {
 		if s.Addr() == addr {
 			return s
@@ -115,13 +115,13 @@ func waitUntil(t *testing.T, limit time.Duration, ok func() string) {
 // stable reports why the cluster is not settled: every node answers, says
 // cluster_state:ok, sees 3 primaries with slots and 3 replicas, none
 // failing, and every replica's link is up.
-func stable(c *redistest.Cluster) string {
+func stable(c *redisserver.Cluster) string {
 	for _, s := range c.Nodes() {
 		info, err := s.Do("CLUSTER", "INFO")
 		if err != nil {
 			return err.Error()
 		}
-		if v, _ := redistest.InfoField(info, "cluster_state"); v != "ok" {
+		if v, _ := redisserver.InfoField(info, "cluster_state"); v != "ok" {
 			return s.Addr() + ": cluster_state " + v
 		}
 		out, err := s.Do("CLUSTER", "NODES")
@@ -148,8 +148,8 @@ func stable(c *redistest.Cluster) string {
 		if err != nil {
 			return err.Error()
 		}
-		if role, _ := redistest.InfoField(repl, "role"); role == "slave" {
-			if link, _ := redistest.InfoField(repl, "master_link_status"); link != "up" {
+		if role, _ := redisserver.InfoField(repl, "role"); role == "slave" {
+			if link, _ := redisserver.InfoField(repl, "master_link_status"); link != "up" {
 				return s.Addr() + ": replica link " + link
 			}
 		}
@@ -161,7 +161,7 @@ func stable(c *redistest.Cluster) string {
 // manual CLUSTER FAILOVER (graceful: the primary stops writes and the
 // replica catches up before it takes over) and waits until the cluster has
 // settled with the roles swapped.
-func clusterFailover(c *redistest.Cluster, shard int) func(t *testing.T) {
+func clusterFailover(c *redisserver.Cluster, shard int) func(t *testing.T) {
 	return func(t *testing.T) {
 		nodes := topology(t, c)
 		p := primaries(nodes)[shard]
@@ -313,11 +313,11 @@ func hotKeys(slots []int, n int) []idem.Key {
 // does: IMPORTING on the target, MIGRATING on the source, MIGRATE of the
 // slot's keys a few at a time, then SETSLOT NODE on the target, the
 // source and the other primaries. Traffic meanwhile gets ASK and MOVED.
-func reshard(c *redistest.Cluster, src, dst node, slots []int, stats *reshardStats) func(t *testing.T) {
+func reshard(c *redisserver.Cluster, src, dst node, slots []int, stats *reshardStats) func(t *testing.T) {
 	return func(t *testing.T) {
 		srcS, dstS := serverAt(c, src.Addr), serverAt(c, dst.Addr)
 		host, port, _ := strings.Cut(dst.Addr, ":")
-		do := func(s *redistest.Server, args ...string) string {
+		do := func(s *redisserver.Server, args ...string) string {
 			out, err := s.Do(args...)
 			if err != nil {
 				t.Fatalf("%v on %s: %v", args, s.Addr(), err)

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -47,7 +47,7 @@ var shardSlots = [3]int{0, 5461, 10923}
 // survivorsServe reports why the nodes other than down do not yet serve
 // the whole cluster: each must answer cluster_state:ok with all 16384
 // slots ok, and see promoted as a primary with slots.
-func survivorsServe(c *redistest.Cluster, down, promoted string) string {
+func survivorsServe(c *redisserver.Cluster, down, promoted string) string {
 	for _, s := range c.Nodes() {
 		if s.Addr() == down {
 			continue
@@ -56,10 +56,10 @@ func survivorsServe(c *redistest.Cluster, down, promoted string) string {
 		if err != nil {
 			return s.Addr() + ": " + err.Error()
 		}
-		if v, _ := redistest.InfoField(info, "cluster_state"); v != "ok" {
+		if v, _ := redisserver.InfoField(info, "cluster_state"); v != "ok" {
 			return s.Addr() + ": cluster_state " + v
 		}
-		if v, _ := redistest.InfoField(info, "cluster_slots_ok"); v != "16384" {
+		if v, _ := redisserver.InfoField(info, "cluster_slots_ok"); v != "16384" {
 			return s.Addr() + ": cluster_slots_ok " + v
 		}
 		out, err := s.Do("CLUSTER", "NODES")
@@ -67,7 +67,7 @@ func survivorsServe(c *redistest.Cluster, down, promoted string) string {
 			return s.Addr() + ": " + err.Error()
 		}
 		ok := false
-		for _, n := range redistest.ParseClusterNodes(out) {
+		for _, n := range redisserver.ParseClusterNodes(out) {
 			if n.Addr == promoted && n.Primary && len(n.Slots) > 0 {
 				ok = true
 			}
@@ -88,7 +88,7 @@ func survivorsServe(c *redistest.Cluster, down, promoted string) string {
 // killed node (same port, same nodes.conf, empty data set) and waits, at
 // most 20 s, until it has rejoined as the new primary's replica, in sync,
 // and the cluster is settled (3 primaries, 3 replicas, nothing failing).
-func killPrimary(c *redistest.Cluster, shard int, down time.Duration, probe func(context.Context, idem.Key) error, st *killStats) func(t *testing.T) {
+func killPrimary(c *redisserver.Cluster, shard int, down time.Duration, probe func(context.Context, idem.Key) error, st *killStats) func(t *testing.T) {
 	return func(t *testing.T) {
 		nodes := topology(t, c)
 		var p, r node
@@ -129,10 +129,10 @@ func killPrimary(c *redistest.Cluster, shard int, down time.Duration, probe func
 			if err != nil {
 				return err.Error()
 			}
-			if role, _ := redistest.InfoField(repl, "role"); role != "slave" {
+			if role, _ := redisserver.InfoField(repl, "role"); role != "slave" {
 				return p.Addr + " rejoined as " + role
 			}
-			if port, _ := redistest.InfoField(repl, "master_port"); "127.0.0.1:"+port != r.Addr {
+			if port, _ := redisserver.InfoField(repl, "master_port"); "127.0.0.1:"+port != r.Addr {
 				return p.Addr + " replicates from port " + port + ", not " + r.Addr
 			}
 			return stable(c)
@@ -186,7 +186,7 @@ func killPrimary(c *redistest.Cluster, shard int, down time.Duration, probe func
 // succeed after the rejoin, every slot is served), not that it resumes
 // while the killed node stays down.
 func TestClusterKillPrimary(t *testing.T) {
-	c, err := redistest.StartCluster(3, 1)
+	c, err := redisserver.StartCluster(3, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestClusterKillPrimary(t *testing.T) {
 // for down: does the client reach the promoted primary while the killed
 // node stays down? A probe counts as served when it succeeded or failed
 // only its WAIT (ErrNotReplicated: written on the new primary).
-func probeDown(c *redistest.Cluster, p node, down time.Duration, probe func(context.Context, idem.Key) error, st *killStats) {
+func probeDown(c *redisserver.Cluster, p node, down time.Duration, probe func(context.Context, idem.Key) error, st *killStats) {
 	slots := make([]int, 0, 8)
 	for _, r := range p.Slots {
 		for s := r[0]; s <= r[1] && len(slots) < cap(slots); s += max((r[1]-r[0])/8, 1) {
@@ -287,7 +287,7 @@ func probeDown(c *redistest.Cluster, p node, down time.Duration, probe func(cont
 // checkServes writes and reads one key in every primary's slots through a
 // fresh cluster client: after the failover and the rejoin, every slot is
 // served again.
-func checkServes(t *testing.T, c *redistest.Cluster) {
+func checkServes(t *testing.T, c *redisserver.Cluster) {
 	t.Helper()
 	rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	defer rc.Close()

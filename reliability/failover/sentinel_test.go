@@ -7,15 +7,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
 
-func sentinelClients(s *redistest.SentinelSet) []storeClient {
+func sentinelClients(s *redisserver.SentinelSet) []storeClient {
 	return []storeClient{
 		{"go-redis", func(t *testing.T, opts redisstore.Options) *redisstore.Store {
-			rc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.SentinelMasterName, SentinelAddrs: s.SentinelAddrs()})
+			rc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redisserver.SentinelMasterName, SentinelAddrs: s.SentinelAddrs()})
 			t.Cleanup(func() { rc.Close() })
 			st, err := redisstore.New(rc, opts)
 			if err != nil {
@@ -42,20 +42,20 @@ func sentinelClients(s *redistest.SentinelSet) []storeClient {
 // ErrNotReplicated instead of success, so no acknowledged completion is
 // lost.
 func TestSentinelFailover(t *testing.T) {
-	sentinelFailover(t, redistest.Redis7, redisstore.PathAuto)
+	sentinelFailover(t, redisserver.Redis7, redisstore.PathAuto)
 }
 
 // TestSentinelFailoverNative is TestSentinelFailover on Valkey 9.1 (built
 // by scripts/test.sh) with redisstore's native path (no Lua).
 func TestSentinelFailoverNative(t *testing.T) {
-	sentinelFailover(t, redistest.Valkey9, redisstore.PathNative)
+	sentinelFailover(t, redisserver.Valkey9, redisstore.PathNative)
 }
 
-func sentinelFailover(t *testing.T, kind redistest.Kind, path redisstore.Path) {
+func sentinelFailover(t *testing.T, kind redisserver.Kind, path redisstore.Path) {
 	for _, name := range []string{"go-redis", "rueidis"} {
 		for _, wait := range []int{0, 1} {
 			t.Run(fmt.Sprintf("%s/wait=%d", name, wait), func(t *testing.T) {
-				set, err := redistest.StartSentinelSet(redistest.WithKind(kind))
+				set, err := redisserver.StartSentinelSet(redisserver.WithKind(kind))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -78,7 +78,7 @@ func sentinelFailover(t *testing.T, kind redistest.Kind, path redisstore.Path) {
 				s := scenario{
 					name:   "failover: SENTINEL FAILOVER under load",
 					store:  store,
-					fault:  "SENTINEL FAILOVER " + redistest.SentinelMasterName + demotion(),
+					fault:  "SENTINEL FAILOVER " + redisserver.SentinelMasterName + demotion(),
 					spec:   loadSpec{workers: 8, copies: 3, key: keyspace(nil)},
 					warmup: time.Duration(reltest.Scale(300, 3000)) * time.Millisecond,
 					after:  time.Duration(reltest.Scale(500, 5000)) * time.Millisecond,

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -161,7 +161,7 @@ func explainDups(tl tally) string {
 // connectionsReceived returns how many connections Redis has accepted.
 func connectionsReceived(t testing.TB, h *harness) int {
 	t.Helper()
-	v, _ := redistest.InfoField(mustDo(t, h.redis, "INFO", "stats"), "total_connections_received")
+	v, _ := redisserver.InfoField(mustDo(t, h.redis, "INFO", "stats"), "total_connections_received")
 	n, err := strconv.Atoi(v)
 	if err != nil {
 		t.Fatalf("total_connections_received %q: %v", v, err)

@@ -52,7 +52,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -271,7 +271,7 @@ func (l *ledger) state(key string) *keyState {
 type harness struct {
 	t      *testing.T
 	client string
-	redis  *redistest.Server
+	redis  *redisserver.Server
 	proxy  *faultProxy
 	store  *recStore
 	http   *httptest.Server
@@ -312,7 +312,7 @@ func newHarness(t *testing.T, client string, o harnessOpts) *harness {
 	if o.timeout == 0 {
 		o.timeout = storeTimeout
 	}
-	srv, err := redistest.StartServer(redistest.WithArgs(o.redisArgs...))
+	srv, err := redisserver.StartServer(redisserver.WithArgs(o.redisArgs...))
 	if err != nil {
 		t.Fatal(err)
 	}

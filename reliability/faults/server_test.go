@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -66,13 +66,13 @@ func TestScriptFlush(t *testing.T) {
 
 // errorStat returns the count of error replies with the given prefix that
 // the server has sent (INFO errorstats).
-func errorStat(t testing.TB, s *redistest.Server, prefix string) int {
+func errorStat(t testing.TB, s *redisserver.Server, prefix string) int {
 	t.Helper()
 	info, err := s.Do("INFO", "errorstats")
 	if err != nil {
 		t.Fatalf("INFO errorstats: %v", err)
 	}
-	v, ok := redistest.InfoField(info, "errorstat_"+prefix)
+	v, ok := redisserver.InfoField(info, "errorstat_"+prefix)
 	if !ok {
 		return 0
 	}
@@ -279,10 +279,10 @@ func TestMaxmemoryNoeviction(t *testing.T) {
 }
 
 // memUsed returns Redis's used_memory.
-func memUsed(t testing.TB, s *redistest.Server) int {
+func memUsed(t testing.TB, s *redisserver.Server) int {
 	t.Helper()
 	info := mustDo(t, s, "INFO", "memory")
-	v, _ := redistest.InfoField(info, "used_memory")
+	v, _ := redisserver.InfoField(info, "used_memory")
 	n, err := strconv.Atoi(v)
 	if err != nil {
 		t.Fatalf("used_memory %q: %v", v, err)
@@ -291,7 +291,7 @@ func memUsed(t testing.TB, s *redistest.Server) int {
 }
 
 // mustDo runs a command on s and fails the test on an error.
-func mustDo(t testing.TB, s *redistest.Server, args ...string) string {
+func mustDo(t testing.TB, s *redisserver.Server, args ...string) string {
 	t.Helper()
 	r, err := s.Do(args...)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -52,7 +52,7 @@ func (l *lockedBuffer) String() string {
 // store error naming NOPERM, and nothing runs or is written.
 func TestRedisACL(t *testing.T) {
 	t.Parallel()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func without(list []string, drop ...string) []string {
 	return slices.DeleteFunc(slices.Clone(list), func(x string) bool { return slices.Contains(drop, x) })
 }
 
-func dbsizeAll(t *testing.T, srv *redistest.Server) int {
+func dbsizeAll(t *testing.T, srv *redisserver.Server) int {
 	t.Helper()
 	keys, err := srv.Do("KEYS", "*")
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 )
 
 // The scenarios of issue 31 ("No caller gets another's result"), driven
@@ -114,7 +115,7 @@ type idemTarget struct {
 // Redis, with its admin endpoint on, and extra flags.
 func startProxyTarget(t *testing.T, upstream string, extra ...string) *idemTarget {
 	t.Helper()
-	prefix := fmt.Sprintf("idem:callers%d:", prefixSeq.Add(1))
+	prefix := redistest.Prefix("callers")
 	args := append([]string{"--upstream", upstream, "--store", "redis://" + rdb.Addr(), "--prefix", prefix,
 		"--admin-listen", "127.0.0.1:0"}, extra...)
 	p := proctest.StartProxy(t, args...)
@@ -138,7 +139,7 @@ func startProxyTarget(t *testing.T, upstream string, extra ...string) *idemTarge
 // the access log) is on stderr.
 func startCaddyTarget(t *testing.T, upstream string, extra ...string) *idemTarget {
 	t.Helper()
-	prefix := fmt.Sprintf("idem:callers%d:", prefixSeq.Add(1))
+	prefix := redistest.Prefix("callers")
 	c := proctest.StartCaddy(t, func(addr string) string {
 		host, port, _ := net.SplitHostPort(addr)
 		var lines strings.Builder

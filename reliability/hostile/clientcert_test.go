@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -110,7 +111,7 @@ func TestClientCertificateCaddy(t *testing.T) {
 	pki := newTestPKI(t)
 	pki.issue(t, "server", true)
 	alice, bob := pki.issue(t, "alice", false), pki.issue(t, "bob", false)
-	prefix := fmt.Sprintf("idem:callers%d:", prefixSeq.Add(1))
+	prefix := redistest.Prefix("callers")
 	c := proctest.StartCaddy(t, func(addr string) string {
 		host, port, _ := net.SplitHostPort(addr)
 		return fmt.Sprintf(`{

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -122,7 +122,7 @@ backend be
 		}
 		h := &rotatingLB{addr: addr}
 		cmd := exec.Command(bin, "-db", "-f", path)
-		cmd.SysProcAttr = proctest.SysProcAttr()
+		cmd.SysProcAttr = childproc.SysProcAttr()
 		cmd.Stdout, cmd.Stderr = h, h
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("starting haproxy: %v", err)

@@ -14,19 +14,19 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/memstore"
 )
 
 // info returns an integer field of INFO on srv.
-func info(t *testing.T, srv *redistest.Server, section, field string) int64 {
+func info(t *testing.T, srv *redisserver.Server, section, field string) int64 {
 	t.Helper()
 	out, err := srv.Do("INFO", section)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, ok := redistest.InfoField(out, field)
+	v, ok := redisserver.InfoField(out, field)
 	if !ok {
 		t.Fatalf("INFO %s: no %s", section, field)
 	}
@@ -37,7 +37,7 @@ func info(t *testing.T, srv *redistest.Server, section, field string) int64 {
 	return n
 }
 
-func dbsize(t *testing.T, srv *redistest.Server) int64 {
+func dbsize(t *testing.T, srv *redisserver.Server) int64 {
 	t.Helper()
 	out, err := srv.Do("DBSIZE")
 	if err != nil {
@@ -53,7 +53,7 @@ func dbsize(t *testing.T, srv *redistest.Server) int64 {
 // used_memory come back near the baseline once retention has passed.
 func TestKeyFlood(t *testing.T) {
 	t.Parallel()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestKeyFlood(t *testing.T) {
 				continue
 			}
 			mem, err := srv.Do("INFO", "memory")
-			used, _ := redistest.InfoField(mem, "used_memory")
+			used, _ := redisserver.InfoField(mem, "used_memory")
 			if m, perr := strconv.ParseInt(used, 10, 64); err == nil && perr == nil {
 				peakKeys, peakMem = k, m
 			}

@@ -37,6 +37,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -44,12 +45,10 @@ import (
 // rdb is the private redis-server shared by the tests that only need
 // records under their own prefix. Tests that change server-wide state
 // (ACL users) or measure the whole server (memory, DBSIZE) start their own.
-var rdb *redistest.Server
+var rdb *redisserver.Server
 
 func TestMain(m *testing.M) {
-	rdb = redistest.MustStartServer()
-	code := m.Run()
-	rdb.Stop()
+	code := redistest.Run(m, &rdb)
 	proctest.RemoveIdem()
 	proctest.RemoveCaddy()
 	os.Exit(code)
@@ -59,24 +58,16 @@ func TestMain(m *testing.M) {
 // some scenarios).
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// prefixSeq makes every store's prefix unique within the run.
-var prefixSeq atomic.Int64
-
 // newRedisStore opens a store (rueidis, as Open makes it) on srv under a
-// fresh prefix, closed at the end of the test.
-func newRedisStore(t testing.TB, srv *redistest.Server) (*redisstore.Store, string) {
+// fresh prefix, which it returns, closed at the end of the test.
+func newRedisStore(t testing.TB, srv *redisserver.Server) (*redisstore.Store, string) {
 	t.Helper()
-	prefix := fmt.Sprintf("idem:h%d:", prefixSeq.Add(1))
-	s, err := redisstore.Open("redis://"+srv.Addr(), redisstore.Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, prefix
+	prefix := redistest.Prefix("h")
+	return redistest.Store(t, srv, redisstore.Options{Prefix: prefix}), prefix
 }
 
 // keysWith returns the names of the keys on srv that start with prefix.
-func keysWith(t testing.TB, srv *redistest.Server, prefix string) []string {
+func keysWith(t testing.TB, srv *redisserver.Server, prefix string) []string {
 	t.Helper()
 	out, err := srv.Do("KEYS", prefix+"*")
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -45,7 +46,7 @@ func TestProxyHostile(t *testing.T) {
 	t.Parallel()
 	up := &app{}
 	upstream, _ := startServer(t, up.handler(), nil)
-	prefix := fmt.Sprintf("idem:proxy%d:", prefixSeq.Add(1))
+	prefix := redistest.Prefix("proxy")
 	const readTimeout = 3 * time.Second
 	const headerTimeout = 5 * time.Second // cmd/idem's readHeaderTimeout
 	p := proctest.StartProxy(t, "--upstream", upstream.URL, "--store", "redis://"+rdb.Addr(), "--prefix", prefix,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 )
 
@@ -30,7 +31,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	}
 	up := &app{}
 	upstream, _ := startServer(t, up.handler(), nil)
-	prefix := fmt.Sprintf("idem:upgrade%d:", prefixSeq.Add(1))
+	prefix := redistest.Prefix("upgrade")
 	args := []string{"--upstream", upstream.URL, "--store", "redis://" + rdb.Addr(), "--prefix", prefix}
 
 	type request struct {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/memstore"
@@ -28,14 +29,9 @@ import (
 	"github.com/idemkit/idem/tieredstore"
 )
 
-var srv *redistest.Server
+var srv *redisserver.Server
 
-func TestMain(m *testing.M) {
-	srv = redistest.MustStartServer()
-	code := m.Run()
-	srv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m, &srv)) }
 
 // long is far beyond any run: in untimed runs nothing expires.
 const long = time.Hour

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -12,9 +12,9 @@ import (
 // The native path of redisstore (SET IFEQ, MULTI/EXEC, no Lua) against the
 // same model, on a private Valkey 9.1 (built by scripts/test.sh).
 
-func startValkey(t *testing.T) *redistest.Server {
+func startValkey(t *testing.T) *redisserver.Server {
 	t.Helper()
-	s, err := redistest.StartServer(redistest.WithKind(redistest.Valkey9))
+	s, err := redisserver.StartServer(redisserver.WithKind(redisserver.Valkey9))
 	if err != nil {
 		t.Fatal(err)
 	}

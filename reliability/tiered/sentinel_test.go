@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/tieredstore"
 )
@@ -22,7 +22,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	for _, m := range kinds {
 		t.Run(m.String(), func(t *testing.T) {
-			set, err := redistest.StartSentinelSet()
+			set, err := redisserver.StartSentinelSet()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -47,7 +47,7 @@ func TestSentinelFailover(t *testing.T) {
 			} else {
 				assertTiered(t, tl)
 			}
-			h.report("Sentinel failover under load", "SENTINEL FAILOVER "+redistest.SentinelMasterName+" without WAIT under load ("+strconv.Itoa(workers)+" workers)"+demotion(),
+			h.report("Sentinel failover under load", "SENTINEL FAILOVER "+redisserver.SentinelMasterName+" without WAIT under load ("+strconv.Itoa(workers)+" workers)"+demotion(),
 				tl, fmt.Sprintf("%s; fault took %v", tl.runs(m), took.Round(10*time.Millisecond)))
 		})
 	}

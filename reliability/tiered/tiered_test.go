@@ -8,16 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/internal/reltest"
 	"github.com/idemkit/idem/tieredstore"
 )
 
 var modes = []mode{tieredTx, tieredVerify, redisPlain}
 
-func newRedis(t *testing.T) *redistest.Server {
+func newRedis(t *testing.T) *redisserver.Server {
 	t.Helper()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatal(err)
 	}

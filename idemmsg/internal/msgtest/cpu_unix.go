@@ -10,7 +10,7 @@ import (
 // ProcessCPU returns the CPU time, user plus system, this process (the
 // test binary: consumers, client libraries, their goroutines) has used
 // so far; ok is false where the platform does not tell. Benchmarks take
-// it before and after the timed part, beside the server's (redistest's
+// it before and after the timed part, beside the server's (redisserver's
 // CPUTime), to show where the work of each message goes.
 func ProcessCPU() (d time.Duration, ok bool) {
 	var ru syscall.Rusage

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/redisserver"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -15,7 +15,7 @@ import (
 // server keeps its records.
 func RedisStore(t testing.TB) (idem.Store, *Proxy) {
 	t.Helper()
-	srv, err := redistest.StartServer()
+	srv, err := redisserver.StartServer()
 	if err != nil {
 		t.Fatalf("msgtest: %v", err)
 	}

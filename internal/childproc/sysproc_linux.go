@@ -1,6 +1,6 @@
 //go:build linux
 
-package proctest
+package childproc
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package redistest
+package redisserver
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 const (
@@ -43,10 +43,10 @@ type Cluster struct {
 // --cluster create needs at least 3 primaries.
 func StartCluster(primaries, replicasPerPrimary int, opts ...Option) (*Cluster, error) {
 	if primaries < minPrimaries {
-		return nil, fmt.Errorf("redistest: a cluster needs at least %d primaries, got %d", minPrimaries, primaries)
+		return nil, fmt.Errorf("redisserver: a cluster needs at least %d primaries, got %d", minPrimaries, primaries)
 	}
 	if replicasPerPrimary < 0 {
-		return nil, fmt.Errorf("redistest: negative replicas per primary: %d", replicasPerPrimary)
+		return nil, fmt.Errorf("redisserver: negative replicas per primary: %d", replicasPerPrimary)
 	}
 	cli, err := lookPath("redis-cli", "redis-tools")
 	if err != nil {
@@ -129,9 +129,9 @@ func (c *Cluster) create(cli string, replicasPerPrimary int) error {
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicasPerPrimary), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
+		return fmt.Errorf("redisserver: redis-cli --cluster create: %w\n%s", err, out)
 	}
 	return nil
 }
@@ -146,7 +146,7 @@ func (c *Cluster) waitReady(primaries int) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redistest: cluster not ready after %v: %s", clusterReadyTimeout, reason)
+			return fmt.Errorf("redisserver: cluster not ready after %v: %s", clusterReadyTimeout, reason)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -230,7 +230,7 @@ func (c *Cluster) sortPrimariesFirst() error {
 	for _, s := range c.nodes {
 		role, err := do(s.Addr(), doTimeout, "ROLE")
 		if err != nil {
-			return fmt.Errorf("redistest: ROLE on %s: %w", s.Addr(), err)
+			return fmt.Errorf("redisserver: ROLE on %s: %w", s.Addr(), err)
 		}
 		primary[s] = strings.HasPrefix(role, "master\n")
 	}

@@ -1,4 +1,4 @@
-package redistest
+package redisserver
 
 import (
 	"context"
@@ -16,17 +16,17 @@ import (
 func CPUTime(ctx context.Context, c *redis.Client) (time.Duration, error) {
 	info, err := c.Info(ctx, "cpu").Result()
 	if err != nil {
-		return 0, fmt.Errorf("redistest: INFO cpu: %w", err)
+		return 0, fmt.Errorf("redisserver: INFO cpu: %w", err)
 	}
 	var total float64
 	for _, field := range []string{"used_cpu_user", "used_cpu_sys"} {
 		v, ok := InfoField(info, field)
 		if !ok {
-			return 0, fmt.Errorf("redistest: INFO cpu has no %s", field)
+			return 0, fmt.Errorf("redisserver: INFO cpu has no %s", field)
 		}
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			return 0, fmt.Errorf("redistest: INFO cpu: %s: %w", field, err)
+			return 0, fmt.Errorf("redisserver: INFO cpu: %s: %w", field, err)
 		}
 		total += f
 	}

@@ -1,12 +1,10 @@
-package redistest
+package redisserver
 
 import (
 	"errors"
 	"net"
 	"strconv"
 	"sync"
-
-	"github.com/idemkit/idem/internal/nettest"
 )
 
 const (
@@ -33,7 +31,7 @@ func reservePorts(cluster bool) (port, bus int, err error) {
 	reserved.Lock()
 	defer reserved.Unlock()
 	for range pickAttempts {
-		port, err = nettest.FreePort()
+		port, err = freePort()
 		if err != nil {
 			return 0, 0, err
 		}
@@ -51,7 +49,18 @@ func reservePorts(cluster bool) (port, bus int, err error) {
 		reserved.ports[port] = true
 		return port, bus, nil
 	}
-	return 0, 0, errors.New("redistest: no free loopback port found")
+	return 0, 0, errors.New("redisserver: no free loopback port found")
+}
+
+// freePort returns a loopback TCP port that nothing listened on a moment
+// ago (another process may take it first: see reservePorts).
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // releasePorts undoes reservePorts.

@@ -1,4 +1,4 @@
-package redistest
+package redisserver
 
 import (
 	"fmt"
@@ -54,10 +54,10 @@ func (k Kind) Binary() (string, error) {
 	case Redis8:
 		path = filepath.Join(ServersDir(), "redis8", "redis-server")
 	default:
-		return "", fmt.Errorf("redistest: unknown server kind %q", k)
+		return "", fmt.Errorf("redisserver: unknown server kind %q", k)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("redistest: %s server not built: %s is missing; run scripts/build-redis-servers.sh (scripts/test.sh runs it)", k, path)
+		return "", fmt.Errorf("redisserver: %s server not built: %s is missing; run scripts/build-redis-servers.sh (scripts/test.sh runs it)", k, path)
 	}
 	return path, nil
 }
@@ -113,7 +113,7 @@ func ParseKinds(list string) ([]Kind, error) {
 			for i, k := range Kinds {
 				names[i] = string(k)
 			}
-			return nil, fmt.Errorf("redistest: unknown server kind %q in %q: want a comma-separated list of %s, or all", name, list, strings.Join(names, ", "))
+			return nil, fmt.Errorf("redisserver: unknown server kind %q in %q: want a comma-separated list of %s, or all", name, list, strings.Join(names, ", "))
 		}
 		if !slices.Contains(kinds, k) {
 			kinds = append(kinds, k)

@@ -1,4 +1,4 @@
-package redistest
+package redisserver
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem/internal/proctest"
+	"github.com/idemkit/idem/internal/childproc"
 )
 
 // SentinelMasterName is the name under which the sentinels of a
@@ -105,7 +105,7 @@ func StartSentinelSet(opts ...Option) (*SentinelSet, error) {
 	}
 	if err := waitFor(sentinelReadyTimeout, s.notReady); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("redistest: sentinel set not ready: %w", err)
+		return nil, fmt.Errorf("redisserver: sentinel set not ready: %w", err)
 	}
 	return s, nil
 }
@@ -131,9 +131,9 @@ func (s *SentinelSet) notReady() string {
 // startSentinel starts redis-server --sentinel monitoring the primary on
 // primaryPort, and waits until it answers PING.
 func startSentinel(bin string, primaryPort int) (*sentinel, error) {
-	dir, err := os.MkdirTemp("", "redistest-sentinel-")
+	dir, err := os.MkdirTemp("", "redisserver-sentinel-")
 	if err != nil {
-		return nil, fmt.Errorf("redistest: %w", err)
+		return nil, fmt.Errorf("redisserver: %w", err)
 	}
 	s := &sentinel{dir: dir}
 	logPath := filepath.Join(dir, "sentinel.log")
@@ -170,13 +170,13 @@ sentinel failover-timeout %s %d
 `, s.port, s.dir, logPath, SentinelMasterName, primaryPort, sentinelQuorum,
 		SentinelMasterName, sentinelDownAfterMs, SentinelMasterName, sentinelFailoverTimeoutMs)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return fmt.Errorf("redistest: %w", err)
+		return fmt.Errorf("redisserver: %w", err)
 	}
 	cmd := exec.Command(bin, conf, "--sentinel")
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = proctest.SysProcAttr()
+	cmd.SysProcAttr = childproc.SysProcAttr()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redistest: starting redis-server --sentinel: %w", err)
+		return fmt.Errorf("redisserver: starting redis-server --sentinel: %w", err)
 	}
 	p := &process{cmd: cmd, done: make(chan struct{})}
 	go func() {
@@ -198,7 +198,7 @@ sentinel failover-timeout %s %d
 		}
 		if p.exited() || time.Now().After(deadline) {
 			p.kill()
-			return fmt.Errorf("redistest: sentinel on %s did not start", s.addr())
+			return fmt.Errorf("redisserver: sentinel on %s did not start", s.addr())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -289,7 +289,7 @@ func (s *SentinelSet) Failover(demoteOld bool) error {
 	s.mu.Unlock()
 	if demoteOld {
 		if _, err := old.Do("REPLICAOF", "127.0.0.1", strconv.Itoa(next.Port())); err != nil {
-			return fmt.Errorf("redistest: REPLICAOF on the old primary: %w", err)
+			return fmt.Errorf("redisserver: REPLICAOF on the old primary: %w", err)
 		}
 	}
 	return waitFor(failoverDemoteTimeout, func() string {
@@ -331,7 +331,7 @@ func waitFor(limit time.Duration, cond func() string) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redistest: after %v: %s", limit, why)
+			return fmt.Errorf("redisserver: after %v: %s", limit, why)
 		}
 		time.Sleep(pollInterval)
 	}

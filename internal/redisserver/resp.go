@@ -1,4 +1,4 @@
-package redistest
+package redisserver
 
 import (
 	"bufio"
@@ -22,7 +22,7 @@ const (
 
 // ErrNil is returned by Do when the reply is a nil bulk string or nil array,
 // e.g. GET of a missing key.
-var ErrNil = errors.New("redistest: nil reply")
+var ErrNil = errors.New("redisserver: nil reply")
 
 // ReplyError is an error reply from the server, such as
 // "WRONGTYPE Operation against a key holding the wrong kind of value" or
@@ -48,23 +48,23 @@ func (s *Server) Do(args ...string) (string, error) {
 // do runs one command against addr, bounded by timeout.
 func do(addr string, timeout time.Duration, args ...string) (string, error) {
 	if len(args) == 0 {
-		return "", errors.New("redistest: Do needs a command")
+		return "", errors.New("redisserver: Do needs a command")
 	}
 	conn, err := net.DialTimeout("tcp", addr, min(dialTimeout, timeout))
 	if err != nil {
-		return "", fmt.Errorf("redistest: %s: %w", args[0], err)
+		return "", fmt.Errorf("redisserver: %s: %w", args[0], err)
 	}
 	defer conn.Close()
 	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return "", fmt.Errorf("redistest: %s: %w", args[0], err)
+		return "", fmt.Errorf("redisserver: %s: %w", args[0], err)
 	}
 	if _, err := conn.Write(encodeCommand(args)); err != nil {
-		return "", fmt.Errorf("redistest: %s: %w", args[0], err)
+		return "", fmt.Errorf("redisserver: %s: %w", args[0], err)
 	}
 	reply, err := readReply(bufio.NewReader(conn))
 	var replyErr ReplyError
 	if err != nil && !errors.Is(err, ErrNil) && !errors.As(err, &replyErr) {
-		return "", fmt.Errorf("redistest: %s: %w", args[0], err)
+		return "", fmt.Errorf("redisserver: %s: %w", args[0], err)
 	}
 	return reply, err
 }
