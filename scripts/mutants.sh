@@ -24,14 +24,13 @@
 # the module's packages again.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+check=""
+if [[ "${1:-}" == --check ]]; then
+	check=1
+	shift
+fi
 only="${1:-}"
 goflags=(${MUTANTS_GOFLAGS:-})
-
-tmp="$(mktemp -d "${TMPDIR:-/tmp}/idem-mutants.XXXXXX")"
-trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-tree="$tmp/tree"
-mkdir "$tree"
-tar -C "$root" --exclude=./.git -cf - . | tar -C "$tree" -xf -
 
 names=() files=() olds=() news=() pkgs=() runs=()
 
@@ -183,17 +182,191 @@ mutant proxy-sendonce-key-header cmd/idem/proxy_upstream.go ./cmd/idem 'TestSend
 	$'\t\t\t\tout.Header = sidecar.HideReplayHints(out.Header)\n' \
 	$'\t\t\t\t_ = sidecar.HideReplayHints\n'
 
+# --- mysqlstore: the conditions of its statements (the lease, the expiry,
+# the repeat's token), the takeover's token floor, and the mismatch.
+mutant mysql-takeover-token-floor mysqlstore/sql.go ./mysqlstore 'TestOvertakenDraw' \
+	'const takeover = `(state = 3 OR expires_at <= UTC_TIMESTAMP(6)) AND ? > token`' \
+	'const takeover = `(state = 3 OR expires_at <= UTC_TIMESTAMP(6)) AND ? > 0`'
+mutant mysql-takeover-expired mysqlstore/sql.go ./mysqlstore 'TestConformance$' \
+	'const takeover = `(state = 3 OR expires_at <= UTC_TIMESTAMP(6)) AND ? > token`' \
+	'const takeover = `(state = 3) AND ? > token`'
+mutant mysql-get-expiry mysqlstore/sql.go ./mysqlstore 'TestConformance$' \
+	$'` + "`key`" + ` = ? AND expires_at > UTC_TIMESTAMP(6)`\n\n// renewSQL' \
+	$'` + "`key`" + ` = ?`\n\n// renewSQL'
+mutant mysql-renew-lease mysqlstore/sql.go ./mysqlstore 'TestConformance$' \
+	$'LAST_INSERT_ID(token), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\nWHERE namespace = ? AND ` + "`key`" + ` = ? AND state = 1 AND lease_id = ?' \
+	$'LAST_INSERT_ID(token), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\nWHERE namespace = ? AND ` + "`key`" + ` = ? AND state = 1 AND (lease_id = ? OR TRUE)'
+mutant mysql-complete-lease mysqlstore/sql.go ./mysqlstore 'TestConformance$' \
+	'AND lease_id = ? AND (state = 1 OR (state = 2 AND token = ?))`' \
+	'AND (lease_id = ? OR TRUE) AND (state = 1 OR (state = 2 AND token = ?))`'
+mutant mysql-complete-repeat-token mysqlstore/sql.go ./mysqlstore 'TestConformance$|TestRepeatNeedsLease' \
+	'(state = 1 OR (state = 2 AND token = ?))`' \
+	'(state = 1 OR (state = 2 AND (token = ? OR TRUE)))`'
+mutant mysql-complete-expiry mysqlstore/sql.go ./mysqlstore 'TestConformance$' \
+	$'expires_at > UTC_TIMESTAMP(6)\n\tAND lease_id = ? AND (state = 1 OR (state = 2' \
+	$'TRUE\n\tAND lease_id = ? AND (state = 1 OR (state = 2'
+mutant mysql-completetx-expiry mysqlstore/sql.go ./mysqlstore 'TestCompleteTx$' \
+	$'AND state = 1 AND lease_id = ?\n\tAND expires_at > UTC_TIMESTAMP(6)`\n\n// releaseSQL' \
+	$'AND state = 1 AND lease_id = ?`\n\n// releaseSQL'
+mutant mysql-release-repeat-token mysqlstore/sql.go ./mysqlstore 'TestConformance$|TestRepeatNeedsLease' \
+	'(state = 1 OR (state = 3 AND token = ?))`' \
+	'(state = 1 OR (state = 3 AND (token = ? OR TRUE)))`'
+mutant mysql-acquire-mismatch mysqlstore/mysqlstore.go ./mysqlstore 'TestConformance$' \
+	'case rec.Fingerprint != req.Fingerprint:' \
+	'case false:'
+
+# --- idemmsg/sqs: a message is held (its visibility extended) while it is
+# handled, deleted once acknowledged, and handed back otherwise.
+mutant sqs-extend-visibility idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestVisibilityExtended' \
+	'failed := r.changeVisibility(ctx, r.vis, chunk, "extend")' \
+	'failed := r.changeVisibility(ctx, minVisibility, chunk, "extend")'
+mutant sqs-extend-loop idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestVisibilityExtended' \
+	$'\tif r.extendEvery > 0 {\n' \
+	$'\tif false {\n'
+mutant sqs-delete-acked idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite' \
+	$'case idemmsg.Executed, idemmsg.Replayed:\n\t\tr.delete(sctx, msg)' \
+	$'case idemmsg.Executed, idemmsg.Replayed:\n\t\tr.release(msg)'
+mutant sqs-delete-dead-lettered idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite' \
+	$'\t\tr.delete(sctx, msg)\n\t\treturn true, nil\n\tcase idemmsg.InFlight:' \
+	$'\t\tr.release(msg)\n\t\treturn true, nil\n\tcase idemmsg.InFlight:'
+mutant sqs-batch-delete idemmsg/sqs/batch.go ./idemmsg/sqs 'TestAdapterSuite' \
+	$'\t\t\tr.delete(sctx, del...)\n' \
+	$'\t\t\tr.release(del...)\n'
+mutant sqs-inflight-comes-back idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite' \
+	$'\tcase idemmsg.InFlight:\n\t\tr.setVisibility(sctx, res.RetryAfter, msg)' \
+	$'\tcase idemmsg.InFlight:\n\t\tr.setVisibility(sctx, maxVisibility, msg)'
+
+# --- idemlambda: the SQS batch's item failures (each failed record, and
+# after the first on a FIFO queue), and the lease an invocation gets.
+mutant lambda-batch-handler-error idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS|TestRIESQSPartialBatchResponse' \
+	$'\t\t\tfail(i)\n\t\t\tstopped = b.cfg.FIFO\n\t\t\tcontinue\n\t\t}\n\t\tok = true' \
+	$'\t\t\tstopped = b.cfg.FIFO\n\t\t\tcontinue\n\t\t}\n\t\tok = true'
+mutant lambda-batch-fifo-stop idemlambda/sqs.go ./idemlambda 'TestSQSFIFOStopsAtFirstFailure' \
+	$'\t\t\tfail(i)\n\t\t\tstopped = b.cfg.FIFO\n\t\t\tcontinue\n\t\t}\n\t\tok = true' \
+	$'\t\t\tfail(i)\n\t\t\tcontinue\n\t\t}\n\t\tok = true'
+mutant lambda-batch-in-flight idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS|TestPowertoolsConcurrentInvocations' \
+	$'\t\t\t// the queue\'s redrive policy).\n\t\t\tfail(i)\n' \
+	$'\t\t\t// the queue\'s redrive policy).\n'
+mutant lambda-batch-duplicate idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS' \
+	'if !*earlier[reqs[j].Key] {' \
+	'if false {'
+mutant lambda-lease-renewed idemlambda/lease.go ./idemlambda 'TestLongInvocationRenewsItsLease' \
+	$'\tif ttl >= gs.cfg.Lease {\n\t\treturn gs.cfg.Lease, false\n\t}' \
+	$'\tif ttl >= gs.cfg.Lease {\n\t\treturn gs.cfg.Lease, true\n\t}'
+mutant lambda-lease-deadline idemlambda/lease.go ./idemlambda 'TestRIETimeoutFreesKeyAfterLease|TestWaitStopsAtTheDeadline' \
+	'return max(ttl, minLease), true' \
+	'return gs.cfg.Lease, false'
+
+# --- internal/waiters: a request waits only for a holder of the same
+# fingerprint, and the holder's Wake hands its result to every waiter.
+mutant waiters-hold-fingerprint internal/waiters/waiters.go ./internal/waiters 'TestJoinOrAsk|TestHeldKeyWaitsForWake' \
+	$'\t\tif h.fp != fp {\n' \
+	$'\t\tif false {\n'
+mutant waiters-ask-fingerprint internal/waiters/waiters.go ./internal/waiters 'TestJoinOrAsk' \
+	$'\tcase a.fp != fp:\n' \
+	$'\tcase false:\n'
+mutant waiters-answer-result internal/waiters/waiters.go ./internal/waiters 'TestJoinOrAsk' \
+	$'\tif a != nil {\n\t\ta.res = res\n\t\tclose(a.done)\n\t}\n}\n\n// Wait' \
+	$'\tif a != nil {\n\t\tclose(a.done)\n\t}\n}\n\n// Wait'
+mutant waiters-wake-result internal/waiters/waiters.go ./internal/waiters 'TestWakeHandsResult' \
+	$'\t\tl.result = res\n' \
+	$'\t\t_ = res\n'
+mutant waiters-wake-hold-count internal/waiters/waiters.go ./internal/waiters 'TestHeldKeyWaitsForWake|TestWakeHandsResult|TestJoinOrAsk' \
+	'if h := w.holds[key]; h.n > 1 {' \
+	'if h := w.holds[key]; h.n > 0 {'
+
 if ((${#names[@]} == 0)); then
 	echo "mutants.sh: no mutant matches '$only'" >&2
 	exit 2
 fi
+
+# pkgdirs PACKAGES: the directories (relative to the module root) of a
+# mutant's packages, one a line; ./x/... is x and every directory below.
+pkgdirs() {
+	local p dir
+	# shellcheck disable=SC2086 # PACKAGES is a list
+	for p in $(pkglist "$1"); do
+		dir="$(pkgmod "$1")/${p#./}"
+		if [[ "$dir" == */... ]]; then
+			find "$root/${dir%/...}" -type d -not -path '*/testdata*' -printf '%P\n' |
+				sed "s|^|${dir%/...}/|; s|/$||"
+		else
+			echo "$dir"
+		fi
+	done
+}
+
+# pkgmod PACKAGES: the module directory of a mutant's packages ("." for the
+# main module; "caddyidem:./..." names caddyidem's module, its go.mod).
+pkgmod() {
+	if [[ "$1" == *:* ]]; then
+		echo "${1%%:*}"
+	else
+		echo .
+	fi
+}
+
+# pkglist PACKAGES: the packages, as go test takes them in their module.
+pkglist() {
+	echo "${1#*:}"
+}
+
+# --check: each mutant's text occurs exactly once in its file, and every
+# alternative of its -run pattern names a test function of its packages.
+# No test runs; scripts/test.sh calls it, so that a change which moves a
+# mutant's text, or renames its test, fails the test command at once.
+if [[ -n "$check" ]]; then
+	bad=0
+	for i in "${!names[@]}"; do
+		name="${names[$i]}" file="$root/${files[$i]}"
+		if [[ ! -f "$file" ]]; then
+			echo "mutants.sh --check: mutant $name: its file ${files[$i]} does not exist: update the mutant (scripts/mutants.sh)" >&2
+			bad=1
+			continue
+		fi
+		if ! n="$(OLD="${olds[$i]}" perl -0ne 'my $n = () = /\Q$ENV{OLD}\E/g; print $n' "$file")"; then
+			n="?"
+		fi
+		if [[ "$n" != 1 ]]; then
+			echo "mutants.sh --check: mutant $name: its text occurs $n times in ${files[$i]}, want once: update the mutant's text (scripts/mutants.sh) to the code that now does what it guards" >&2
+			bad=1
+		fi
+		tests="$(pkgdirs "${pkgs[$i]}" | while read -r d; do
+			[[ -d "$root/$d" ]] || { echo "MISSING:$d"; continue; }
+			cat /dev/null "$root/$d"/*_test.go 2>/dev/null | grep -oE '^func Test[A-Za-z0-9_]*\(' | sed 's/^func //; s/($//'
+		done)"
+		if missing="$(grep '^MISSING:' <<<"$tests")"; then
+			echo "mutants.sh --check: mutant $name: its package directory ${missing#MISSING:} does not exist: update its PACKAGES (scripts/mutants.sh)" >&2
+			bad=1
+			continue
+		fi
+		IFS='|' read -r -a alts <<<"${runs[$i]}"
+		for alt in "${alts[@]}"; do
+			if ! grep -qE -- "$alt" <<<"$tests"; then
+				echo "mutants.sh --check: mutant $name: '$alt' of its -run pattern '${runs[$i]}' names no test function in ${pkgs[$i]}: update its pattern (scripts/mutants.sh) to the tests that kill it" >&2
+				bad=1
+			fi
+		done
+	done
+	if ((bad)); then
+		exit 1
+	fi
+	echo "mutants.sh --check: ${#names[@]} mutants: each text occurs once in its file, each -run pattern names tests of its packages"
+	exit 0
+fi
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/idem-mutants.XXXXXX")"
+trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+tree="$tmp/tree"
+mkdir "$tree"
+tar -C "$root" --exclude=./.git -cf - . | tar -C "$tree" -xf -
 
 # gotest LOG PACKAGES PATTERN: runs the tests in the copy; 0 pass, 1 fail,
 # 2 build failure.
 gotest() {
 	local log="$1" pkgs="$2" run="$3"
 	# shellcheck disable=SC2086 # PACKAGES is a list
-	if (cd "$tree" && go test -count=1 -timeout 10m "${goflags[@]}" -run "$run" $pkgs) >"$log" 2>&1; then
+	if (cd "$tree/$(pkgmod "$pkgs")" && go test -count=1 -timeout 10m "${goflags[@]}" -run "$run" $(pkglist "$pkgs")) >"$log" 2>&1; then
 		return 0
 	fi
 	if grep -q -e '\[build failed\]' -e '\[setup failed\]' -e '^# ' "$log"; then
