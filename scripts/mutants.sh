@@ -80,6 +80,54 @@ mutant redis-fill-token redisstore/scripts/fill.lua './redisstore ./tieredstore'
 	$'elseif had > token then\n        return {0}' \
 	$'elseif false then\n        return {0}'
 
+# --- redisstore's replay cache: a hint (which lets a cached copy answer)
+# only for a completed record of the request's fingerprint, never past
+# the record's expiry, and voided by this store's Delete and Fill, also
+# for the calls in flight when they ran.
+mutant redis-cache-fingerprint redisstore/cache.go ./redisstore 'TestCacheKeepsReplayRules' \
+	"if len(v) <= fpEnd || v[0] != 'C' || !bytes.Equal(v[tokenEnd:fpEnd], fp[:]) {" \
+	"if len(v) <= fpEnd || v[0] != 'C' {"
+mutant redis-cache-ttl redisstore/cache.go ./redisstore 'TestCacheExpiry' \
+	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), ttl)' \
+	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), time.Hour)'
+mutant redis-cache-forget-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
+	$'\trc.gens[h%genShards].Add(1)\n' \
+	''
+mutant redis-cache-completed-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
+	'if rc.gens[h%genShards].Load() != m.gen {' \
+	'if false {'
+mutant redis-cache-delete-forgets redisstore/store.go ./redisstore 'TestCachePurge|TestCacheLateHintAfterChange' \
+	$'\ts.cache.forget(s.KeyName(key))\n\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"' \
+	$'\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"'
+mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheLateHintAfterChange' \
+	$'\ts.cache.forget(s.KeyName(f.Key)) // and any hint a call in flight set, as Delete does\n' \
+	''
+
+# --- redisstore's native path (SET IFEQ, no scripts): every write that
+# depends on the record compares it; a claim that found a record reads it
+# again, and claims again when it changed; the checks of its steps.
+mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+	$'\t\tcmd = append(cmd, "IFEQ", string(st.v))\n' \
+	$'\t\t_ = st.v\n'
+mutant redis-native-fast-complete-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "IFEQ", held, "PX", px}' \
+	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "PX", px}'
+mutant redis-native-fast-release-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+	'return []string{"SET", key, "R" + token, "IFEQ", held, "PX", px}' \
+	'return []string{"SET", key, "R" + token, "PX", px}'
+mutant redis-native-claim-reread redisstore/native.go ./redisstore 'TestNativeCommands' \
+	$'\t\t\tif !same {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep' \
+	$'\t\t\tif false {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep'
+mutant redis-native-acquire-mismatch redisstore/native.go ./redisstore 'TestConformanceServers' \
+	$'\t\tcase string(v[tokenEnd:fpEnd]) != fp:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil' \
+	$'\t\tcase false:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil'
+mutant redis-native-complete-repeat-token redisstore/native.go ./redisstore 'TestConformanceServers' \
+	"case len(v) >= fpEnd && v[0] == 'C' && string(v[1:tokenEnd]) == token && string(v[fpEnd:]) == resp:" \
+	"case len(v) >= fpEnd && v[0] == 'C' && string(v[fpEnd:]) == resp:"
+mutant redis-native-token-holds redisstore/native.go ./redisstore 'TestNativeTokens' \
+	'return cl.low > 0 && cl.t0 >= cl.st.now && cl.t0-cl.low <= maxAhead && cl.t0-cl.st.now <= maxAhead' \
+	'return cl.low > 0'
+
 # --- memstore and the waiters: the fingerprint checks, seen through idemhttp.
 mutant memstore-mismatch memstore/memstore.go ./idemhttp 'TestMismatch' \
 	"case r.fp != req.Fingerprint:" \
@@ -179,8 +227,8 @@ mutant proxy-sendonce-getbody cmd/idem/proxy_upstream.go ./cmd/idem 'TestSendOnc
 	$'\tout.GetBody = nil\n' \
 	$'\t_ = out.GetBody\n'
 mutant proxy-sendonce-key-header cmd/idem/proxy_upstream.go ./cmd/idem 'TestSendOnceWithGetBody|TestProxyNeverResendsUpstream' \
-	$'\t\t\t\tout.Header = sidecar.HideReplayHints(out.Header)\n' \
-	$'\t\t\t\t_ = sidecar.HideReplayHints\n'
+	$'\t\t\t\tout.Body = nil\n\t\t\t\tout.Header = sidecar.HideReplayHints(out.Header)\n' \
+	$'\t\t\t\tout.Body = nil\n\t\t\t\t_ = sidecar.HideReplayHints\n'
 
 # --- mysqlstore: the conditions of its statements (the lease, the expiry,
 # the repeat's token), the takeover's token floor, and the mismatch.
@@ -274,6 +322,26 @@ mutant waiters-wake-result internal/waiters/waiters.go ./internal/waiters 'TestW
 mutant waiters-wake-hold-count internal/waiters/waiters.go ./internal/waiters 'TestHeldKeyWaitsForWake|TestWakeHandsResult|TestJoinOrAsk' \
 	'if h := w.holds[key]; h.n > 1 {' \
 	'if h := w.holds[key]; h.n > 0 {'
+
+# --- caddyidem (a module of its own: PACKAGES caddyidem:.): a key is
+# scoped by the tenant, the path the upstream sees and the prefix, and a
+# leased request without a body goes without the headers that let
+# net/http resend it.
+mutant caddy-tenant-header caddyidem/handler.go caddyidem:. 'TestScope$' \
+	'h.mw, err = s.Middleware(store, sidecar.TenantFunc(s.TenantHeader, s.TenantCookie), nil, env)' \
+	'h.mw, err = s.Middleware(store, sidecar.TenantFunc("", s.TenantCookie), nil, env)'
+mutant caddy-scope-route caddyidem/handler.go caddyidem:. 'TestScope$' \
+	'h.mw, err = s.Middleware(store, sidecar.TenantFunc(s.TenantHeader, s.TenantCookie), nil, env)' \
+	'h.mw, err = s.Middleware(store, sidecar.TenantFunc(s.TenantHeader, s.TenantCookie), func(*http.Request) string { return "/" }, env)'
+mutant caddy-store-prefix caddyidem/store.go caddyidem:. 'TestScope$' \
+	'return fmt.Sprintf("store\x00%s\x00%s\x00%d\x00%d", s.url, s.prefix, s.memLimit, s.reapEvery)' \
+	'return fmt.Sprintf("store\x00%s\x00%s\x00%d\x00%d", s.url, "", s.memLimit, s.reapEvery)'
+mutant caddy-tenant-header-value internal/sidecar/sidecar.go caddyidem:. 'TestScope$' \
+	$'\t\tcase len(vs) == 1 && vs[0] != "":\n\t\t\treturn "hdr:" + vs[0]' \
+	$'\t\tcase len(vs) == 1 && vs[0] != "":\n\t\t\treturn "hdr:"'
+mutant caddy-bodiless-hide-hints caddyidem/handler.go caddyidem:. 'TestBodilessSentOnce' \
+	$'\t\t\tr.Header = sidecar.HideReplayHints(r.Header)\n' \
+	$'\t\t\t_ = sidecar.HideReplayHints\n'
 
 if ((${#names[@]} == 0)); then
 	echo "mutants.sh: no mutant matches '$only'" >&2
