@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation check, run before a release (not part of scripts/test.sh).
+# Mutation check, run before a release (scripts/test.sh runs only --check).
 #
 # Each mutant is one deliberate bug: a literal text in one file replaced by
 # another (the text must occur exactly once). The script copies the tree
@@ -15,14 +15,25 @@
 # mutant), if a mutated tree does not build, or if the baseline fails.
 #
 # Usage: scripts/mutants.sh [NAME-REGEX]   (only the mutants whose names match)
+#        scripts/mutants.sh --check [NAME-REGEX]
 # MUTANTS_GOFLAGS adds go test flags (e.g. -race; the default is none).
 #
-# Needs what the targeted tests need: redis-server, PostgreSQL and dynalite (see
-# scripts/test.sh, which installs them). It takes about 10 minutes on a
-# 2-core machine shared with other work (the baseline about 2.5 of them,
-# then 3 to 35 seconds per mutant); the first build in the copy compiles
-# the module's packages again.
+# --check runs no test (seconds; scripts/test.sh runs it): it fails when a
+# mutant's text does not occur exactly once in its file, or when an
+# alternative of its -run pattern names no test function (func TestX in a
+# _test.go file) of its packages, naming the mutant and what to update.
+#
+# PACKAGES are go test's package arguments, in the main module; DIR:PKGS
+# runs PKGS in the module at DIR (caddyidem:. is caddyidem's module).
+#
+# Needs what the targeted tests need: redis-server, PostgreSQL, dynalite,
+# mariadbd, fauxqs, aws-lambda-rie, Valkey 9.1 and Redis 8.6
+# (scripts/build-redis-servers.sh) and Caddy's modules (see scripts/test.sh,
+# which installs them all). RUNTIME-LINE
 set -euo pipefail
+# The whole script is read before it runs (the braces), so that editing it
+# during a run (adding a mutant) leaves the run alone.
+{
 root="$(cd "$(dirname "$0")/.." && pwd)"
 check=""
 if [[ "${1:-}" == --check ]]; then
@@ -31,6 +42,10 @@ if [[ "${1:-}" == --check ]]; then
 fi
 only="${1:-}"
 goflags=(${MUTANTS_GOFLAGS:-})
+# The tests send traffic to loopback only: the AWS SDK (dynamostore,
+# idemmsg/sqs, idemlambda) must never look for credentials at the EC2
+# metadata address.
+export AWS_EC2_METADATA_DISABLED=true
 
 names=() files=() olds=() news=() pkgs=() runs=()
 
@@ -496,3 +511,5 @@ echo "mutants.sh: ${#names[@]} mutants, $((${#names[@]} - ${#survived[@]} - ${#b
 if ((${#survived[@]} + ${#broken[@]})); then
 	exit 1
 fi
+exit
+}
