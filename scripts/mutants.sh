@@ -118,31 +118,6 @@ mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheLat
 	$'\ts.cache.forget(s.KeyName(f.Key)) // and any hint a call in flight set, as Delete does\n' \
 	''
 
-# --- redisstore's native path (SET IFEQ, no scripts): every write that
-# depends on the record compares it; a claim that found a record reads it
-# again, and claims again when it changed; the checks of its steps.
-mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
-	$'\t\tcmd = append(cmd, "IFEQ", string(st.v))\n' \
-	$'\t\t_ = st.v\n'
-mutant redis-native-fast-complete-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
-	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "IFEQ", held, "PX", px}' \
-	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "PX", px}'
-mutant redis-native-fast-release-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
-	'return []string{"SET", key, "R" + token, "IFEQ", held, "PX", px}' \
-	'return []string{"SET", key, "R" + token, "PX", px}'
-mutant redis-native-claim-reread redisstore/native.go ./redisstore 'TestNativeCommands' \
-	$'\t\t\tif !same {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep' \
-	$'\t\t\tif false {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep'
-mutant redis-native-acquire-mismatch redisstore/native.go ./redisstore 'TestConformanceServers' \
-	$'\t\tcase string(v[tokenEnd:fpEnd]) != fp:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil' \
-	$'\t\tcase false:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil'
-mutant redis-native-complete-repeat-token redisstore/native.go ./redisstore 'TestConformanceServers' \
-	"case len(v) >= fpEnd && v[0] == 'C' && string(v[1:tokenEnd]) == token && string(v[fpEnd:]) == resp:" \
-	"case len(v) >= fpEnd && v[0] == 'C' && string(v[fpEnd:]) == resp:"
-mutant redis-native-token-holds redisstore/native.go ./redisstore 'TestNativeTokens' \
-	'return cl.low > 0 && cl.t0 >= cl.st.now && cl.t0-cl.low <= maxAhead && cl.t0-cl.st.now <= maxAhead' \
-	'return cl.low > 0'
-
 # --- memstore and the waiters: the fingerprint checks, seen through idemhttp.
 mutant memstore-mismatch memstore/memstore.go ./idemhttp 'TestMismatch' \
 	"case r.fp != req.Fingerprint:" \
@@ -357,6 +332,32 @@ mutant caddy-tenant-header-value internal/sidecar/sidecar.go caddyidem:. 'TestSc
 mutant caddy-bodiless-hide-hints caddyidem/handler.go caddyidem:. 'TestBodilessSentOnce' \
 	$'\t\t\tr.Header = sidecar.HideReplayHints(r.Header)\n' \
 	$'\t\t\t_ = sidecar.HideReplayHints\n'
+
+# --- redisstore's native path (SET IFEQ, no scripts): every write that
+# depends on the record compares it; a claim that found a record reads it
+# again, and claims again when it changed; the checks of its steps. Last:
+# their baseline runs on Valkey 9.1 and Redis 8.6 (scripts/build-redis-servers.sh).
+mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+	$'\t\tcmd = append(cmd, "IFEQ", string(st.v))\n' \
+	$'\t\t_ = st.v\n'
+mutant redis-native-fast-complete-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "IFEQ", held, "PX", px}' \
+	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "PX", px}'
+mutant redis-native-fast-release-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+	'return []string{"SET", key, "R" + token, "IFEQ", held, "PX", px}' \
+	'return []string{"SET", key, "R" + token, "PX", px}'
+mutant redis-native-claim-reread redisstore/native.go ./redisstore 'TestNativeCommands' \
+	$'\t\t\tif !same {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep' \
+	$'\t\t\tif false {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep'
+mutant redis-native-acquire-mismatch redisstore/native.go ./redisstore 'TestConformanceServers' \
+	$'\t\tcase string(v[tokenEnd:fpEnd]) != fp:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil' \
+	$'\t\tcase false:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil'
+mutant redis-native-complete-repeat-token redisstore/native.go ./redisstore 'TestConformanceServers' \
+	"case len(v) >= fpEnd && v[0] == 'C' && string(v[1:tokenEnd]) == token && string(v[fpEnd:]) == resp:" \
+	"case len(v) >= fpEnd && v[0] == 'C' && string(v[fpEnd:]) == resp:"
+mutant redis-native-token-holds redisstore/native.go ./redisstore 'TestNativeTokens' \
+	'return cl.low > 0 && cl.t0 >= cl.st.now && cl.t0-cl.low <= maxAhead && cl.t0-cl.st.now <= maxAhead' \
+	'return cl.low > 0'
 
 if ((${#names[@]} == 0)); then
 	echo "mutants.sh: no mutant matches '$only'" >&2
