@@ -57,67 +57,6 @@ mutant() {
 	names+=("$1") files+=("$2") pkgs+=("$3") runs+=("$4") olds+=("$5") news+=("$6")
 }
 
-# --- redisstore: the lease and token checks of every Lua script, and the mismatch.
-mutant redis-complete-repeat-token redisstore/scripts/complete.lua ./redisstore 'TestConformance' \
-	"string.sub(rec, 2, 7) == ARGV[2] and string.sub(rec, 24) == ARGV[4]" \
-	"string.sub(rec, 24) == ARGV[4]"
-mutant redis-complete-lease redisstore/scripts/complete.lua ./redisstore 'TestConformance' \
-	"if kind == 70 and #rec == 39 and string.sub(rec, 24) == ARGV[1] then" \
-	"if kind == 70 and #rec == 39 then"
-mutant redis-acquire-repeat-lease redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
-	"if string.sub(rec, 24) == ARGV[1] then" \
-	"if true then"
-mutant redis-acquire-mismatch-in-flight redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
-	$'if string.sub(rec, 8, 23) ~= ARGV[2] then\n      return {4, held, 0}' \
-	$'if false then\n      return {4, held, 0}'
-mutant redis-acquire-mismatch-completed redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
-	$'if string.sub(rec, 8, 23) ~= ARGV[2] then\n      return {4, done, 0}' \
-	$'if false then\n      return {4, done, 0}'
-mutant redis-acquire-token-after-release redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
-	"if last >= token then" \
-	"if false then"
-mutant redis-renew-lease redisstore/scripts/renew.lua ./redisstore 'TestConformance' \
-	"or string.sub(rec, 24) ~= ARGV[1] then" \
-	"then"
-mutant redis-release-lease redisstore/scripts/release.lua ./redisstore 'TestConformance' \
-	"if kind == 70 and #rec == 39 and string.sub(rec, 24) == ARGV[1] then" \
-	"if kind == 70 and #rec == 39 then"
-mutant redis-release-repeat-token redisstore/scripts/release.lua ./redisstore 'TestConformance' \
-	"and string.sub(rec, 2, 7) == ARGV[2] then" \
-	"then"
-mutant redis-hold-lease redisstore/scripts/hold.lua './redisstore ./tieredstore' 'TestLayered|TestTwoHoldersOneCommit|TestCompleteTxExpiredLease' \
-	"or string.sub(rec, 24) ~= ARGV[1] then" \
-	"then"
-mutant redis-raise-lease redisstore/scripts/raise.lua './redisstore ./tieredstore' 'TestLayered|TestStaleToken' \
-	"or string.sub(rec, 24) ~= ARGV[1] then" \
-	"then"
-mutant redis-fill-token redisstore/scripts/fill.lua './redisstore ./tieredstore' 'TestLayered|TestFlushAll|TestRelay|TestTwoHoldersOneCommit' \
-	$'elseif had > token then\n        return {0}' \
-	$'elseif false then\n        return {0}'
-
-# --- redisstore's replay cache: a hint (which lets a cached copy answer)
-# only for a completed record of the request's fingerprint, never past
-# the record's expiry, and voided by this store's Delete and Fill, also
-# for the calls in flight when they ran.
-mutant redis-cache-fingerprint redisstore/cache.go ./redisstore 'TestCacheKeepsReplayRules' \
-	"if len(v) <= fpEnd || v[0] != 'C' || !bytes.Equal(v[tokenEnd:fpEnd], fp[:]) {" \
-	"if len(v) <= fpEnd || v[0] != 'C' {"
-mutant redis-cache-ttl redisstore/cache.go ./redisstore 'TestCacheExpiry' \
-	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), ttl)' \
-	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), time.Hour)'
-mutant redis-cache-forget-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
-	$'\trc.gens[h%genShards].Add(1)\n' \
-	''
-mutant redis-cache-completed-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
-	'if rc.gens[h%genShards].Load() != m.gen {' \
-	'if false {'
-mutant redis-cache-delete-forgets redisstore/store.go ./redisstore 'TestCachePurge|TestCacheLateHintAfterChange' \
-	$'\ts.cache.forget(s.KeyName(key))\n\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"' \
-	$'\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"'
-mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheLateHintAfterChange' \
-	$'\ts.cache.forget(s.KeyName(f.Key)) // and any hint a call in flight set, as Delete does\n' \
-	''
-
 # --- memstore and the waiters: the fingerprint checks, seen through idemhttp.
 mutant memstore-mismatch memstore/memstore.go ./idemhttp 'TestMismatch' \
 	"case r.fp != req.Fingerprint:" \
@@ -333,10 +272,73 @@ mutant caddy-bodiless-hide-hints caddyidem/handler.go caddyidem:. 'TestBodilessS
 	$'\t\t\tr.Header = sidecar.HideReplayHints(r.Header)\n' \
 	$'\t\t\t_ = sidecar.HideReplayHints\n'
 
+# --- redisstore, last: TestConformance matches TestConformanceServers, which
+# runs on Valkey 9.1 and Redis 8.6 (scripts/build-redis-servers.sh).
+
+# --- redisstore: the lease and token checks of every Lua script, and the mismatch.
+mutant redis-complete-repeat-token redisstore/scripts/complete.lua ./redisstore 'TestConformance' \
+	"string.sub(rec, 2, 7) == ARGV[2] and string.sub(rec, 24) == ARGV[4]" \
+	"string.sub(rec, 24) == ARGV[4]"
+mutant redis-complete-lease redisstore/scripts/complete.lua ./redisstore 'TestConformance' \
+	"if kind == 70 and #rec == 39 and string.sub(rec, 24) == ARGV[1] then" \
+	"if kind == 70 and #rec == 39 then"
+mutant redis-acquire-repeat-lease redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
+	"if string.sub(rec, 24) == ARGV[1] then" \
+	"if true then"
+mutant redis-acquire-mismatch-in-flight redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
+	$'if string.sub(rec, 8, 23) ~= ARGV[2] then\n      return {4, held, 0}' \
+	$'if false then\n      return {4, held, 0}'
+mutant redis-acquire-mismatch-completed redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
+	$'if string.sub(rec, 8, 23) ~= ARGV[2] then\n      return {4, done, 0}' \
+	$'if false then\n      return {4, done, 0}'
+mutant redis-acquire-token-after-release redisstore/scripts/acquire.lua ./redisstore 'TestConformance' \
+	"if last >= token then" \
+	"if false then"
+mutant redis-renew-lease redisstore/scripts/renew.lua ./redisstore 'TestConformance' \
+	"or string.sub(rec, 24) ~= ARGV[1] then" \
+	"then"
+mutant redis-release-lease redisstore/scripts/release.lua ./redisstore 'TestConformance' \
+	"if kind == 70 and #rec == 39 and string.sub(rec, 24) == ARGV[1] then" \
+	"if kind == 70 and #rec == 39 then"
+mutant redis-release-repeat-token redisstore/scripts/release.lua ./redisstore 'TestConformance' \
+	"and string.sub(rec, 2, 7) == ARGV[2] then" \
+	"then"
+mutant redis-hold-lease redisstore/scripts/hold.lua './redisstore ./tieredstore' 'TestLayered|TestTwoHoldersOneCommit|TestCompleteTxExpiredLease' \
+	"or string.sub(rec, 24) ~= ARGV[1] then" \
+	"then"
+mutant redis-raise-lease redisstore/scripts/raise.lua './redisstore ./tieredstore' 'TestLayered|TestStaleToken' \
+	"or string.sub(rec, 24) ~= ARGV[1] then" \
+	"then"
+mutant redis-fill-token redisstore/scripts/fill.lua './redisstore ./tieredstore' 'TestLayered|TestFlushAll|TestRelay|TestTwoHoldersOneCommit' \
+	$'elseif had > token then\n        return {0}' \
+	$'elseif false then\n        return {0}'
+
+# --- redisstore's replay cache: a hint (which lets a cached copy answer)
+# only for a completed record of the request's fingerprint, never past
+# the record's expiry, and voided by this store's Delete and Fill, also
+# for the calls in flight when they ran.
+mutant redis-cache-fingerprint redisstore/cache.go ./redisstore 'TestCacheKeepsReplayRules' \
+	"if len(v) <= fpEnd || v[0] != 'C' || !bytes.Equal(v[tokenEnd:fpEnd], fp[:]) {" \
+	"if len(v) <= fpEnd || v[0] != 'C' || !bytes.Equal(v[tokenEnd:fpEnd], v[tokenEnd:fpEnd]) {"
+mutant redis-cache-ttl redisstore/cache.go ./redisstore 'TestCacheExpiry' \
+	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), ttl)' \
+	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), time.Hour)'
+mutant redis-cache-forget-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
+	$'\trc.gens[h%genShards].Add(1)\n' \
+	''
+mutant redis-cache-completed-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
+	'if rc.gens[h%genShards].Load() != m.gen {' \
+	'if false {'
+mutant redis-cache-delete-forgets redisstore/store.go ./redisstore 'TestCachePurge|TestCacheLateHintAfterChange' \
+	$'\ts.cache.forget(s.KeyName(key))\n\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"' \
+	$'\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"'
+mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheLateHintAfterChange' \
+	$'\ts.cache.forget(s.KeyName(f.Key)) // and any hint a call in flight set, as Delete does\n' \
+	''
+
 # --- redisstore's native path (SET IFEQ, no scripts): every write that
 # depends on the record compares it; a claim that found a record reads it
-# again, and claims again when it changed; the checks of its steps. Last:
-# their baseline runs on Valkey 9.1 and Redis 8.6 (scripts/build-redis-servers.sh).
+# again, and claims again when it changed; the checks of its steps.
 mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
 	$'\t\tcmd = append(cmd, "IFEQ", string(st.v))\n' \
 	$'\t\t_ = st.v\n'
