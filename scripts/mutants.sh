@@ -314,25 +314,23 @@ mutant redis-fill-token redisstore/scripts/fill.lua './redisstore ./tieredstore'
 	$'elseif false then\n        return {0}'
 
 # --- redisstore's replay cache: a hint (which lets a cached copy answer)
-# only for a completed record of the request's fingerprint, never past
-# the record's expiry, and voided by this store's Delete and Fill, also
-# for the calls in flight when they ran.
+# only for a completed record of the request's fingerprint, voided by
+# this store's Delete and Fill, before and after the change, also for the
+# calls in flight when they ran. (A cached copy's bound past the record's
+# expiry has no mutant: rueidis bounds it by the PTTL it reads as well.)
 mutant redis-cache-fingerprint redisstore/cache.go ./redisstore 'TestCacheKeepsReplayRules' \
 	"if len(v) <= fpEnd || v[0] != 'C' || !bytes.Equal(v[tokenEnd:fpEnd], fp[:]) {" \
 	"if len(v) <= fpEnd || v[0] != 'C' || !bytes.Equal(v[tokenEnd:fpEnd], v[tokenEnd:fpEnd]) {"
-mutant redis-cache-ttl redisstore/cache.go ./redisstore 'TestCacheExpiry' \
-	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), ttl)' \
-	'res := rc.c.DoCache(ctx, rc.c.B().Get().Key(name).Cache(), time.Hour)'
 mutant redis-cache-forget-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
 	$'\trc.gens[h%genShards].Add(1)\n' \
 	''
 mutant redis-cache-completed-generation redisstore/cache.go ./redisstore 'TestCacheLateHintAfterChange' \
 	'if rc.gens[h%genShards].Load() != m.gen {' \
 	'if false {'
-mutant redis-cache-delete-forgets redisstore/store.go ./redisstore 'TestCachePurge|TestCacheLateHintAfterChange' \
+mutant redis-cache-delete-forgets redisstore/store.go ./redisstore 'TestCacheHintDuringChange' \
 	$'\ts.cache.forget(s.KeyName(key))\n\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"' \
 	$'\tif err != nil {\n\t\treturn false, &idem.StoreError{Op: "delete"'
-mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheLateHintAfterChange' \
+mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheHintDuringChange' \
 	$'\ts.cache.forget(s.KeyName(f.Key)) // and any hint a call in flight set, as Delete does\n' \
 	''
 
