@@ -20,11 +20,14 @@ import (
 	"github.com/idemkit/idem/memstore"
 )
 
-// TestVisibilityExtended: a handler that runs three times the
-// VisibilityTimeout keeps its message: the visibility is extended while
-// it runs, so a second consumer never receives it, and it is received
-// once (ApproximateReceiveCount 1). Without the extension (ExtendEvery
-// negative, the control case) the second consumer receives it meanwhile.
+// TestVisibilityExtended: a handler that runs twice the
+// VisibilityTimeout (2s) keeps its message: the visibility is extended
+// to VisibilityTimeout while it runs (every 1.5s: an extension to
+// anything shorter, such as SQS's 1s minimum, would let the message
+// reappear before the next), so a second consumer never receives it, and
+// it is received once (ApproximateReceiveCount 1). Without the extension
+// (ExtendEvery negative, the control case) the second consumer receives
+// it meanwhile.
 func TestVisibilityExtended(t *testing.T) {
 	for _, extend := range []bool{true, false} {
 		t.Run(fmt.Sprintf("extend=%t", extend), func(t *testing.T) {
@@ -36,12 +39,13 @@ func TestVisibilityExtended(t *testing.T) {
 			for _, name := range []string{"c1", "c2"} {
 				c := tp.consumer(adaptertest.Consumer{Name: name, Handler: func(ctx context.Context, key string) error {
 					select {
-					case <-time.After(3 * time.Second):
+					case <-time.After(4 * time.Second):
 					case <-ctx.Done():
 					}
 					return nil
 				}})
-				c.VisibilityTimeout = time.Second
+				c.VisibilityTimeout = 2 * time.Second
+				c.ExtendEvery = 1500 * time.Millisecond
 				if !extend {
 					c.ExtendEvery = -1
 				}
