@@ -200,16 +200,16 @@ mutant sqs-extend-visibility idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestVisibilityExt
 mutant sqs-extend-loop idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestVisibilityExtended' \
 	$'\tif r.extendEvery > 0 {\n' \
 	$'\tif false {\n'
-mutant sqs-delete-acked idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite' \
+mutant sqs-delete-acked idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite/Standard/Duplicates$' \
 	$'case idemmsg.Executed, idemmsg.Replayed:\n\t\tr.delete(sctx, msg)' \
 	$'case idemmsg.Executed, idemmsg.Replayed:\n\t\tr.release(msg)'
-mutant sqs-delete-dead-lettered idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite' \
+mutant sqs-delete-dead-lettered idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite/Standard/PoisonDeadLettered$' \
 	$'\t\tr.delete(sctx, msg)\n\t\treturn true, nil\n\tcase idemmsg.InFlight:' \
 	$'\t\tr.release(msg)\n\t\treturn true, nil\n\tcase idemmsg.InFlight:'
-mutant sqs-batch-delete idemmsg/sqs/batch.go ./idemmsg/sqs 'TestAdapterSuite' \
+mutant sqs-batch-delete idemmsg/sqs/batch.go ./idemmsg/sqs 'TestAdapterSuite/Standard/Batch/Duplicates$' \
 	$'\t\t\tr.delete(sctx, del...)\n' \
 	$'\t\t\tr.release(del...)\n'
-mutant sqs-inflight-comes-back idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite' \
+mutant sqs-inflight-comes-back idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite/Standard/TwoConsumers$' \
 	$'\tcase idemmsg.InFlight:\n\t\tr.setVisibility(sctx, res.RetryAfter, msg)' \
 	$'\tcase idemmsg.InFlight:\n\t\tr.setVisibility(sctx, maxVisibility, msg)'
 
@@ -426,6 +426,7 @@ if [[ -n "$check" ]]; then
 		fi
 		IFS='|' read -r -a alts <<<"${runs[$i]}"
 		for alt in "${alts[@]}"; do
+			alt="${alt%%/*}" # a subtest's path: its test function
 			if ! grep -qE -- "$alt" <<<"$tests"; then
 				echo "mutants.sh --check: mutant $name: '$alt' of its -run pattern '${runs[$i]}' names no test function in ${pkgs[$i]}: update its pattern (scripts/mutants.sh) to the tests that kill it" >&2
 				bad=1
