@@ -605,3 +605,43 @@ func TestWaitStopsAtTheDeadline(t *testing.T) {
 		t.Fatalf("waiting past the deadline: %v, want in flight", err)
 	}
 }
+
+// A record whose key another invocation holds (in flight elsewhere: SQS
+// delivered it twice, to two instances) is reported failed, not run: SQS
+// delivers it again later, and then it replays.
+func TestSQSRecordInFlightElsewhere(t *testing.T) {
+	s := newStore(&clock{})
+	started, hold := make(chan struct{}, 1), make(chan struct{})
+	var runs atomic.Int32
+	h, err := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Name: "fn"}, func(ctx context.Context, m events.SQSMessage) error {
+		runs.Add(1)
+		started <- struct{}{}
+		<-hold
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := withDeadline(10 * time.Second)
+	ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: "ok"}}}
+	first := make(chan events.SQSEventResponse, 1)
+	go func() {
+		resp, _ := h(ctx, ev)
+		first <- resp
+	}()
+	<-started
+	resp, err := h(ctx, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := failures(resp); got != "m1" || runs.Load() != 1 {
+		t.Fatalf("while another invocation runs it: failures %q after %d runs, want m1 after 1", got, runs.Load())
+	}
+	close(hold)
+	if got := failures(<-first); got != "" {
+		t.Fatalf("the first invocation: failures %q, want none", got)
+	}
+	if resp, _ := h(ctx, ev); failures(resp) != "" || runs.Load() != 1 {
+		t.Fatalf("redelivery after it completed: failures %q after %d runs, want none after 1 (a replay)", failures(resp), runs.Load())
+	}
+}

@@ -221,7 +221,7 @@ mutant lambda-batch-handler-error idemlambda/sqs.go ./idemlambda 'TestPowertools
 mutant lambda-batch-fifo-stop idemlambda/sqs.go ./idemlambda 'TestSQSFIFOStopsAtFirstFailure' \
 	$'\t\t\tfail(i)\n\t\t\tstopped = b.cfg.FIFO\n\t\t\tcontinue\n\t\t}\n\t\tok = true' \
 	$'\t\t\tfail(i)\n\t\t\tcontinue\n\t\t}\n\t\tok = true'
-mutant lambda-batch-in-flight idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS|TestPowertoolsConcurrentInvocations' \
+mutant lambda-batch-in-flight idemlambda/sqs.go ./idemlambda 'TestSQSRecordInFlightElsewhere' \
 	$'\t\t\t// the queue\'s redrive policy).\n\t\t\tfail(i)\n' \
 	$'\t\t\t// the queue\'s redrive policy).\n'
 mutant lambda-batch-duplicate idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS' \
