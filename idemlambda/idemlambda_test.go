@@ -645,3 +645,25 @@ func TestSQSRecordInFlightElsewhere(t *testing.T) {
 		t.Fatalf("redelivery after it completed: failures %q after %d runs, want none after 1 (a replay)", failures(resp), runs.Load())
 	}
 }
+
+// A message delivered twice in one batch runs once, and its second copy
+// shares the first's answer: reported failed when the first failed (it
+// would otherwise be deleted, its work never done).
+func TestSQSDuplicateSharesFailure(t *testing.T) {
+	s := newStore(&clock{})
+	var runs atomic.Int32
+	h, err := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Name: "fn"}, func(ctx context.Context, m events.SQSMessage) error {
+		runs.Add(1)
+		return errors.New("cannot handle " + m.MessageId)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h(withDeadline(10*time.Second), events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: "x"}, {MessageId: "m1", Body: "x"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := failures(resp); got != "m1,m1" || runs.Load() != 1 {
+		t.Fatalf("failures %q after %d runs, want m1,m1 (both copies) after 1", got, runs.Load())
+	}
+}

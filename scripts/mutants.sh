@@ -224,7 +224,7 @@ mutant lambda-batch-fifo-stop idemlambda/sqs.go ./idemlambda 'TestSQSFIFOStopsAt
 mutant lambda-batch-in-flight idemlambda/sqs.go ./idemlambda 'TestSQSRecordInFlightElsewhere' \
 	$'\t\t\t// the queue\'s redrive policy).\n\t\t\tfail(i)\n' \
 	$'\t\t\t// the queue\'s redrive policy).\n'
-mutant lambda-batch-duplicate idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS' \
+mutant lambda-batch-duplicate idemlambda/sqs.go ./idemlambda 'TestPowertoolsBatchSQS|TestSQSDuplicateSharesFailure' \
 	'if !*earlier[reqs[j].Key] {' \
 	'if false {'
 mutant lambda-lease-renewed idemlambda/lease.go ./idemlambda 'TestLongInvocationRenewsItsLease' \
