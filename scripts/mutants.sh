@@ -337,7 +337,7 @@ mutant redis-cache-fill-forgets redisstore/layered.go ./redisstore 'TestCacheHin
 # --- redisstore's native path (SET IFEQ, no scripts): every write that
 # depends on the record compares it; a claim that found a record reads it
 # again, and claims again when it changed; the checks of its steps.
-mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestNativeCommands' \
 	$'\t\tcmd = append(cmd, "IFEQ", string(st.v))\n' \
 	$'\t\t_ = st.v\n'
 mutant redis-native-fast-complete-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
