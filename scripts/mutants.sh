@@ -209,7 +209,7 @@ mutant sqs-delete-dead-lettered idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSui
 mutant sqs-batch-delete idemmsg/sqs/batch.go ./idemmsg/sqs 'TestAdapterSuite/Standard/Batch/Duplicates$' \
 	$'\t\t\tr.delete(sctx, del...)\n' \
 	$'\t\t\tr.release(del...)\n'
-mutant sqs-inflight-comes-back idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestAdapterSuite/Standard/TwoConsumers$' \
+mutant sqs-inflight-comes-back idemmsg/sqs/sqs.go ./idemmsg/sqs 'TestInFlightComesBack' \
 	$'\tcase idemmsg.InFlight:\n\t\tr.setVisibility(sctx, res.RetryAfter, msg)' \
 	$'\tcase idemmsg.InFlight:\n\t\tr.setVisibility(sctx, maxVisibility, msg)'
 
