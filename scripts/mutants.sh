@@ -343,18 +343,18 @@ mutant redis-native-cas-ifeq redisstore/native.go ./redisstore 'TestNativeComman
 mutant redis-native-fast-complete-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
 	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "IFEQ", held, "PX", px}' \
 	'return []string{"SET", key, "C" + token + string(m.fp[:]) + args[3], "PX", px}'
-mutant redis-native-fast-release-ifeq redisstore/native.go ./redisstore 'TestConformanceServers' \
+mutant redis-native-fast-release-ifeq redisstore/native.go ./redisstore 'TestNativeCommands' \
 	'return []string{"SET", key, "R" + token, "IFEQ", held, "PX", px}' \
 	'return []string{"SET", key, "R" + token, "PX", px}'
 mutant redis-native-claim-reread redisstore/native.go ./redisstore 'TestNativeCommands' \
 	$'\t\t\tif !same {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep' \
-	$'\t\t\tif false {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep'
+	$'\t\t\tif !same && false {\n\t\t\t\treturn reply{}, false, nil // changed since the claim: claim again\n\t\t\t}\n\t\t}\n\t\trep, w := acquireStep'
 mutant redis-native-acquire-mismatch redisstore/native.go ./redisstore 'TestConformanceServers' \
 	$'\t\tcase string(v[tokenEnd:fpEnd]) != fp:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil' \
 	$'\t\tcase false:\n\t\t\treturn reply{n: [3]int64{4, held, 0}}, nil'
 mutant redis-native-complete-repeat-token redisstore/native.go ./redisstore 'TestConformanceServers' \
 	"case len(v) >= fpEnd && v[0] == 'C' && string(v[1:tokenEnd]) == token && string(v[fpEnd:]) == resp:" \
-	"case len(v) >= fpEnd && v[0] == 'C' && string(v[fpEnd:]) == resp:"
+	"case len(v) >= fpEnd && v[0] == 'C' && (string(v[1:tokenEnd]) == token || true) && string(v[fpEnd:]) == resp:"
 mutant redis-native-token-holds redisstore/native.go ./redisstore 'TestNativeTokens' \
 	'return cl.low > 0 && cl.t0 >= cl.st.now && cl.t0-cl.low <= maxAhead && cl.t0-cl.st.now <= maxAhead' \
 	'return cl.low > 0'
