@@ -233,8 +233,17 @@ func TestLongInvocationRenewsItsLease(t *testing.T) {
 		t.Fatalf("lease %v for an invocation with a minute left: want the configured 150ms, renewed", rec.TTL)
 	}
 	time.Sleep(500 * time.Millisecond) // several leases
-	if _, err := h(withDeadline(time.Minute), order{Key: "k", Amount: 1}); !errors.Is(err, idem.ErrInFlight) {
-		t.Fatalf("after three leases of a live invocation: %v, want in flight (renewed)", err)
+	second := make(chan error, 1)
+	go func() { _, err := h(withDeadline(time.Minute), order{Key: "k", Amount: 1}); second <- err }()
+	select {
+	case err := <-second:
+		if !errors.Is(err, idem.ErrInFlight) {
+			close(f.hold)
+			t.Fatalf("after three leases of a live invocation: %v, want in flight (renewed)", err)
+		}
+	case <-time.After(5 * time.Second): // it runs, held like the first
+		close(f.hold)
+		t.Fatalf("after three leases of a live invocation: a second invocation ran, want in flight (renewed)")
 	}
 	close(f.hold)
 	if err := <-done; err != nil {
@@ -604,5 +613,67 @@ func TestWaitStopsAtTheDeadline(t *testing.T) {
 	_, err := h(withDeadline(200*time.Millisecond), order{Key: "k", Amount: 1})
 	if !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("waiting past the deadline: %v, want in flight", err)
+	}
+}
+
+// A record whose key another invocation holds (in flight elsewhere: SQS
+// delivered it twice, to two instances) is reported failed, not run: SQS
+// delivers it again later, and then it replays.
+func TestSQSRecordInFlightElsewhere(t *testing.T) {
+	s := newStore(&clock{})
+	started, hold := make(chan struct{}, 1), make(chan struct{})
+	var runs atomic.Int32
+	h, err := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Namespace: "fn"}, func(ctx context.Context, m events.SQSMessage) error {
+		runs.Add(1)
+		started <- struct{}{}
+		<-hold
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := withDeadline(10 * time.Second)
+	ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: "ok"}}}
+	first := make(chan events.SQSEventResponse, 1)
+	go func() {
+		resp, _ := h(ctx, ev)
+		first <- resp
+	}()
+	<-started
+	resp, err := h(ctx, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := failures(resp); got != "m1" || runs.Load() != 1 {
+		t.Fatalf("while another invocation runs it: failures %q after %d runs, want m1 after 1", got, runs.Load())
+	}
+	close(hold)
+	if got := failures(<-first); got != "" {
+		t.Fatalf("the first invocation: failures %q, want none", got)
+	}
+	if resp, _ := h(ctx, ev); failures(resp) != "" || runs.Load() != 1 {
+		t.Fatalf("redelivery after it completed: failures %q after %d runs, want none after 1 (a replay)", failures(resp), runs.Load())
+	}
+}
+
+// A message delivered twice in one batch runs once, and its second copy
+// shares the first's answer: reported failed when the first failed (it
+// would otherwise be deleted, its work never done).
+func TestSQSDuplicateSharesFailure(t *testing.T) {
+	s := newStore(&clock{})
+	var runs atomic.Int32
+	h, err := idemlambda.WrapSQS(s, idemlambda.SQSConfig{Namespace: "fn"}, func(ctx context.Context, m events.SQSMessage) error {
+		runs.Add(1)
+		return errors.New("cannot handle " + m.MessageId)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h(withDeadline(10*time.Second), events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m1", Body: "x"}, {MessageId: "m1", Body: "x"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := failures(resp); got != "m1,m1" || runs.Load() != 1 {
+		t.Fatalf("failures %q after %d runs, want m1,m1 (both copies) after 1", got, runs.Load())
 	}
 }

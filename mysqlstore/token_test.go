@@ -67,7 +67,9 @@ func TestOvertakenDraw(t *testing.T) {
 
 // TestRepeatNeedsLease checks that Complete and Release accept a repeat
 // only from the lease that completed or released the record: a lease with
-// the record's token but another lease id is lost.
+// the record's token but another lease id is lost, and so is one with the
+// record's lease id but another token (completeSQL and releaseSQL match
+// both).
 func TestRepeatNeedsLease(t *testing.T) {
 	db := srv.New(t)
 	ctx := t.Context()
@@ -82,6 +84,11 @@ func TestRepeatNeedsLease(t *testing.T) {
 	if err := s.Complete(ctx, other, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Errorf("Complete by another lease with the completed record's token: got %v, want ErrLeaseLost", err)
 	}
+	stale := l
+	stale.Token++
+	if err := s.Complete(ctx, stale, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Complete with the completed record's lease id and another token: got %v, want ErrLeaseLost", err)
+	}
 	if err := s.Complete(ctx, l, resp, time.Hour); err != nil {
 		t.Errorf("Complete repeated by its lease: got %v, want nil", err)
 	}
@@ -94,6 +101,11 @@ func TestRepeatNeedsLease(t *testing.T) {
 	other.ID = idem.NewLeaseID()
 	if err := s.Release(ctx, other); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Errorf("Release by another lease with the tombstone's token: got %v, want ErrLeaseLost", err)
+	}
+	stale = l
+	stale.Token++
+	if err := s.Release(ctx, stale); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Release with the tombstone's lease id and another token: got %v, want ErrLeaseLost", err)
 	}
 	if err := s.Release(ctx, l); err != nil {
 		t.Errorf("Release repeated by its lease: got %v, want nil", err)

@@ -68,7 +68,8 @@ type replayCache struct {
 	// gone. Written under mu.
 	gens [genShards]atomic.Uint64
 
-	hintHook func() // tests: runs when completed is called
+	hintHook   func() // tests: runs when completed is called
+	forgetHook func() // tests: runs at the end of forget
 
 	hits, misses atomic.Uint64
 	off          atomic.Bool // the server refused the cached read (ACL): use the script only
@@ -173,6 +174,9 @@ func (rc *replayCache) forget(name string) {
 	rc.gens[h%genShards].Add(1)
 	delete(rc.hints, h)
 	rc.mu.Unlock()
+	if rc.forgetHook != nil {
+		rc.forgetHook()
+	}
 }
 
 // drop drops name's hint (the cached read found no replay there).

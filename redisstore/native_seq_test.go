@@ -266,6 +266,74 @@ func testNativeCommands(t *testing.T, c client, raw *redis.Client) {
 		}
 	}
 
+	// A Renew whose record is taken over between its read and its SET
+	// (the lease expired, another took the key for 60s): its SET IFEQ
+	// finds another record and writes nothing; Renew reads again and
+	// reports the lease lost, and the other lease's record stands.
+	{
+		key := scope(6)
+		a, err := acquire(key, idem.NewLeaseID(), 1, 5*time.Second)
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("acquire: %v, %v", a.Outcome, err)
+		}
+		holder := a.Lease
+		var other idem.Acquisition
+		mu.Lock()
+		after = func(round int) {
+			if round == 1 {
+				if err := raw.Del(ctx, s.KeyName(key)).Err(); err != nil { // the lease expired
+					t.Error(err)
+				}
+				var oerr error
+				if other, oerr = acquire(key, idem.NewLeaseID(), 1, 60*time.Second); oerr != nil {
+					t.Error(oerr)
+				}
+			}
+		}
+		mu.Unlock()
+		sent(func() { err = s.Renew(ctx, holder, 8*time.Second) })
+		mu.Lock()
+		after = nil
+		mu.Unlock()
+		if !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Renew of a lease whose record was taken over before its SET: %v, want ErrLeaseLost", err)
+		}
+		if other.Outcome != idem.Acquired {
+			t.Fatalf("the other lease's acquire: %v, want Acquired", other.Outcome)
+		}
+		rec, ok, err := s.Get(ctx, key)
+		if err != nil || !ok || rec.State != idem.StateInFlight || rec.Token != other.Lease.Token {
+			t.Errorf("after that Renew: %+v (found %v, %v), want the other lease's record in flight with token %d", rec, ok, err, other.Lease.Token)
+		}
+	}
+
+	// Release of a lease this store granted (one SET IFEQ, the fast
+	// path) after its record was taken over (the lease expired, another
+	// took the key): the SET finds another record and writes nothing;
+	// Release reports the lease lost, and the other lease's record stands.
+	{
+		key := scope(7)
+		a, err := acquire(key, idem.NewLeaseID(), 1, 5*time.Second)
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("acquire: %v, %v", a.Outcome, err)
+		}
+		holder := a.Lease
+		if err := raw.Del(ctx, s.KeyName(key)).Err(); err != nil { // the lease expired
+			t.Fatal(err)
+		}
+		other, err := acquire(key, idem.NewLeaseID(), 1, 60*time.Second)
+		if err != nil || other.Outcome != idem.Acquired {
+			t.Fatalf("the other lease's acquire: %v, %v", other.Outcome, err)
+		}
+		if err := s.Release(ctx, holder); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Release of a lease whose record was taken over: %v, want ErrLeaseLost", err)
+		}
+		rec, ok, err := s.Get(ctx, key)
+		if err != nil || !ok || rec.State != idem.StateInFlight || rec.Token != other.Lease.Token {
+			t.Errorf("after that Release: %+v (found %v, %v), want the other lease's record in flight with token %d", rec, ok, err, other.Lease.Token)
+		}
+	}
+
 	// An in-flight record without an expiry is corrupt, whatever the
 	// fingerprint (as acquire.lua says): the claim reads its PTTL.
 	if err := raw.Persist(ctx, s.KeyName(key)).Err(); err != nil {

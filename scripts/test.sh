@@ -168,6 +168,9 @@ go vet ./...
 # (api/<tag>.export; apidiff, installed by the script when missing).
 ./scripts/apicheck.sh
 
+# Every mutant of scripts/mutants.sh still applies (seconds, no tests run).
+./scripts/mutants.sh --check
+
 # Each fuzz target also runs for a few seconds beyond its seed corpus
 # (longer: FUZZTIME=5m ./scripts/test.sh).
 fuzztime=${FUZZTIME:-5s}

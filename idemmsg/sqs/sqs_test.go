@@ -20,11 +20,14 @@ import (
 	"github.com/idemkit/idem/memstore"
 )
 
-// TestVisibilityExtended: a handler that runs three times the
-// VisibilityTimeout keeps its message: the visibility is extended while
-// it runs, so a second consumer never receives it, and it is received
-// once (ApproximateReceiveCount 1). Without the extension (ExtendEvery
-// negative, the control case) the second consumer receives it meanwhile.
+// TestVisibilityExtended: a handler that runs twice the
+// VisibilityTimeout (2s) keeps its message: the visibility is extended
+// to VisibilityTimeout while it runs (every 1.5s: an extension to
+// anything shorter, such as SQS's 1s minimum, would let the message
+// reappear before the next), so a second consumer never receives it, and
+// it is received once (ApproximateReceiveCount 1). Without the extension
+// (ExtendEvery negative, the control case) the second consumer receives
+// it meanwhile.
 func TestVisibilityExtended(t *testing.T) {
 	for _, extend := range []bool{true, false} {
 		t.Run(fmt.Sprintf("extend=%t", extend), func(t *testing.T) {
@@ -36,12 +39,13 @@ func TestVisibilityExtended(t *testing.T) {
 			for _, name := range []string{"c1", "c2"} {
 				c := tp.consumer(adaptertest.Consumer{Name: name, Handler: func(ctx context.Context, key string) error {
 					select {
-					case <-time.After(3 * time.Second):
+					case <-time.After(4 * time.Second):
 					case <-ctx.Done():
 					}
 					return nil
 				}})
-				c.VisibilityTimeout = time.Second
+				c.VisibilityTimeout = 2 * time.Second
+				c.ExtendEvery = 1500 * time.Millisecond
 				if !extend {
 					c.ExtendEvery = -1
 				}
@@ -266,4 +270,41 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// TestInFlightComesBack: a message whose key another message holds (two
+// deliveries of one key, handled at once) is made visible again when the
+// holder's lease would end (Result.RetryAfter, 2s at most here), not kept
+// away longer: once the holder completed, it comes back and replays.
+func TestInFlightComesBack(t *testing.T) {
+	tp := newTopic(t, adaptertest.Config{Lease: 2 * time.Second}, false).(*topic)
+	tp.Publish(t, "k", "k")
+	release := make(chan struct{})
+	var runs, inFlight, replays atomic.Int32
+	c := tp.consumer(adaptertest.Consumer{Name: "c1", Concurrency: 2, Handler: func(ctx context.Context, key string) error {
+		runs.Add(1)
+		select {
+		case <-release: // the other message was found in flight
+		case <-ctx.Done():
+		}
+		return nil
+	}})
+	c.OnResult = func(msg types.Message, res idemmsg.Result, err error) {
+		switch res.Outcome {
+		case idemmsg.InFlight:
+			if inFlight.Add(1) == 1 {
+				close(release)
+			}
+		case idemmsg.Replayed:
+			replays.Add(1)
+		}
+	}
+	stop := msgtest.Start(t, "c1", waitLimit, c.Run, nil)
+	msgtest.WaitFor(t, "the message found in flight came back and replayed", waitLimit, func() bool { return replays.Load() >= 1 && tp.Settled(t) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 1 || inFlight.Load() < 1 {
+		t.Errorf("%d runs and %d in-flight answers, want 1 and at least 1", runs.Load(), inFlight.Load())
+	}
 }

@@ -176,6 +176,11 @@ func TestJoinOrAsk(t *testing.T) {
 				t.Fatalf("acquired: a copy returned %+v before the holder's Wake", j)
 			case <-time.After(50 * time.Millisecond):
 			}
+			// A request of another fingerprint does not wait for the
+			// holder either: it goes to the store at once (a mismatch).
+			if j, _, _ := w.JoinOrAsk(context.Background(), key, other, 10*time.Millisecond); j != Neither {
+				t.Fatalf("acquired: another fingerprint while held: %v, want Neither", j)
+			}
 			w.Wake(key, res)
 		}
 		for range copies {
