@@ -154,7 +154,7 @@ func openMySQL(ctx context.Context, spec string, u *url.URL, prefix string, o St
 }
 
 // storeForms names what --store takes, for its usage errors.
-const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, mysql://…, " +
+const storeForms = "want memory, redis://host:port[/db], rediss://…, valkey(s)://…, postgres://…, mysql://… (or mariadb://…), " +
 	"or for the tiered store 'redis://host:port postgres://host/db' (two URLs, one space between them)"
 
 // openTiered opens the tiered store that two --store URLs name, one for
