@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -35,6 +36,10 @@ func (w *benchWriter) Write(p []byte) (int, error) {
 	w.n += len(p)
 	return len(p), nil
 }
+
+// SetWriteDeadline is there as on net/http's writer, which the
+// middleware bounds its writes with (Config.ClientWriteTimeout).
+func (w *benchWriter) SetWriteDeadline(time.Time) error { return nil }
 
 func (w *benchWriter) reset() {
 	clear(w.h)
