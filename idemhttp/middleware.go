@@ -774,7 +774,10 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 	// The declared length is a hint only: an outer middleware may have
 	// replaced the body (decompressing it, say), and a client that
 	// declares a length and sends nothing must not pin that much memory.
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)))
+	// bytes.MinRead more than the hint: ReadFrom grows the buffer
+	// whenever less than that is free, so a body of the declared length
+	// (the usual case) is read into this one allocation, EOF included.
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)+bytes.MinRead))
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodySize))
 	var tooBig *http.MaxBytesError
 	switch {
