@@ -9,17 +9,22 @@
 #   4. idem proxy with a unique Idempotency-Key per POST, on the memory
 #      store and on a private redis-server;
 # all in front of one nginx upstream that answers a static 201 on keepalive
-# connections. Each row reports req/s and its ratio to nginx proxy_pass.
+# connections. ROUNDS rounds (default 3), each running every row once, in
+# the opposite order from the round before; each row reports the median of
+# its rounds' req/s, their spread (lowest–highest), and the median (and
+# spread) of its per-round ratios to nginx proxy_pass.
 # idem proxy runs with its defaults (a JSON log line per request, here to
 # /dev/null); nginx logs nothing.
 #
 # Installs wrk and nginx with apt-get when missing. Starts everything on
 # free loopback ports and stops it at the end. About two minutes
-# (DURATION per row, default 10s; CONNECTIONS, default 32).
+# (DURATION per row and round, default 5s; ROUNDS, default 3; CONNECTIONS,
+# default 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-duration=${DURATION:-10s}
+duration=${DURATION:-5s}
 conns=${CONNECTIONS:-32}
+rounds=${ROUNDS:-3}
 
 . scripts/proxybench-lib.sh
 bench_need wrk nginx redis-server
@@ -130,21 +135,41 @@ rate() {
 for u in "$front" "$bare" "$pmem"; do DURATION=2s wrk -t1 -c4 -d2s "http://127.0.0.1:$u/" >/dev/null; done
 wrk -t1 -c4 -d2s -s "$dir/keyed.lua" "http://127.0.0.1:$predis/" >/dev/null
 
-declare -a names rates
-row() { names+=("$1"); rates+=("$2"); }
-row "nginx proxy_pass (keepalive upstream)" "$(rate "http://127.0.0.1:$front/")"
-row "bare httputil.ReverseProxy" "$(rate "http://127.0.0.1:$bare/")"
-row "idem proxy, GET passed through" "$(rate "http://127.0.0.1:$pmem/")"
-row "idem proxy, POST without a key" "$(rate "http://127.0.0.1:$pmem/" "$dir/post.lua")"
-row "idem proxy, keyed, memory store, unique keys" "$(rate "http://127.0.0.1:$pmem/" "$dir/keyed.lua")"
-row "idem proxy, keyed, Redis, unique keys" "$(rate "http://127.0.0.1:$predis/" "$dir/keyed.lua")"
-row "nginx proxy_pass again (drift check)" "$(rate "http://127.0.0.1:$front/")"
+# The rows: name, then the arguments of one round's measurement; every
+# row's baseline is row 0, nginx proxy_pass.
+names=("nginx proxy_pass (keepalive upstream)" "bare httputil.ReverseProxy" "idem proxy, GET passed through"
+	"idem proxy, POST without a key" "idem proxy, keyed, memory store, unique keys" "idem proxy, keyed, Redis, unique keys")
+cmds=("http://127.0.0.1:$front/" "http://127.0.0.1:$bare/" "http://127.0.0.1:$pmem/"
+	"http://127.0.0.1:$pmem/ $dir/post.lua" "http://127.0.0.1:$pmem/ $dir/keyed.lua" "http://127.0.0.1:$predis/ $dir/keyed.lua")
 
-echo "wrk -t2 -c$conns -d$duration, $(nproc) cores, $(redis-server --version | awk '{print $1, $2, $3}'), $("$nginx_bin" -v 2>&1)"
+# ROUNDS rounds, each running every row once, in the opposite order from
+# the round before (as proxybench-h2.sh and proxybench-webhook.sh), so that
+# drift and a noisy moment touch all rows alike.
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+declare -A rates # rates[row,round]
+for r in $(seq "$rounds"); do
+	order=("${!cmds[@]}")
+	if ((r % 2 == 0)); then
+		order=()
+		for ((i = ${#cmds[@]} - 1; i >= 0; i--)); do order+=("$i"); done
+	fi
+	for i in "${order[@]}"; do
+		# shellcheck disable=SC2086 # a URL and, for some rows, a script
+		rates[$i,$r]=$(rate ${cmds[$i]})
+		echo "round $r: ${names[$i]}: ${rates[$i,$r]}" >&2
+	done
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+echo "wrk -t2 -c$conns -d$duration, $rounds rounds; $(nproc) cores, load average $load_before before, $load_after after; $(redis-server --version | awk '{print $1, $2, $3}'), $("$nginx_bin" -v 2>&1)"
 echo
-echo "| path | req/s | vs nginx proxy_pass |"
-echo "|---|---:|---:|"
-base=${rates[0]}
-for i in "${!names[@]}"; do
-	awk -v n="${names[$i]}" -v r="${rates[$i]}" -v b="$base" 'BEGIN {printf "| %s | %d | %.2f |\n", n, r, r / b}'
+echo "| path | req/s, median | spread (lowest–highest) | vs nginx proxy_pass, median of rounds (spread) |"
+echo "|---|---:|---:|---:|"
+for i in "${!cmds[@]}"; do
+	vals="" ratios=""
+	for r in $(seq "$rounds"); do
+		vals+=" ${rates[$i,$r]}"
+		ratios+=" $(awk -v a="${rates[$i,$r]}" -v b="${rates[0,$r]}" 'BEGIN {printf "%.4f", a / b}')"
+	done
+	summary_row "${names[$i]}" "$vals" "$ratios"
 done

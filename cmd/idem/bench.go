@@ -27,7 +27,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	flags := bench.NewFlags(fs, bench.Builtin())
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: idem bench [--redis URL] [--impls LIST] [--scenarios LIST] [--quick] [--rate R] [--instances N] [--json FILE] [--svg FILE] [--cpuprofile FILE]")
+		fmt.Fprintln(fs.Output(), "usage: idem bench [--redis URL] [--impls LIST] [--scenarios LIST] [--quick] [--rate R] [--instances N] [--rounds N] [--json FILE] [--svg FILE] [--cpuprofile FILE]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {

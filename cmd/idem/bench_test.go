@@ -22,6 +22,7 @@ func TestBenchUsage(t *testing.T) {
 		{"bench", "--scenarios", "z"},
 		{"bench", "--rate", "-1"},
 		{"bench", "--instances", "0"},
+		{"bench", "--rounds", "0"},
 		{"bench", "stray"},
 	} {
 		var out, errb bytes.Buffer
@@ -31,7 +32,8 @@ func TestBenchUsage(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"bench", "-h"}, &out, &errb); code != 0 ||
-		!strings.Contains(errb.String(), "usage: idem bench") || !strings.Contains(errb.String(), "-instances") {
+		!strings.Contains(errb.String(), "usage: idem bench") || !strings.Contains(errb.String(), "-instances") ||
+		!strings.Contains(errb.String(), "-rounds") {
 		t.Errorf("bench -h: exit status %d\n%s", code, errb.String())
 	}
 }
@@ -54,7 +56,9 @@ func TestBenchCommand(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit status %d\nstderr:\n%s", code, stderr.String())
 	}
-	if md := stdout.String(); !strings.Contains(md, "| b | idem-rueidis | 50 |") || !strings.Contains(md, "| b | none | 50 |") {
+	// Three rounds by default: the medians, their spread in brackets.
+	if md := stdout.String(); !strings.Contains(md, "| b | idem-rueidis | 50 |") || !strings.Contains(md, "| b | none | 50 |") ||
+		!strings.Contains(md, "3 rounds per scenario") {
 		t.Errorf("markdown:\n%s", md)
 	}
 	raw, err := os.ReadFile(jsonPath)
@@ -64,8 +68,10 @@ func TestBenchCommand(t *testing.T) {
 	var rs []struct {
 		Impl     string `json:"impl"`
 		Requests int    `json:"requests"`
+		Rounds   int    `json:"rounds"`
+		PerRound []any  `json:"per_round"`
 	}
-	if err := json.Unmarshal(raw, &rs); err != nil || len(rs) != 2 || rs[1].Impl != "idem-rueidis" || rs[1].Requests != 50 {
+	if err := json.Unmarshal(raw, &rs); err != nil || len(rs) != 2 || rs[1].Impl != "idem-rueidis" || rs[1].Requests != 50 || rs[1].Rounds != 3 || len(rs[1].PerRound) != 3 {
 		t.Errorf("JSON %s (%v)", raw, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -87,6 +88,21 @@ type Result struct {
 	RedisCmdsPerReq  float64            `json:"redis_cmds_per_req"`
 	RedisCmds        map[string]float64 `json:"redis_cmds"`
 	RedisCPUusPerReq float64            `json:"redis_cpu_us_per_req"`
+
+	// With --rounds N > 1, every number above is the median of the N
+	// rounds' (per field; the median of an even count is the mean of the
+	// two middle ones), except Statuses, Errors and Conflicts, which are
+	// summed over the rounds. The spread of the throughput, of the p99 and
+	// of the duplicates is the lowest and highest round; PerRound holds
+	// each round's own Result, in the order the rounds ran. With one
+	// round these fields are left out.
+	Rounds        int      `json:"rounds,omitempty"`
+	RPSMin        float64  `json:"rps_min,omitempty"`
+	RPSMax        float64  `json:"rps_max,omitempty"`
+	P99MinMs      float64  `json:"p99_min_ms,omitempty"`
+	P99MaxMs      float64  `json:"p99_max_ms,omitempty"`
+	DuplicatesMax int      `json:"duplicates_max,omitempty"`
+	PerRound      []Result `json:"per_round,omitempty"`
 }
 
 // Options is one run of idem bench.
@@ -100,6 +116,7 @@ type Options struct {
 	Requests   int
 	Clients    int
 	Instances  int // server instances per implementation (default 1)
+	Rounds     int // alternating rounds of every implementation per scenario (0: 1)
 	RetryPause time.Duration
 	Limit      float64
 	Targets    bool // print the project's own targets (scripts/bench.sh, for BENCHMARKS.md)
@@ -122,6 +139,7 @@ type Flags struct {
 	rate, limit               *float64
 	duration, retryPause      *time.Duration
 	requests, clients, inst   *int
+	rounds                    *int
 	jsonPath, svgPath, cpuOut *string
 }
 
@@ -145,6 +163,7 @@ func NewFlags(fs *flag.FlagSet, catalog []Impl) *Flags {
 		requests:   fs.Int("requests", 0, "logical requests per run (default per scenario: 20000, 50000, 20000, 50000; a tenth with --quick)"),
 		clients:    fs.Int("clients", 0, "closed-loop concurrency for every scenario (default per scenario: 200, 64, 200, 64)"),
 		inst:       fs.Int("instances", 1, "server `instances` per implementation, each with its own clients and in-process state, on the same Redis; the load generator spreads requests over them round-robin"),
+		rounds:     fs.Int("rounds", 3, "`rounds` per scenario: every implementation runs once a round, in the opposite order from the round before; the report gives each one's median and spread (lowest–highest) over the rounds, and --targets judges the medians (1: a single run)"),
 		retryPause: fs.Duration("retry-pause", 10*time.Millisecond, "a client's pause before retrying a 409"),
 		limit:      fs.Float64("physical-limit", 0, "redis-benchmark's pipelined EVALSHA acquire rate (`acquires/s`, from scripts/bench.sh), to report idem's scenario b against half of it"),
 		targets:    fs.Bool("targets", false, "also check idem's own performance targets (for the project's BENCHMARKS.md)"),
@@ -157,7 +176,7 @@ func NewFlags(fs *flag.FlagSet, catalog []Impl) *Flags {
 // Options checks the parsed flags; its errors are UsageErrors.
 func (f *Flags) Options() (Options, error) {
 	o := Options{RedisURL: *f.redisURL, Quick: *f.quick, Rate: *f.rate, Duration: *f.duration,
-		Requests: *f.requests, Clients: *f.clients, Instances: *f.inst, RetryPause: *f.retryPause, Limit: *f.limit,
+		Requests: *f.requests, Clients: *f.clients, Instances: *f.inst, Rounds: *f.rounds, RetryPause: *f.retryPause, Limit: *f.limit,
 		Targets: *f.targets, JSONPath: *f.jsonPath, SVGPath: *f.svgPath, CPUProfile: *f.cpuOut}
 	for _, name := range splitList(*f.impls) {
 		i := slices.IndexFunc(f.catalog, func(im Impl) bool { return im.Name == name })
@@ -180,6 +199,8 @@ func (f *Flags) Options() (Options, error) {
 		return o, UsageError{"--rate, --requests, --clients, --duration, --retry-pause and --physical-limit must not be negative"}
 	case o.Instances < 1 || o.Instances > 16:
 		return o, UsageError{"--instances must be between 1 and 16"}
+	case o.Rounds < 1 || o.Rounds > 100:
+		return o, UsageError{"--rounds must be between 1 and 100"}
 	}
 	if o.Duration == 0 {
 		o.Duration = 60 * time.Second
@@ -241,6 +262,7 @@ type Meta struct {
 	Rate         float64
 	RetryPause   time.Duration
 	Instances    int
+	Rounds       int
 	Scenarios    []Scenario
 	PrivateRedis bool
 	Impls        []Impl // the implementations run, for their colors and kinds
@@ -278,31 +300,133 @@ func Run(ctx context.Context, o Options, stderr io.Writer) ([]Result, Meta, erro
 	}
 	runID := strconv.FormatUint(rand.Uint64()>>32, 36)
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	rounds := max(1, o.Rounds)
+	meta.Rounds = rounds
 	var results []Result
 	for _, sc := range o.Scenarios {
+		var impls []Impl
 		for _, impl := range o.Impls {
-			if impl.OnlyB && sc.Name != "b" {
-				continue
+			if !impl.OnlyB || sc.Name == "b" {
+				impls = append(impls, impl)
 			}
-			if err := ctx.Err(); err != nil {
-				return nil, meta, err
-			}
-			if meta.PrivateRedis {
-				if err := admin.FlushAll(ctx).Err(); err != nil {
+		}
+		// Round by round, every implementation once, in the opposite order
+		// from the round before: drift and a noisy moment touch them all
+		// alike, and the implementations of one scenario run close in time.
+		per := make([][]Result, len(impls))
+		for round := 1; round <= rounds; round++ {
+			for j := range impls {
+				i := j
+				if round%2 == 0 {
+					i = len(impls) - 1 - j
+				}
+				impl := impls[i]
+				if err := ctx.Err(); err != nil {
 					return nil, meta, err
 				}
+				if meta.PrivateRedis {
+					if err := admin.FlushAll(ctx).Err(); err != nil {
+						return nil, meta, err
+					}
+				}
+				// Each round has keys of its own (a Redis given with --redis
+				// is not flushed).
+				id := runID
+				if rounds > 1 {
+					id += "r" + strconv.Itoa(round)
+				}
+				r, err := runOne(ctx, o, sc, impl, url, id, admin, logger)
+				if err != nil {
+					return nil, meta, fmt.Errorf("%s, scenario %s: %w", impl.Name, sc.Name, err)
+				}
+				at := ""
+				if rounds > 1 {
+					at = fmt.Sprintf(" round %d/%d", round, rounds)
+				}
+				fmt.Fprintf(stderr, "idem bench: %-12s scenario %s%s: %7d requests, %8.0f req/s, p99 %7.2f ms, %d duplicates\n",
+					impl.Name, sc.Name, at, r.Requests, r.RPS, r.P99ms, r.Duplicates)
+				per[i] = append(per[i], r)
 			}
-			r, err := runOne(ctx, o, sc, impl, url, runID, admin, logger)
-			if err != nil {
-				return nil, meta, fmt.Errorf("%s, scenario %s: %w", impl.Name, sc.Name, err)
-			}
-			fmt.Fprintf(stderr, "idem bench: %-12s scenario %s: %7d requests, %8.0f req/s, p99 %7.2f ms, %d duplicates\n",
-				impl.Name, sc.Name, r.Requests, r.RPS, r.P99ms, r.Duplicates)
-			results = append(results, r)
+		}
+		for i := range impls {
+			results = append(results, Combine(per[i]))
 		}
 	}
 	return results, meta, nil
 }
+
+// Combine is one implementation's Result in one scenario from its rounds'
+// (see Result.Rounds): the medians, the spreads and the rounds themselves.
+// One round is returned as it is.
+func Combine(rounds []Result) Result {
+	if len(rounds) == 1 {
+		return rounds[0]
+	}
+	r := rounds[0]
+	r.PerRound = slices.Clone(rounds)
+	r.Rounds = len(rounds)
+	med := func(f func(Result) float64) float64 {
+		v := make([]float64, len(rounds))
+		for i, x := range rounds {
+			v[i] = f(x)
+		}
+		return median(v)
+	}
+	medInt := func(f func(Result) int) int {
+		return int(math.Round(med(func(x Result) float64 { return float64(f(x)) })))
+	}
+	r.Requests = medInt(func(x Result) int { return x.Requests })
+	r.Attempts = medInt(func(x Result) int { return x.Attempts })
+	r.Keys = medInt(func(x Result) int { return x.Keys })
+	r.Executions = medInt(func(x Result) int { return x.Executions })
+	r.Duplicates = medInt(func(x Result) int { return x.Duplicates })
+	r.ElapsedS = med(func(x Result) float64 { return x.ElapsedS })
+	r.RPS = med(func(x Result) float64 { return x.RPS })
+	r.P50ms = med(func(x Result) float64 { return x.P50ms })
+	r.P95ms = med(func(x Result) float64 { return x.P95ms })
+	r.P99ms = med(func(x Result) float64 { return x.P99ms })
+	r.MaxMs = med(func(x Result) float64 { return x.MaxMs })
+	r.RedisCmdsPerReq = med(func(x Result) float64 { return x.RedisCmdsPerReq })
+	r.RedisCPUusPerReq = med(func(x Result) float64 { return x.RedisCPUusPerReq })
+	r.RedisCmds = map[string]float64{}
+	for _, x := range rounds {
+		for name := range x.RedisCmds {
+			r.RedisCmds[name] = med(func(x Result) float64 { return x.RedisCmds[name] })
+		}
+	}
+	r.Statuses, r.Errors, r.Conflicts = map[string]int{}, map[string]int{}, 0
+	r.RPSMin, r.RPSMax = rounds[0].RPS, rounds[0].RPS
+	r.P99MinMs, r.P99MaxMs = rounds[0].P99ms, rounds[0].P99ms
+	for _, x := range rounds {
+		for k, n := range x.Statuses {
+			r.Statuses[k] += n
+		}
+		for k, n := range x.Errors {
+			r.Errors[k] += n
+		}
+		r.Conflicts += x.Conflicts
+		r.RPSMin, r.RPSMax = min(r.RPSMin, x.RPS), max(r.RPSMax, x.RPS)
+		r.P99MinMs, r.P99MaxMs = min(r.P99MinMs, x.P99ms), max(r.P99MaxMs, x.P99ms)
+		r.DuplicatesMax = max(r.DuplicatesMax, x.Duplicates)
+	}
+	return r
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if n := len(v); n%2 == 1 {
+		return v[n/2]
+	} else {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+}
+
+// worstDuplicates is the most duplicates r had in one round.
+func worstDuplicates(r Result) int { return max(r.Duplicates, r.DuplicatesMax) }
 
 // plan is the key of every logical request, and the keys completed before
 // the measurement.

@@ -139,6 +139,7 @@ func TestFlagErrors(t *testing.T) {
 		{"--scenarios", "z"},
 		{"--rate", "-1"},
 		{"--instances", "0"},
+		{"--rounds", "0"},
 		{"--impls", ""},
 	} {
 		fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -320,4 +321,25 @@ func (l *localLock) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	l.done[key] = true
 	l.mu.Unlock()
+}
+
+// TestCombine checks the medians, the spreads and the sums of three rounds.
+func TestCombine(t *testing.T) {
+	rounds := []Result{
+		{Impl: "x", Scenario: "a", Requests: 100, RPS: 300, P99ms: 9, Duplicates: 0, Conflicts: 1, Statuses: map[string]int{"201": 100}},
+		{Impl: "x", Scenario: "a", Requests: 100, RPS: 100, P99ms: 30, Duplicates: 2, Conflicts: 2, Statuses: map[string]int{"201": 99, "503": 1}, Errors: map[string]int{"503": 1}},
+		{Impl: "x", Scenario: "a", Requests: 100, RPS: 200, P99ms: 10, Duplicates: 0, Statuses: map[string]int{"201": 100}},
+	}
+	r := Combine(rounds)
+	if r.Rounds != 3 || r.RPS != 200 || r.RPSMin != 100 || r.RPSMax != 300 || r.P99ms != 10 || r.P99MinMs != 9 || r.P99MaxMs != 30 ||
+		r.Requests != 100 || r.Duplicates != 0 || r.DuplicatesMax != 2 || worstDuplicates(r) != 2 || r.Conflicts != 3 ||
+		r.Statuses["201"] != 299 || r.Errors["503"] != 1 || len(r.PerRound) != 3 {
+		t.Errorf("Combine: %+v", r)
+	}
+	if one := Combine(rounds[:1]); one.Rounds != 0 || one.PerRound != nil || one.RPS != 300 {
+		t.Errorf("Combine of one round: %+v", one)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median of 4 values: %v", m)
+	}
 }

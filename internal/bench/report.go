@@ -91,15 +91,29 @@ func WriteMarkdown(w io.Writer, rs []Result, meta Meta, o Options) {
 	fmt.Fprintln(w, "| scenario | implementation | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | executions | duplicates | 409 retries | errors | Redis cmds/req | Redis CPU µs/req |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
 	for _, r := range rs {
+		rps, p99, dups := thousands(int64(math.Round(r.RPS))), fmtMs(r.P99ms), thousands(int64(r.Duplicates))
+		if r.Rounds > 1 { // the median, then the spread of the rounds
+			rps += fmt.Sprintf(" (%s–%s)", thousands(int64(math.Round(r.RPSMin))), thousands(int64(math.Round(r.RPSMax))))
+			p99 += fmt.Sprintf(" (%s–%s)", fmtMs(r.P99MinMs), fmtMs(r.P99MaxMs))
+			if r.DuplicatesMax > 0 {
+				dups += fmt.Sprintf(" (max %s)", thousands(int64(r.DuplicatesMax)))
+			}
+		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.1f |\n",
-			r.Scenario, r.Impl, thousands(int64(r.Requests)), thousands(int64(math.Round(r.RPS))),
-			fmtMs(r.P50ms), fmtMs(r.P95ms), fmtMs(r.P99ms), fmtMs(r.MaxMs),
-			thousands(int64(r.Executions)), thousands(int64(r.Duplicates)), thousands(int64(r.Conflicts)),
+			r.Scenario, r.Impl, thousands(int64(r.Requests)), rps,
+			fmtMs(r.P50ms), fmtMs(r.P95ms), p99, fmtMs(r.MaxMs),
+			thousands(int64(r.Executions)), dups, thousands(int64(r.Conflicts)),
 			statusList(r.Errors), r.RedisCmdsPerReq, r.RedisCPUusPerReq)
 	}
 	fmt.Fprintln(w, "\nRequests are logical requests: a 409 retried until the final answer counts once, and its latency runs")
 	fmt.Fprintln(w, "from the first send to the final answer. Redis cmds/req is from INFO commandstats, which also counts")
 	fmt.Fprintln(w, "the commands a script runs inside Redis: commands executed, not round trips.")
+	if meta.Rounds > 1 {
+		fmt.Fprintf(w, "\n%d rounds per scenario, every implementation once a round, in the opposite order from the round\n", meta.Rounds)
+		fmt.Fprintln(w, "before. Each figure is the median of the rounds; req/s and p99 give the spread (lowest–highest round)")
+		fmt.Fprintln(w, "in brackets, duplicates the worst round when one had any; 409 retries and errors are summed over")
+		fmt.Fprintln(w, "the rounds. Ratios and targets are judged on the medians; \"0 duplicates\" on every round.")
+	}
 	if lines := ratioLines(rs, o.Limit, extraBases(meta.Impls)); len(lines) > 0 {
 		fmt.Fprintln(w, "\n### Ratios")
 		fmt.Fprintln(w)
@@ -203,7 +217,7 @@ func targetLines(rs []Result, limit float64, peers []string) []string {
 		for _, r := range rs {
 			if r.Impl == impl {
 				n++
-				dups += r.Duplicates
+				dups += worstDuplicates(r)
 			}
 		}
 		if n > 0 {
@@ -265,7 +279,7 @@ func targetLines(rs []Result, limit float64, peers []string) []string {
 			out = append(out, fmt.Sprintf("%s, (%s): throughput ≥ every peer's (%s vs %s req/s, %s): %s; p99 ≤ every peer's (%s vs %s ms, %s): %s; 0 duplicates (%s): %s",
 				idemImpl, sc, thousands(int64(math.Round(me.RPS))), thousands(int64(math.Round(best.RPS))), best.Impl, verdict(me.RPS >= best.RPS),
 				fmtMs(me.P99ms), fmtMs(low.P99ms), low.Impl, verdict(me.P99ms <= low.P99ms),
-				thousands(int64(me.Duplicates)), verdict(me.Duplicates == 0)))
+				thousands(int64(worstDuplicates(me))), verdict(worstDuplicates(me) == 0)))
 		}
 	}
 	for _, p := range peers {
