@@ -7,7 +7,10 @@
 #   3. the in-memory store and the Guard.
 #   4. the consumers, idem bench with its peers, and the consumers beside
 #      watermill (see below).
-# Bounded: about ten minutes. Loopback only.
+# The Go benchmarks run COUNT times (go test -count, default 3) and report
+# each figure's median and spread; idem bench runs ROUNDS alternating
+# rounds (default 3) and reports medians and spreads. Bounded: about
+# twenty minutes. Loopback only.
 #
 # One failed measurement does not stop the others: each runs as a step,
 # its failure's output (the benchmark's own lines, FAIL and the reason it
@@ -16,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benchtime=${BENCHTIME:-5s}
+count=${COUNT:-3} # go test -count: each Go benchmark's median and spread over its runs
 
 failed=()
 # step NAME FUNCTION: runs FUNCTION; when it fails, records NAME and goes on.
@@ -30,6 +34,48 @@ step() {
 # benchlines: the benchmark lines of go test's output, and the lines that
 # say why one failed.
 benchlines() { grep -E '^(Benchmark|--- (FAIL|SKIP)|FAIL|panic|ok )|_test\.go:[0-9]+:' || true; }
+# medians: go test's output with the runs of each benchmark (-count) made
+# one line, in the order first seen: every value the median of its runs,
+# followed by their spread, "(lowest–highest)", when there were several;
+# other lines pass through. (The awk below reads "VALUE UNIT" pairs, which
+# stay in place.)
+medians() {
+	python3 -c '
+import re, statistics, sys
+order, runs, rest = [], {}, []
+pending = None
+for line in sys.stdin:
+    # A log line written while a benchmark ran splits its result line in
+    # two: "BenchmarkX-2 <log line>", then "   N  V unit ...". Join them.
+    m = re.match(r"(Benchmark\S+)\s+\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ", line)
+    if m:
+        pending = m.group(1); rest.append(("l", line[len(m.group(1)):].strip())); continue
+    if pending and re.match(r"\s+\d+\s", line):
+        line = pending + " " + line
+    pending = None
+    f = line.split()
+    if f and f[0].startswith("Benchmark") and len(f) >= 4 and re.fullmatch(r"\d+", f[1]):
+        if f[0] not in runs:
+            order.append(f[0]); runs[f[0]] = []
+            rest.append(("b", f[0]))
+        runs[f[0]].append(f)
+    else:
+        rest.append(("l", line.rstrip("\n")))
+def fmt(x):
+    return "%d" % x if x == int(x) and abs(x) >= 100 else "%.4g" % x
+for kind, v in rest:
+    if kind == "l":
+        print(v); continue
+    rs = runs[v]
+    out = [v, "%d" % statistics.median(int(r[1]) for r in rs)]
+    for i in range(2, len(rs[0]) - 1, 2):
+        vals = [float(r[i]) for r in rs if len(r) > i + 1 and r[i + 1] == rs[0][i + 1]]
+        cell = fmt(statistics.median(vals)) + " " + rs[0][i + 1]
+        if len(vals) > 1:
+            cell += " (%s–%s)" % (fmt(min(vals)), fmt(max(vals)))
+        out.append(cell)
+    print("\t".join(out) + ("\t[%d runs]" % len(rs) if len(rs) > 1 else ""))'
+}
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
@@ -54,7 +100,8 @@ redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 
 pairs() {
 	local out rc=0
-	out=$(go test -run '^$' -bench 'AcquireComplete' -benchtime "$benchtime" -count 1 ./redisstore/ 2>&1) || rc=$?
+	out=$(go test -run '^$' -bench 'AcquireComplete' -benchtime "$benchtime" -count "$count" ./redisstore/ 2>&1) || rc=$?
+	out=$(echo "$out" | medians)
 	echo "$out" | benchlines
 	[ "$limit" -gt 0 ] && echo "$out" | awk -v half=$((limit / 2)) '/pairs\/s/ {
 		for (i = 1; i <= NF; i++) if ($(i+1) == "pairs/s") r = $i
@@ -66,10 +113,10 @@ step "redisstore AcquireComplete" pairs
 gobench() { # gobench ARGS...: go test -bench, its benchmark lines and failures
 	local out rc=0
 	out=$(go test -run '^$' "$@" 2>&1) || rc=$?
-	echo "$out" | benchlines
+	echo "$out" | medians | benchlines
 	return $rc
 }
-step "memstore and Guard" gobench -bench . -benchtime "$benchtime" -count 1 ./memstore/ .
+step "memstore and Guard" gobench -bench . -benchtime "$benchtime" -count "$count" ./memstore/ .
 
 # The HTTP middleware (idemhttp): latency one request at a time, and
 # throughput from 16 and 128 goroutines, against the test package's private
@@ -77,7 +124,8 @@ step "memstore and Guard" gobench -bench . -benchtime "$benchtime" -count 1 ./me
 # pays it (a handler making one PING), measured in the same run.
 latency() {
 	local lat rc=0
-	lat=$(go test -run '^$' -bench 'Latency' -benchtime 10000x -count 1 ./idemhttp/ 2>&1) || rc=$?
+	lat=$(go test -run '^$' -bench 'Latency' -benchtime 10000x -count "$count" ./idemhttp/ 2>&1) || rc=$?
+	lat=$(echo "$lat" | medians)
 	echo "$lat" | benchlines
 	[ $rc -eq 0 ] || return $rc
 	echo "$lat" | awk '
@@ -93,7 +141,8 @@ latency() {
 step "idemhttp Latency" latency
 throughput() {
 	local thr rc=0
-	thr=$(go test -run '^$' -bench 'Throughput' -benchtime "$benchtime" -count 1 ./idemhttp/ 2>&1) || rc=$?
+	thr=$(go test -run '^$' -bench 'Throughput' -benchtime "$benchtime" -count "$count" ./idemhttp/ 2>&1) || rc=$?
+	thr=$(echo "$thr" | medians)
 	echo "$thr" | benchlines
 	[ $rc -eq 0 ] || return $rc
 	echo "$thr" | awk '
@@ -124,12 +173,12 @@ step "idemmsg/natsjs Consume" gobench -bench Consume -benchtime 1x -count 1 ./id
 # the same flags, more implementations. About three minutes; IDEM_QUICK=true
 # for the reduced size (every flag can come from IDEM_<FLAG>).
 mkdir -p docs
-step "idem bench" go run -C internal/benchpeers . bench --targets --physical-limit "$limit" --json "$dir/idem-bench.json" --svg "$PWD/docs/bench.svg"
+step "idem bench" go run -C internal/benchpeers . bench --rounds "${ROUNDS:-3}" --targets --physical-limit "$limit" --json "$dir/idem-bench.json" --svg "$PWD/docs/bench.svg"
 
 # The same with two server instances per implementation behind the load
 # generator, round-robin: a library whose lock lives in one process (fiber's)
 # shows its cross-instance duplicates. About two minutes.
-step "idem bench --instances 2" go run -C internal/benchpeers . bench --instances 2 --impls lua,idem-rueidis,idem-wait,idem-409,fiber --targets \
+step "idem bench --instances 2" go run -C internal/benchpeers . bench --rounds "${ROUNDS:-3}" --instances 2 --impls lua,idem-rueidis,idem-wait,idem-409,fiber --targets \
 	--json "$dir/idem-bench-2.json"
 
 # Consumers: watermill's Deduplicator middleware beside idem's Redis Streams
