@@ -206,6 +206,7 @@ var opBadByName = map[string]opBad{
 	"bench rate":                {"x", "want a number"},
 	"bench physical-limit":      {"x", "want a number"},
 	"bench instances":           {"x", "want a whole number"},
+	"bench rounds":              {"x", "want a whole number"},
 
 	// The replay header lists.
 	"proxy replay-headers-allow": {"Location,set-cookie", "Set-Cookie is never stored"},
