@@ -176,7 +176,8 @@ type Config struct {
 	// its key, as it did under v1.0; records stored since are scoped. Zero
 	// means the Retention; negative turns the look-up off. It costs one
 	// store read for each call that acquires its key while it lasts;
-	// replays cost nothing more.
+	// replays cost nothing more. A *memstore.Store is never looked up: it
+	// holds only what this process stored.
 	V1Scopes time.Duration
 
 	// ReplayMetadataDenylist names header and trailer metadata keys never

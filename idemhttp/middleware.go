@@ -159,7 +159,8 @@ type Config struct {
 	// once the upgraded process runs); negative turns the look-up off,
 	// for deployments that never ran v1.0. It costs one store read for
 	// each request that acquires its key while it lasts; replays cost
-	// nothing more.
+	// nothing more. A *memstore.Store is never looked up: it holds only
+	// what this process stored.
 	V1Scopes time.Duration
 
 	// Route names the operation. Default: the ServeMux pattern when one

@@ -32,6 +32,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/waiters"
+	"github.com/idemkit/idem/memstore"
 )
 
 // Outcome is what a protocol layer did with a request of a covered method:
@@ -94,6 +95,9 @@ type Config struct {
 	// request is looked up too, when it differs from today's (Fallback):
 	// zero means the retention (the longest a record stored before an
 	// upgrade can live once the upgraded process runs), negative never.
+	// A memory store (*memstore.Store) is never looked up: it holds only
+	// what this process stored, and one build holds one version of idem,
+	// so no record of v1.0 can be in it.
 	V1Scopes time.Duration
 }
 
@@ -151,7 +155,9 @@ func New(store idem.Store, cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
 	e := &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}
+	_, fresh := store.(*memstore.Store) // see Config.V1Scopes
 	switch {
+	case fresh:
 	case cfg.V1Scopes == 0:
 		e.v1Until = time.Now().Add(g.Config().Retention)
 	case cfg.V1Scopes > 0:

@@ -515,7 +515,7 @@ func TestRemoteHolderArrivalsDoNotWakePollers(t *testing.T) {
 // mismatch that v1.0's fingerprint explains replays; nothing is looked
 // up with V1Scopes negative.
 func TestFallback(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := sharedStore{memstore.New(memstore.Options{})}
 	e := newEngineOn(t, store, Config{})
 	ctx := t.Context()
 	fp, oldFP := idem.Fingerprint{1}, idem.Fingerprint{9}
@@ -568,5 +568,30 @@ func TestFallback(t *testing.T) {
 	off := newEngineOn(t, store, Config{V1Scopes: -1})
 	if d := off.Fallback(ctx, off.Acquire(ctx, ctx, key(t, "off"), fp, ""), key(t, "off"), fp, old, oldFP); d.Outcome != OutcomeExecuted {
 		t.Fatalf("V1Scopes negative: got %+v, want executed (no look-up)", d)
+	}
+}
+
+// sharedStore is a memory store as a store that v1.0 processes used too
+// (Redis, PostgreSQL): an engine looks up v1.0's keys in it, as it never
+// does in a *memstore.Store, which only this process (this version) wrote.
+type sharedStore struct{ idem.Store }
+
+// A memory store holds nothing of v1.0: its engine never falls back,
+// whatever V1Scopes says; any other store is looked up as V1Scopes says.
+func TestFallbackNeverOnMemstore(t *testing.T) {
+	for _, c := range []struct {
+		store    idem.Store
+		v1Scopes time.Duration
+		want     bool
+	}{
+		{memstore.New(memstore.Options{}), 0, false},
+		{memstore.New(memstore.Options{}), time.Hour, false},
+		{sharedStore{memstore.New(memstore.Options{})}, 0, true},
+		{sharedStore{memstore.New(memstore.Options{})}, time.Hour, true},
+		{sharedStore{memstore.New(memstore.Options{})}, -1, false},
+	} {
+		if got := newEngineOn(t, c.store, Config{V1Scopes: c.v1Scopes}).FallingBack(); got != c.want {
+			t.Errorf("%T, V1Scopes %v: FallingBack() = %v, want %v", c.store, c.v1Scopes, got, c.want)
+		}
 	}
 }

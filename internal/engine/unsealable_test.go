@@ -39,7 +39,7 @@ func sealedEngine(t *testing.T, store idem.Store, cfg Config, logs *logBuf) *Eng
 // a replay of sealed bytes, never a run; logged at ERROR with the key and
 // the key id. Fallback opens what it reads with Get.
 func TestAcquireUnsealable(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	store := sharedStore{memstore.New(memstore.Options{})} // Fallback's look-up included
 	ringA := sealtest.Ring(t, "a1")
 	var logs logBuf
 	a := sealedEngine(t, store, Config{Seal: ringA}, &logs)
