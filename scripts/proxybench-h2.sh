@@ -170,18 +170,7 @@ for i in "${!cmds[@]}"; do eval "${cmds[$i]}" >/dev/null; done
 warm=
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-declare -A rate # rate[row,round]
-for r in $(seq "$rounds"); do
-	order=("${!cmds[@]}")
-	if ((r % 2 == 0)); then
-		order=()
-		for ((i = ${#cmds[@]} - 1; i >= 0; i--)); do order+=("$i"); done
-	fi
-	for i in "${order[@]}"; do
-		rate[$i,$r]=$(eval "${cmds[$i]}")
-		echo "round $r: ${names[$i]}: ${rate[$i,$r]}" >&2
-	done
-done
+run_rounds
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 echo "ghz $(go version -m "$ghz" | awk '$1 == "mod" {print $3}') -c$conns --connections $grpc_conns, about $duration a run (-n); wrk -t2 -c$conns -d$duration; $rounds rounds"
@@ -190,11 +179,4 @@ $tls || echo "(idem proxy has no --tls-cert: the HTTPS rows were not run)"
 echo
 echo "| path | calls or req/s, median | spread (lowest–highest) | vs nginx, median of rounds |"
 echo "|---|---:|---:|---:|"
-for i in "${!cmds[@]}"; do
-	vals="" ratios=""
-	for r in $(seq "$rounds"); do
-		vals+=" ${rate[$i,$r]}"
-		ratios+=" $(awk -v a="${rate[$i,$r]}" -v b="${rate[${base[$i]},$r]}" 'BEGIN {printf "%.4f", a / b}')"
-	done
-	summary_row "${names[$i]}" "$vals" "$ratios"
-done
+summary_rows 1

@@ -18,6 +18,18 @@
 #                      prints a markdown row: NAME, the median of the
 #                      space-separated RATES and their spread, the median
 #                      of the RATIOS and their spread
+#   run_rounds         runs the rows: names[] and cmds[] (a command each,
+#                      eval'ed, printing one line of space-separated
+#                      figures) in $rounds rounds, every row once a round,
+#                      in the opposite order from the round before, so that
+#                      drift and a noisy moment touch all rows alike; the
+#                      output of row I in round R is results[I,R]
+#   summary_rows FIELD one summary_row per row of field FIELD (1-based) of
+#                      results[], with its ratios, round by round, to the
+#                      row base[I] (default 0); rows whose field is "-"
+#                      (not measured) are left out
+#   cpu_ticks PID      the CPU time (user and system) PID has used, in
+#                      clock ticks (tick a second), from /proc/PID/stat
 
 bench_need() {
 	local sudo="" need=() c
@@ -87,3 +99,37 @@ q = [float(x) for x in sys.argv[3].split()]
 print("| %s | %d | %d–%d | %.3f (%.3f–%.3f) |" % (sys.argv[1], statistics.median(v), min(v), max(v), statistics.median(q), min(q), max(q)))' \
 		"$1" "$2" "$3"
 }
+
+declare -A results
+run_rounds() {
+	local r i n=${#cmds[@]} order
+	for r in $(seq "$rounds"); do
+		order=()
+		for ((i = 0; i < n; i++)); do
+			if ((r % 2)); then order+=("$i"); else order+=("$((n - 1 - i))"); fi
+		done
+		for i in "${order[@]}"; do
+			results[$i,$r]=$(eval "${cmds[$i]}")
+			echo "round $r: ${names[$i]}: ${results[$i,$r]}" >&2
+		done
+	done
+}
+
+summary_rows() {
+	local field=$1 i r b v w vals ratios
+	for i in "${!cmds[@]}"; do
+		vals="" ratios=""
+		b=${base[$i]:-0}
+		for r in $(seq "$rounds"); do
+			v=$(cut -d' ' -f"$field" <<<"${results[$i,$r]}")
+			w=$(cut -d' ' -f"$field" <<<"${results[$b,$r]}")
+			[ "$v" = - ] && continue 2
+			vals+=" $v"
+			ratios+=" $(awk -v a="$v" -v b="$w" 'BEGIN {printf "%.4f", a / b}')"
+		done
+		summary_row "${names[$i]}" "$vals" "$ratios"
+	done
+}
+
+tick=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

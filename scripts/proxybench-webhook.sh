@@ -163,8 +163,6 @@ lua X-GitHub-Delivery ", [\"X-Hub-Signature-256\"] = \"sha256=$sig\", [\"X-GitHu
 # the rates here), after checking that every answer was a 2xx and no
 # socket failed. The CPU per request is the proxy's own: it moves less
 # with the load of other processes than the rate does.
-tick=$(getconf CLK_TCK)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rate() {
 	local out d=$duration pid=${pid_of[$1]} before after
 	[ -n "${warm:-}" ] && d=3s
@@ -190,40 +188,18 @@ for i in "${!cmds[@]}"; do ${cmds[$i]} >/dev/null; done
 warm=
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-declare -A rates cpus # rates[row,round], cpus[row,round]
-for r in $(seq "$rounds"); do
-	order=(0 1 2)
-	((r % 2 == 0)) && order=(2 1 0)
-	for i in "${order[@]}"; do
-		read -r rates[$i,$r] cpus[$i,$r] < <(${cmds[$i]})
-		echo "round $r: ${names[$i]}: ${rates[$i,$r]} req/s, ${cpus[$i,$r]} µs of the proxy's CPU a request" >&2
-	done
-done
+run_rounds
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 echo "wrk -t2 -c$conns -d$duration, $rounds rounds, body $body_bytes bytes; $(nproc) cores, load average $load_before before, $load_after after; $("$nginx_bin" -v 2>&1); $(openssl version | cut -d' ' -f1-2)"
 echo
 echo "| path | req/s, median | spread (lowest–highest) | vs unsigned keyed, median of rounds |"
 echo "|---|---:|---:|---:|"
-for i in "${!cmds[@]}"; do
-	vals="" ratios=""
-	for r in $(seq "$rounds"); do
-		vals+=" ${rates[$i,$r]}"
-		ratios+=" $(awk -v a="${rates[$i,$r]}" -v b="${rates[0,$r]}" 'BEGIN {printf "%.4f", a / b}')"
-	done
-	summary_row "${names[$i]}" "$vals" "$ratios"
-done
+summary_rows 1
 echo
 echo "| path | the proxy's CPU a request, µs, median | spread | vs unsigned keyed, median of rounds |"
 echo "|---|---:|---:|---:|"
-for i in "${!cmds[@]}"; do
-	vals="" ratios=""
-	for r in $(seq "$rounds"); do
-		vals+=" ${cpus[$i,$r]}"
-		ratios+=" $(awk -v a="${cpus[$i,$r]}" -v b="${cpus[0,$r]}" 'BEGIN {printf "%.4f", a / b}')"
-	done
-	summary_row "${names[$i]}" "$vals" "$ratios"
-done
+summary_rows 2
 
 if [ "${BENCH_VERIFY:-1}" != 0 ]; then
 	echo

@@ -12,7 +12,9 @@
 # connections. ROUNDS rounds (default 3), each running every row once, in
 # the opposite order from the round before; each row reports the median of
 # its rounds' req/s, their spread (lowest–highest), and the median (and
-# spread) of its per-round ratios to nginx proxy_pass.
+# spread) of its per-round ratios to nginx proxy_pass; then the CPU time
+# each proxy process took per request (from /proc/PID/stat; not nginx's,
+# whose worker serves the upstream too), beside the bare ReverseProxy's.
 # idem proxy runs with its defaults (a JSON log line per request, here to
 # /dev/null); nginx logs nothing.
 #
@@ -84,6 +86,7 @@ printf 'module bare\n\ngo 1.22\n' >"$dir/bare/go.mod"
 (cd "$dir/bare" && go build -o "$dir/bare-proxy" .)
 go build -o "$dir/idem" ./cmd/idem
 "$dir/bare-proxy" "127.0.0.1:$bare" "http://127.0.0.1:$up" &
+bare_pid=$!
 pids+=($!)
 
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
@@ -91,9 +94,11 @@ redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$
 pidfiles+=("$dir/redis.pid")
 "$dir/idem" proxy --listen "127.0.0.1:$pmem" --upstream "http://127.0.0.1:$up" --store memory \
 	--memory-limit 2GiB 2>/dev/null &
+pmem_pid=$!
 pids+=($!)
 "$dir/idem" proxy --listen "127.0.0.1:$predis" --upstream "http://127.0.0.1:$up" \
 	--store "redis://127.0.0.1:$rport/0" 2>/dev/null &
+predis_pid=$!
 pids+=($!)
 for p in "$up" "$front" "$bare" "$rport" "$pmem" "$predis"; do wait_port "$p"; done
 
@@ -115,61 +120,50 @@ request = function()
 end
 EOF
 
-# rate URL [script]: req/s, after checking that every answer was a 201.
+# rate PID URL [script]: req/s, and the CPU time the process PID (a proxy)
+# took per request in microseconds ("-" for PID -: nginx, whose one worker
+# also serves the upstream), after checking that every answer was a 201.
 rate() {
-	local url=$1 script=${2:-} out
+	local pid=$1 url=$2 script=${3:-} out before=0 after=0
+	[ "$pid" = - ] || before=$(cpu_ticks "$pid")
 	if [ -n "$script" ]; then
 		out=$(wrk -t2 -c"$conns" -d"$duration" -s "$script" "$url")
 	else
 		out=$(wrk -t2 -c"$conns" -d"$duration" "$url")
 	fi
+	[ "$pid" = - ] || after=$(cpu_ticks "$pid")
 	if grep -q 'Non-2xx\|Socket errors' <<<"$out"; then
 		echo "$out" >&2
 		echo "error: answers other than 201, or socket errors, at $url" >&2
 		return 1
 	fi
-	awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$out"
+	awk -v t="$tick" -v c=$((after - before)) -v cpu="$pid" '/^Requests\/sec:/ {r = $2} / requests in / {n = $1}
+		END {if (cpu == "-") printf "%.0f -\n", r; else printf "%.0f %.1f\n", r, c / t * 1e6 / n}' <<<"$out"
 }
 
 # Warm every path (connections, caches), untimed.
 for u in "$front" "$bare" "$pmem"; do DURATION=2s wrk -t1 -c4 -d2s "http://127.0.0.1:$u/" >/dev/null; done
 wrk -t1 -c4 -d2s -s "$dir/keyed.lua" "http://127.0.0.1:$predis/" >/dev/null
 
-# The rows: name, then the arguments of one round's measurement; every
+# The rows: name, then the command of one round's measurement; every
 # row's baseline is row 0, nginx proxy_pass.
 names=("nginx proxy_pass (keepalive upstream)" "bare httputil.ReverseProxy" "idem proxy, GET passed through"
 	"idem proxy, POST without a key" "idem proxy, keyed, memory store, unique keys" "idem proxy, keyed, Redis, unique keys")
-cmds=("http://127.0.0.1:$front/" "http://127.0.0.1:$bare/" "http://127.0.0.1:$pmem/"
-	"http://127.0.0.1:$pmem/ $dir/post.lua" "http://127.0.0.1:$pmem/ $dir/keyed.lua" "http://127.0.0.1:$predis/ $dir/keyed.lua")
+cmds=("rate - http://127.0.0.1:$front/" "rate $bare_pid http://127.0.0.1:$bare/" "rate $pmem_pid http://127.0.0.1:$pmem/"
+	"rate $pmem_pid http://127.0.0.1:$pmem/ $dir/post.lua" "rate $pmem_pid http://127.0.0.1:$pmem/ $dir/keyed.lua"
+	"rate $predis_pid http://127.0.0.1:$predis/ $dir/keyed.lua")
 
-# ROUNDS rounds, each running every row once, in the opposite order from
-# the round before (as proxybench-h2.sh and proxybench-webhook.sh), so that
-# drift and a noisy moment touch all rows alike.
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-declare -A rates # rates[row,round]
-for r in $(seq "$rounds"); do
-	order=("${!cmds[@]}")
-	if ((r % 2 == 0)); then
-		order=()
-		for ((i = ${#cmds[@]} - 1; i >= 0; i--)); do order+=("$i"); done
-	fi
-	for i in "${order[@]}"; do
-		# shellcheck disable=SC2086 # a URL and, for some rows, a script
-		rates[$i,$r]=$(rate ${cmds[$i]})
-		echo "round $r: ${names[$i]}: ${rates[$i,$r]}" >&2
-	done
-done
+run_rounds
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 echo "wrk -t2 -c$conns -d$duration, $rounds rounds; $(nproc) cores, load average $load_before before, $load_after after; $(redis-server --version | awk '{print $1, $2, $3}'), $("$nginx_bin" -v 2>&1)"
 echo
 echo "| path | req/s, median | spread (lowest–highest) | vs nginx proxy_pass, median of rounds (spread) |"
 echo "|---|---:|---:|---:|"
-for i in "${!cmds[@]}"; do
-	vals="" ratios=""
-	for r in $(seq "$rounds"); do
-		vals+=" ${rates[$i,$r]}"
-		ratios+=" $(awk -v a="${rates[$i,$r]}" -v b="${rates[0,$r]}" 'BEGIN {printf "%.4f", a / b}')"
-	done
-	summary_row "${names[$i]}" "$vals" "$ratios"
-done
+summary_rows 1
+echo
+echo "| path | the proxy's CPU a request, µs, median | spread | vs bare ReverseProxy, median of rounds (spread) |"
+echo "|---|---:|---:|---:|"
+base=(1 1 1 1 1 1)
+summary_rows 2
