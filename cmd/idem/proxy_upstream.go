@@ -126,14 +126,31 @@ var copyBuffers = &bufferPool{}
 
 type bufferPool struct{ p sync.Pool }
 
+// copyBufferSize is the size of copyBuffers' buffers.
+const copyBufferSize = 32 << 10
+
+// The pool keeps a buffer as a pointer to its array, which goes in an
+// interface without an allocation (a *[]byte to Put's argument would be
+// one per request); a buffer of another length, which ReverseProxy never
+// puts back (it puts the one it got), is kept as a *[]byte.
 func (b *bufferPool) Get() []byte {
-	if buf, ok := b.p.Get().(*[]byte); ok {
+	switch buf := b.p.Get().(type) {
+	case *[copyBufferSize]byte:
+		return buf[:]
+	case *[]byte:
 		return *buf
 	}
-	return make([]byte, 32<<10)
+	return make([]byte, copyBufferSize)
 }
 
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf))
+		return
+	}
+	other := buf // escapes here only, not on every Put
+	b.p.Put(&other)
+}
 
 // sendOnce is the upstream transport of the proxy. It sends a request
 // that runs under a lease exactly once, framed as the client framed it.
