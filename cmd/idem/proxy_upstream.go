@@ -188,8 +188,17 @@ type sendOnce struct {
 }
 
 func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
-	out := *r
-	if _, leased := idem.LeaseFromContext(r.Context()); leased {
+	_, leased := idem.LeaseFromContext(r.Context())
+	chunked := !leased && !t.h2 && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody
+	// What a leased request keeps of its body: a length of its own, and
+	// a body then (the Body a bodiless one gets below has none).
+	inline := r.Body != nil && r.ContentLength > 0 && r.ContentLength <= inlineBodySize
+	if !leased && !chunked && !inline {
+		return t.base.RoundTrip(r) // nothing to change: no copy
+	}
+	o := &outgoing{req: *r}
+	out := &o.req
+	if leased {
 		out.GetBody = nil
 		if out.ContentLength == 0 {
 			if out.Body != nil {
@@ -207,7 +216,7 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 				out.Header = sidecar.HideReplayHints(out.Header)
 			}
 		}
-	} else if !t.h2 && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+	} else if chunked {
 		// A body streamed as the client sent it, chunked: an upstream
 		// that does not read chunked bodies takes its chunks for the
 		// next request and answers them. The connection is closed after
@@ -215,7 +224,7 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 		// request (a keyed one, whose key would store it).
 		out.Close = true
 	}
-	if out.Body != nil && out.ContentLength > 0 && out.ContentLength <= inlineBodySize {
+	if inline {
 		// In memory already (newUpstream, the middleware), but behind
 		// ReverseProxy's wrapper, which the Transport does not know to
 		// be in memory: it would write the header and the body apart.
@@ -225,9 +234,17 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading the request body (%d bytes declared): %w", out.ContentLength, err)
 		}
-		out.Body = io.NopCloser(bytes.NewReader(body))
+		o.body.Reset(body) // bytes.NewReader(body), in o
+		out.Body = io.NopCloser(&o.body)
 	}
-	return t.base.RoundTrip(&out)
+	return t.base.RoundTrip(out)
+}
+
+// outgoing is the request sendOnce sends in place of one it changes, and
+// the reader of its body when that is inlined: one allocation for both.
+type outgoing struct {
+	req  http.Request
+	body bytes.Reader
 }
 
 // inlineBodySize is the largest request body the proxy reads whole before
