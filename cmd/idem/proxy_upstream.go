@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -40,7 +41,7 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(dest)
-			pr.SetXForwarded()
+			setXForwarded(pr)
 		},
 		Transport:  sendOnce{base: transport, h2: transport.Protocols.UnencryptedHTTP2()},
 		BufferPool: copyBuffers,
@@ -82,6 +83,32 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		rp.ServeHTTP(w, r)
 	})
+}
+
+// setXForwarded is pr.SetXForwarded (X-Forwarded-For, -Host and -Proto,
+// the same values) with the three headers' values in one allocation
+// rather than one each; each header's slice is capped, so that an append
+// to one never writes into another's.
+func setXForwarded(pr *httputil.ProxyRequest) {
+	v := new([3]string)
+	h := pr.Out.Header
+	clientIP, _, err := net.SplitHostPort(pr.In.RemoteAddr)
+	if err == nil {
+		if prior := h["X-Forwarded-For"]; len(prior) > 0 {
+			clientIP = strings.Join(prior, ", ") + ", " + clientIP
+		}
+		v[0] = clientIP
+		h["X-Forwarded-For"] = v[0:1:1]
+	} else {
+		delete(h, "X-Forwarded-For")
+	}
+	v[1] = pr.In.Host
+	h["X-Forwarded-Host"] = v[1:2:2]
+	v[2] = "http"
+	if pr.In.TLS != nil {
+		v[2] = "https"
+	}
+	h["X-Forwarded-Proto"] = v[2:3:3]
 }
 
 // newTransport is the proxy's transport to the upstream (under sendOnce),
