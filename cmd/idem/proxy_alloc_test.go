@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestBufferPool: the copy buffers are copyBufferSize long, one put back
@@ -77,5 +82,101 @@ func TestSetXForwarded(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLogRequestLine: the request's log line is, byte for byte, the one
+// written with each attribute on its own (as before issue 36's group),
+// in JSON and in text, whatever facts it has.
+func TestLogRequestLine(t *testing.T) {
+	// The time and the duration differ from one line to the next.
+	fixed := func(_ []string, a slog.Attr) slog.Attr {
+		switch a.Key {
+		case slog.TimeKey:
+			return slog.Attr{}
+		case "duration_ms":
+			return slog.Float64("duration_ms", 1.25)
+		}
+		return a
+	}
+	flat := func(logger *slog.Logger, r *http.Request, rt *route, st *reqState, start time.Time, upstreamAborted bool) {
+		status := st.sw.status
+		if upstreamAborted {
+			status = http.StatusBadGateway
+		}
+		attrs := []slog.Attr{
+			slog.String("method", r.Method),
+			slog.String("path", r.URL.EscapedPath()),
+			slog.String("route", rt.name),
+			slog.String("outcome", st.info.outcome),
+			slog.Int("status", cmp.Or(status, http.StatusOK)),
+			slog.Int64("bytes", st.sw.written),
+			durationMS(time.Since(start)),
+		}
+		if st.sw.gone {
+			attrs = append(attrs, slog.Bool("client_gone", true))
+		}
+		if upstreamAborted {
+			attrs = append(attrs, slog.Bool("upstream_aborted", true))
+		}
+		if st.info.key != "" {
+			attrs = append(attrs, slog.String("key", st.info.key))
+		}
+		logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	}
+	for _, format := range []string{"json", "text"} {
+		for _, gone := range []bool{false, true} {
+			for _, aborted := range []bool{false, true} {
+				for _, key := range []string{"", "k1:abc"} {
+					var got, want bytes.Buffer
+					newLog := func(w *bytes.Buffer) *slog.Logger {
+						opts := &slog.HandlerOptions{ReplaceAttr: fixed}
+						if format == "text" {
+							return slog.New(slog.NewTextHandler(w, opts))
+						}
+						return slog.New(slog.NewJSONHandler(w, opts))
+					}
+					r := httptest.NewRequest(http.MethodPost, "http://api.example/pay%20ments/7?x=1", nil)
+					rt := &route{name: "/pay ments/{id}"}
+					st := &reqState{sw: statusWriter{status: 201, written: 12, gone: gone}, info: reqInfo{outcome: "executed", key: key}}
+					start := time.Now()
+					(&proxy{logger: newLog(&got)}).logRequest(r, rt, st, start, aborted)
+					flat(newLog(&want), r, rt, st, start, aborted)
+					if got.String() != want.String() || got.Len() == 0 {
+						t.Errorf("%s, gone %v, aborted %v, key %q:\n got  %s\n want %s", format, gone, aborted, key, got.String(), want.String())
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestProxyAllocs bounds the allocations of the proxy's handler around
+// the upstream: a pass-through request and one the middleware reports
+// on cost the proxy this many (its state, and for a covered method the
+// context that carries it: the value and the request's copy).
+func TestProxyAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || proxyRace {
+		t.Skip("allocation counts differ under -race and -cover")
+	}
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	// Text: the JSON handler's float (duration_ms) costs an allocation
+	// of its own, unless it is 0.
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	metrics := newProxyMetrics()
+	for _, c := range []struct {
+		method string
+		want   float64
+	}{{http.MethodGet, 1}, {http.MethodPost, 3}} {
+		rt := &route{covered: map[string]bool{http.MethodPost: true}, handler: upstream}
+		p := &proxy{logger: logger, metrics: metrics}
+		p.routes.Store(&routeTable{def: rt})
+		r := httptest.NewRequest(c.method, "http://api.example/payments", nil)
+		w := httptest.NewRecorder()
+		w.Body = nil
+		n := testing.AllocsPerRun(200, func() { p.ServeHTTP(w, r) })
+		if n > c.want {
+			t.Errorf("%s: %v allocations, want at most %v", c.method, n, c.want)
+		}
 	}
 }
