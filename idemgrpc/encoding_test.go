@@ -36,7 +36,7 @@ func roundTrip(t *testing.T, c *captured) *captured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return got
+	return &got
 }
 
 func TestEncodingRoundTrip(t *testing.T) {
