@@ -14,6 +14,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // TestBufferPool: the copy buffers are copyBufferSize long, one put back
@@ -119,15 +121,15 @@ func TestLogRequestLine(t *testing.T) {
 		if upstreamAborted {
 			attrs = append(attrs, slog.Bool("upstream_aborted", true))
 		}
-		if st.info.key != "" {
-			attrs = append(attrs, slog.String("key", st.info.key))
+		if st.info.keyed {
+			attrs = append(attrs, slog.String("key", st.info.key.String()))
 		}
 		logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	}
 	for _, format := range []string{"json", "text"} {
 		for _, gone := range []bool{false, true} {
 			for _, aborted := range []bool{false, true} {
-				for _, key := range []string{"", "k1:abc"} {
+				for _, keyed := range []bool{false, true} {
 					var got, want bytes.Buffer
 					newLog := func(w *bytes.Buffer) *slog.Logger {
 						opts := &slog.HandlerOptions{ReplaceAttr: fixed}
@@ -138,12 +140,12 @@ func TestLogRequestLine(t *testing.T) {
 					}
 					r := httptest.NewRequest(http.MethodPost, "http://api.example/pay%20ments/7?x=1", nil)
 					rt := &route{name: "/pay ments/{id}"}
-					st := &reqState{sw: statusWriter{status: 201, written: 12, gone: gone}, info: reqInfo{outcome: "executed", key: key}}
+					st := &reqState{sw: statusWriter{status: 201, written: 12, gone: gone}, info: reqInfo{outcome: "executed", key: idem.Key{1, 2, 3}, keyed: keyed}}
 					start := time.Now()
 					(&proxy{logger: newLog(&got)}).logRequest(r, rt, st, start, aborted)
 					flat(newLog(&want), r, rt, st, start, aborted)
 					if got.String() != want.String() || got.Len() == 0 {
-						t.Errorf("%s, gone %v, aborted %v, key %q:\n got  %s\n want %s", format, gone, aborted, key, got.String(), want.String())
+						t.Errorf("%s, gone %v, aborted %v, keyed %v:\n got  %s\n want %s", format, gone, aborted, keyed, got.String(), want.String())
 					}
 				}
 			}

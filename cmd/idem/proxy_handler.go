@@ -90,8 +90,13 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.
 
 // reqInfo carries what the middleware reported about a request to the
 // proxy's log line: its outcome, the same word as in idem_requests_total,
-// and its stored key (idem inspect --stored-key), never the raw key.
-type reqInfo struct{ outcome, key string }
+// and its stored key (idem inspect --stored-key), never the raw key; the
+// key's text is made only for a line that is written (logRequest).
+type reqInfo struct {
+	outcome string
+	key     idem.Key
+	keyed   bool // key was reported
+}
 
 type reqInfoKey struct{}
 
@@ -226,7 +231,7 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 		},
 		OnKey: func(r *http.Request, k idem.Key) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
-				info.key = k.String()
+				info.key, info.keyed = k, true
 			}
 		}}
 	if s.OwnQuota {
@@ -372,8 +377,8 @@ func (p *proxy) logRequest(r *http.Request, rt *route, st *reqState, start time.
 	if upstreamAborted {
 		tail = append(tail, slog.Bool("upstream_aborted", true))
 	}
-	if info.key != "" {
-		tail = append(tail, slog.String("key", info.key))
+	if info.keyed {
+		tail = append(tail, slog.String("key", info.key.String()))
 	}
 	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
 		slog.String("method", r.Method),
