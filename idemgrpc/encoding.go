@@ -47,6 +47,14 @@ type captured struct {
 	trailer metadata.MD
 }
 
+// encoded is the idem.Response encode makes, with the value of its
+// ":type" header: one allocation for both. The value's slice is capped,
+// so that an append to it never writes here.
+type encoded struct {
+	resp idem.Response
+	typ  [1]string
+}
+
 // encode maps c into an idem.Response. deny names metadata keys never
 // stored; types must resolve the response's message type, or it could not
 // be replayed.
@@ -62,7 +70,8 @@ func encode(c *captured, deny map[string]bool, types protoregistry.MessageTypeRe
 			addValues(h, trailerPrefix+strings.ToLower(k), vs)
 		}
 	}
-	r := &idem.Response{Header: h}
+	e := &encoded{resp: idem.Response{Header: h}}
+	r := &e.resp
 	if c.st != nil {
 		r.Status = statusBase + int(c.st.Code())
 		body, err := deterministic.Marshal(c.st.Proto())
@@ -85,7 +94,8 @@ func encode(c *captured, deny map[string]bool, types protoregistry.MessageTypeRe
 		return nil, fmt.Errorf("idemgrpc: encoding the %T response: %w", c.resp, err)
 	}
 	r.Status = statusBase + int(codes.OK)
-	h[headerType] = []string{string(name)}
+	e.typ[0] = string(name)
+	h[headerType] = e.typ[:1:1]
 	r.Body = body
 	return r, nil
 }
@@ -113,13 +123,13 @@ func addValues[M ~map[string][]string](m M, k string, vs []string) {
 // v1.0 with keys in upper case). types resolves the response's message
 // type. A replay whose body was omitted gets a DataLoss status (OK) or its
 // code with a note (errors).
-func decode(r *idem.Response, deny map[string]bool, types protoregistry.MessageTypeResolver) (*captured, error) {
+func decode(r *idem.Response, deny map[string]bool, types protoregistry.MessageTypeResolver) (captured, error) {
 	code := r.Status - statusBase
 	if code < 0 || code > int(codes.Unauthenticated) {
-		return nil, fmt.Errorf("idemgrpc: stored status %d is not a gRPC code in encoding version 1 (%d to %d)",
+		return captured{}, fmt.Errorf("idemgrpc: stored status %d is not a gRPC code in encoding version 1 (%d to %d)",
 			r.Status, statusBase, statusBase+int(codes.Unauthenticated))
 	}
-	c := &captured{}
+	var c captured // by value: no allocation of its own
 	var typeName string
 	for k, vs := range r.Header {
 		switch {
@@ -154,23 +164,23 @@ func decode(r *idem.Response, deny map[string]bool, types protoregistry.MessageT
 	case code != int(codes.OK):
 		sp := new(spb.Status)
 		if err := proto.Unmarshal(r.Body, sp); err != nil {
-			return nil, fmt.Errorf("idemgrpc: decoding the stored status: %w", err)
+			return captured{}, fmt.Errorf("idemgrpc: decoding the stored status: %w", err)
 		}
 		if sp.GetCode() != int32(code) {
-			return nil, fmt.Errorf("idemgrpc: stored status has code %d, its record says %d", sp.GetCode(), code)
+			return captured{}, fmt.Errorf("idemgrpc: stored status has code %d, its record says %d", sp.GetCode(), code)
 		}
 		c.st = status.FromProto(sp)
 	default:
 		if typeName == "" {
-			return nil, fmt.Errorf("idemgrpc: stored response has no message type")
+			return captured{}, fmt.Errorf("idemgrpc: stored response has no message type")
 		}
 		mt, err := types.FindMessageByName(protoreflect.FullName(typeName))
 		if err != nil {
-			return nil, fmt.Errorf("idemgrpc: stored response of type %s: %w", typeName, err)
+			return captured{}, fmt.Errorf("idemgrpc: stored response of type %s: %w", typeName, err)
 		}
 		m := mt.New().Interface()
 		if err := proto.Unmarshal(r.Body, m); err != nil {
-			return nil, fmt.Errorf("idemgrpc: decoding the stored %s: %w", typeName, err)
+			return captured{}, fmt.Errorf("idemgrpc: decoding the stored %s: %w", typeName, err)
 		}
 		c.resp = m
 	}

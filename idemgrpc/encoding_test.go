@@ -36,7 +36,7 @@ func roundTrip(t *testing.T, c *captured) *captured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return got
+	return &got
 }
 
 func TestEncodingRoundTrip(t *testing.T) {
@@ -82,6 +82,26 @@ func TestEncodeRefusesNonMessages(t *testing.T) {
 	for _, resp := range []any{nil, "text", 42} {
 		if _, err := encode(&captured{resp: resp}, nil, protoregistry.GlobalTypes); err == nil {
 			t.Errorf("encode(%#v): got no error, want one", resp)
+		}
+	}
+}
+
+// TestDefaultFingerprintPooled: DefaultFingerprint, through its pooled
+// buffers, gives what it gave with Marshal's own, message after message
+// (a buffer reused by a shorter one, an empty one).
+func TestDefaultFingerprintPooled(t *testing.T) {
+	big, _ := structpb.NewStruct(map[string]any{"b": 2, "a": []any{"x", nil, true}, "c": map[string]any{"d": "e"}})
+	for range 3 {
+		for _, m := range []proto.Message{big, &structpb.Struct{}, structpb.NewStringValue("v"), big} {
+			b, err := deterministic.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := idem.SumFingerprint(b, "/p.S/M")
+			got, err := DefaultFingerprint("/p.S/M", m)
+			if err != nil || got != want {
+				t.Fatalf("DefaultFingerprint(%v) = %v, %v; want %v", m, got, err, want)
+			}
 		}
 	}
 }

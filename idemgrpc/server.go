@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -251,11 +252,32 @@ func DefaultFingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 	if m == nil {
 		return idem.Fingerprint{}, fmt.Errorf("idemgrpc: request of type %T is not a proto message; set Config.Fingerprint", req)
 	}
-	b, err := deterministic.Marshal(m)
+	// The encoding is hashed and dropped: it goes in a buffer of the
+	// pool's, given back once hashed (the bytes of Marshal, MarshalAppend
+	// to an empty buffer).
+	buf := fingerprintBuffers.Get().(*[]byte)
+	defer putFingerprintBuffer(buf)
+	b, err := deterministic.MarshalAppend((*buf)[:0], m)
+	*buf = b
 	if err != nil {
 		return idem.Fingerprint{}, fmt.Errorf("idemgrpc: encoding the %T request: %w", req, err)
 	}
 	return idem.SumFingerprint(b, fullMethod), nil
+}
+
+// fingerprintBuffers are DefaultFingerprint's buffers. Its encoding of a
+// request never leaves it (SumFingerprint reads it, then it is given
+// back); those larger than maxPooledFingerprint are dropped.
+var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledFingerprint = 64 << 10
+
+func putFingerprintBuffer(buf *[]byte) {
+	if cap(*buf) > maxPooledFingerprint {
+		return
+	}
+	*buf = (*buf)[:0]
+	fingerprintBuffers.Put(buf)
 }
 
 // DefaultTenant scopes keys by the caller's credentials, as

@@ -90,8 +90,13 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.handler.
 
 // reqInfo carries what the middleware reported about a request to the
 // proxy's log line: its outcome, the same word as in idem_requests_total,
-// and its stored key (idem inspect --stored-key), never the raw key.
-type reqInfo struct{ outcome, key string }
+// and its stored key (idem inspect --stored-key), never the raw key; the
+// key's text is made only for a line that is written (logRequest).
+type reqInfo struct {
+	outcome string
+	key     idem.Key
+	keyed   bool // key was reported
+}
 
 type reqInfoKey struct{}
 
@@ -226,7 +231,7 @@ func (p *proxy) newRoute(pattern string, s routeSettings, ownQuota func(name str
 		},
 		OnKey: func(r *http.Request, k idem.Key) {
 			if info, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
-				info.key = k.String()
+				info.key, info.keyed = k, true
 			}
 		}}
 	if s.OwnQuota {
@@ -285,6 +290,17 @@ func cleanPath(p string) string {
 	return c
 }
 
+// reqState is what the proxy keeps of a request it serves, in one
+// allocation: the status writer, what the middleware reports, and the
+// log line's attributes.
+type reqState struct {
+	sw   statusWriter
+	info reqInfo
+	// tail holds the log line's attributes past the route and outcome
+	// (logRequest), at most six.
+	tail [6]slog.Attr
+}
+
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.wg.Add(1)
 	p.inFlight.Add(1)
@@ -294,12 +310,13 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	start := time.Now()
 	rt := p.find(r)
-	info := &reqInfo{}
-	if !rt.covered[r.Method] && !rt.refusesUncovered {
+	st := &reqState{sw: statusWriter{ResponseWriter: w, ctx: r.Context()}}
+	info, sw := &st.info, &st.sw
+	uncovered := !rt.covered[r.Method] && !rt.refusesUncovered
+	if uncovered {
 		info.outcome = outcomeNotCovered
 		p.metrics.Requests.WithLabelValues(outcomeNotCovered).Inc()
 	}
-	sw := &statusWriter{ResponseWriter: w, ctx: r.Context()}
 	defer func() {
 		// ReverseProxy panics with http.ErrAbortHandler when the upstream
 		// fails in the middle of a body: log that request too, then let
@@ -310,47 +327,66 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if aborted {
 				p.metrics.upstreamAborted.Inc()
 			}
-			p.logRequest(r, rt, info, sw, start, aborted)
+			p.logRequest(r, rt, st, start, aborted)
 			panic(v)
 		}
 	}()
-	rt.handler.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info)))
+	next := r
+	if !uncovered || r.ContentLength > 0 {
+		// The middleware reports the outcome and the key to info through
+		// the request's context. A request of a method it does not cover
+		// it passes on, reporting nothing: that one goes as it is, unless
+		// it has a body, which the upstream's handler replaces
+		// (newUpstream) and so must find in a copy, not in the server's
+		// request (net/http's server looks at that one's body after the
+		// handler returns).
+		next = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
+	}
+	rt.handler.ServeHTTP(sw, next)
 	if sw.gone {
 		p.metrics.clientGone.WithLabelValues(info.outcome).Inc()
 	}
-	p.logRequest(r, rt, info, sw, start, false)
+	p.logRequest(r, rt, st, start, false)
 }
 
 // logRequest writes the request's log line. Its outcome is the label the
 // request was counted under in idem_requests_total; client_gone and
 // upstream_aborted are facts beside it, each with a counter of its own.
-func (p *proxy) logRequest(r *http.Request, rt *route, info *reqInfo, sw *statusWriter, start time.Time, upstreamAborted bool) {
+//
+// The attributes after the outcome go in a group without a name, which
+// the JSON and text handlers write inline, as if each were given on its
+// own (the line is the same): a record holds five attributes without an
+// allocation, and the group's are in st.
+func (p *proxy) logRequest(r *http.Request, rt *route, st *reqState, start time.Time, upstreamAborted bool) {
 	if !p.logger.Enabled(r.Context(), slog.LevelInfo) {
 		return
 	}
+	info, sw := &st.info, &st.sw
 	status := sw.status
 	if upstreamAborted {
 		status = http.StatusBadGateway
 	}
-	attrs := []slog.Attr{
+	tail := append(st.tail[:0],
+		slog.Int("status", cmp.Or(status, http.StatusOK)),
+		slog.Int64("bytes", sw.written),
+		durationMS(time.Since(start)),
+	)
+	if sw.gone {
+		tail = append(tail, slog.Bool("client_gone", true))
+	}
+	if upstreamAborted {
+		tail = append(tail, slog.Bool("upstream_aborted", true))
+	}
+	if info.keyed {
+		tail = append(tail, slog.String("key", info.key.String()))
+	}
+	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.EscapedPath()),
 		slog.String("route", rt.name),
 		slog.String("outcome", info.outcome),
-		slog.Int("status", cmp.Or(status, http.StatusOK)),
-		slog.Int64("bytes", sw.written),
-		durationMS(time.Since(start)),
-	}
-	if sw.gone {
-		attrs = append(attrs, slog.Bool("client_gone", true))
-	}
-	if upstreamAborted {
-		attrs = append(attrs, slog.Bool("upstream_aborted", true))
-	}
-	if info.key != "" {
-		attrs = append(attrs, slog.String("key", info.key))
-	}
-	p.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		slog.Attr{Value: slog.GroupValue(tail...)},
+	)
 }
 
 // durationMS is a request's duration for the log, in milliseconds.

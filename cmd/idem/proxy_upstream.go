@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -40,7 +41,7 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(dest)
-			pr.SetXForwarded()
+			setXForwarded(pr)
 		},
 		Transport:  sendOnce{base: transport, h2: transport.Protocols.UnencryptedHTTP2()},
 		BufferPool: copyBuffers,
@@ -82,6 +83,32 @@ func newUpstream(target *url.URL, tlsConfig *tls.Config, metrics *proxyMetrics, 
 		defer func() { metrics.upstream.Observe(time.Since(start).Seconds()) }() // aborted bodies too
 		rp.ServeHTTP(w, r)
 	})
+}
+
+// setXForwarded is pr.SetXForwarded (X-Forwarded-For, -Host and -Proto,
+// the same values) with the three headers' values in one allocation
+// rather than one each; each header's slice is capped, so that an append
+// to one never writes into another's.
+func setXForwarded(pr *httputil.ProxyRequest) {
+	v := new([3]string)
+	h := pr.Out.Header
+	clientIP, _, err := net.SplitHostPort(pr.In.RemoteAddr)
+	if err == nil {
+		if prior := h["X-Forwarded-For"]; len(prior) > 0 {
+			clientIP = strings.Join(prior, ", ") + ", " + clientIP
+		}
+		v[0] = clientIP
+		h["X-Forwarded-For"] = v[0:1:1]
+	} else {
+		delete(h, "X-Forwarded-For")
+	}
+	v[1] = pr.In.Host
+	h["X-Forwarded-Host"] = v[1:2:2]
+	v[2] = "http"
+	if pr.In.TLS != nil {
+		v[2] = "https"
+	}
+	h["X-Forwarded-Proto"] = v[2:3:3]
 }
 
 // newTransport is the proxy's transport to the upstream (under sendOnce),
@@ -126,14 +153,31 @@ var copyBuffers = &bufferPool{}
 
 type bufferPool struct{ p sync.Pool }
 
+// copyBufferSize is the size of copyBuffers' buffers.
+const copyBufferSize = 32 << 10
+
+// The pool keeps a buffer as a pointer to its array, which goes in an
+// interface without an allocation (a *[]byte to Put's argument would be
+// one per request); a buffer of another length, which ReverseProxy never
+// puts back (it puts the one it got), is kept as a *[]byte.
 func (b *bufferPool) Get() []byte {
-	if buf, ok := b.p.Get().(*[]byte); ok {
+	switch buf := b.p.Get().(type) {
+	case *[copyBufferSize]byte:
+		return buf[:]
+	case *[]byte:
 		return *buf
 	}
-	return make([]byte, 32<<10)
+	return make([]byte, copyBufferSize)
 }
 
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf))
+		return
+	}
+	other := buf // escapes here only, not on every Put
+	b.p.Put(&other)
+}
 
 // sendOnce is the upstream transport of the proxy. It sends a request
 // that runs under a lease exactly once, framed as the client framed it.
@@ -171,8 +215,17 @@ type sendOnce struct {
 }
 
 func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
-	out := *r
-	if _, leased := idem.LeaseFromContext(r.Context()); leased {
+	_, leased := idem.LeaseFromContext(r.Context())
+	chunked := !leased && !t.h2 && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody
+	// What a leased request keeps of its body: a length of its own, and
+	// a body then (the Body a bodiless one gets below has none).
+	inline := r.Body != nil && r.ContentLength > 0 && r.ContentLength <= inlineBodySize
+	if !leased && !chunked && !inline {
+		return t.base.RoundTrip(r) // nothing to change: no copy
+	}
+	o := &outgoing{req: *r}
+	out := &o.req
+	if leased {
 		out.GetBody = nil
 		if out.ContentLength == 0 {
 			if out.Body != nil {
@@ -190,7 +243,7 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 				out.Header = sidecar.HideReplayHints(out.Header)
 			}
 		}
-	} else if !t.h2 && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+	} else if chunked {
 		// A body streamed as the client sent it, chunked: an upstream
 		// that does not read chunked bodies takes its chunks for the
 		// next request and answers them. The connection is closed after
@@ -198,7 +251,7 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 		// request (a keyed one, whose key would store it).
 		out.Close = true
 	}
-	if out.Body != nil && out.ContentLength > 0 && out.ContentLength <= inlineBodySize {
+	if inline {
 		// In memory already (newUpstream, the middleware), but behind
 		// ReverseProxy's wrapper, which the Transport does not know to
 		// be in memory: it would write the header and the body apart.
@@ -208,9 +261,17 @@ func (t sendOnce) RoundTrip(r *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading the request body (%d bytes declared): %w", out.ContentLength, err)
 		}
-		out.Body = io.NopCloser(bytes.NewReader(body))
+		o.body.Reset(body) // bytes.NewReader(body), in o
+		out.Body = io.NopCloser(&o.body)
 	}
-	return t.base.RoundTrip(&out)
+	return t.base.RoundTrip(out)
+}
+
+// outgoing is the request sendOnce sends in place of one it changes, and
+// the reader of its body when that is inlined: one allocation for both.
+type outgoing struct {
+	req  http.Request
+	body bytes.Reader
 }
 
 // inlineBodySize is the largest request body the proxy reads whole before
