@@ -504,7 +504,7 @@ type Work struct {
 
 	e        *Engine
 	fp       idem.Fingerprint
-	stop     func()
+	stop     workStop
 	report   func(Outcome)
 	settled  bool           // Complete or Release ran
 	reported bool           // report was called
@@ -522,24 +522,42 @@ func (e *Engine) Start(d Decision, report func(Outcome)) *Work {
 
 // workContext adds MaxExecution and StopContext to the attempt's context.
 // stop releases its resources once the work has returned.
-func (e *Engine) workContext(parent context.Context) (ctx context.Context, stop func()) {
+func (e *Engine) workContext(parent context.Context) (ctx context.Context, stop workStop) {
 	if e.cfg.MaxExecution <= 0 && e.cfg.StopContext == nil {
-		return parent, func() {}
+		return parent, workStop{}
 	}
 	ctx, cancel := context.WithCancelCause(parent)
-	unhook := func() bool { return false }
+	stop.cancel = cancel
 	if e.cfg.StopContext != nil {
-		unhook = context.AfterFunc(e.cfg.StopContext, func() { cancel(idem.ErrStopped) })
+		stop.unhook = context.AfterFunc(e.cfg.StopContext, func() { cancel(idem.ErrStopped) })
 	}
-	cancelTimer := context.CancelFunc(func() {})
 	if e.cfg.MaxExecution > 0 {
-		ctx, cancelTimer = context.WithTimeoutCause(ctx, e.cfg.MaxExecution, idem.ErrMaxExecution)
+		ctx, stop.cancelTimer = context.WithTimeoutCause(ctx, e.cfg.MaxExecution, idem.ErrMaxExecution)
 	}
-	return ctx, func() {
-		unhook()
-		cancelTimer()
-		cancel(nil)
+	return ctx, stop
+}
+
+// workStop is what workContext made, kept in the Work (rather than a
+// closure over it).
+type workStop struct {
+	cancel      context.CancelCauseFunc // nil: workContext added nothing
+	unhook      func() bool             // StopContext's AfterFunc; nil without one
+	cancelTimer context.CancelFunc      // MaxExecution's; nil without one
+}
+
+// stop releases what workContext made: StopContext's hook, then
+// MaxExecution's timer, then the work context itself.
+func (s workStop) stop() {
+	if s.cancel == nil {
+		return
 	}
+	if s.unhook != nil {
+		s.unhook()
+	}
+	if s.cancelTimer != nil {
+		s.cancelTimer()
+	}
+	s.cancel(nil)
 }
 
 // Release releases the key, then reports OutcomeReleased: the work's
@@ -604,7 +622,7 @@ func (w *Work) End() {
 			handed = &w.handed // in the Work: never written again
 		}
 		w.e.waiters.Wake(w.Attempt.Lease().Key, handed)
-		w.stop()
+		w.stop.stop()
 	}()
 	if !w.settled {
 		w.Release()
