@@ -322,11 +322,23 @@ func (g *Guard) forget(ctx context.Context, l Lease) {
 // LeaseFromContext returns the lease of the work running with ctx: its Key
 // and its fencing Token.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
-	l, ok := ctx.Value(leaseKey{}).(Lease)
-	return l, ok
+	if l, ok := ctx.Value(leaseKey{}).(*leaseValue); ok {
+		return Lease(*l), true
+	}
+	return Lease{}, false
 }
 
 type leaseKey struct{}
+
+// leaseValue is the lease as the attempt's context holds it, the value of
+// leaseKey{}: a pointer to the Attempt's lease (never written once the
+// attempt is made), so that the context costs no copy of the lease boxed
+// in an interface. Only LeaseFromContext reads it, the key being
+// unexported. String makes the context's name (context.WithValue's
+// String) what it was with the lease itself as the value.
+type leaseValue Lease
+
+func (*leaseValue) String() string { return "idem.Lease" }
 
 // errFinished is the cancellation cause of an attempt's context after
 // Complete or Release.
@@ -354,8 +366,8 @@ type Attempt struct {
 }
 
 func (g *Guard) newAttempt(parent context.Context, l Lease, fp Fingerprint, sent time.Time) *Attempt {
-	ctx, cancel := context.WithCancelCause(context.WithValue(parent, leaseKey{}, l))
-	a := &Attempt{g: g, lease: l, fp: fp, ctx: ctx, cancel: cancel, validUntil: sent.Add(l.TTL)}
+	a := &Attempt{g: g, lease: l, fp: fp, validUntil: sent.Add(l.TTL)}
+	a.ctx, a.cancel = context.WithCancelCause(context.WithValue(parent, leaseKey{}, (*leaseValue)(&a.lease)))
 	// Short work pays no renewal: the first one fires after a third of the
 	// lease.
 	a.mu.Lock() // renew may run before AfterFunc returns

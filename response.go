@@ -353,45 +353,87 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
+// readHeader decodes a header set. Its allocations do not grow with the
+// lines: the values are one backing array (each name's run of lines a
+// slice of it, capped, so that appending to one never writes another's),
+// and the strings that are not table codes are substrings of one string,
+// the header's bytes; the first pass only checks the lines and finds where
+// they end.
 func readHeader(p []byte) (http.Header, []byte, error) {
 	lines, n := binary.Uvarint(p)
 	if n <= 0 || lines > uint64(len(p)-n)/2 { // every line takes at least two bytes
 		return nil, nil, corrupt("bad header count")
 	}
 	p = p[n:]
-	h := make(http.Header, min(lines, 16))
-	for range lines {
-		var name, value string
-		var err error
-		if name, p, err = readString(p); err != nil {
+	rest, literal := p, false
+	for range 2 * lines {
+		code, _, r, err := nextString(rest)
+		if err != nil {
 			return nil, nil, err
 		}
-		if value, p, err = readString(p); err != nil {
-			return nil, nil, err
-		}
-		h[name] = append(h[name], value)
+		rest, literal = r, literal || code == 0
 	}
-	return h, p, nil
+	var text string // the header's bytes, when a string is not a code
+	if literal {
+		text = string(p[:len(p)-len(rest)])
+	}
+	at := func(q []byte) int { return len(p) - len(q) } // q's offset in text
+	h := make(http.Header, min(lines, 16))
+	vals := make([]string, lines)
+	var prev string // the name of the run of lines vals[start:i] holds
+	start, run := 0, false
+	q := p
+	for i := range int(lines) {
+		var name, value string
+		name, q = readString(q, text, at(q))
+		value, q = readString(q, text, at(q))
+		switch old, ok := h[name]; {
+		case ok && run && name == prev:
+			vals[i] = value
+			h[name] = vals[start : i+1 : i+1]
+		case ok: // a name met again after others: as append did
+			h[name], run = append(old, value), false
+		default:
+			vals[i] = value
+			h[name] = vals[i : i+1 : i+1]
+			start, run = i, true
+		}
+		prev = name
+	}
+	return h, rest, nil
 }
 
-func readString(p []byte) (string, []byte, error) {
+// nextString reads the code of a header string, 0 followed by its bytes
+// (lit) when it is not in the table, and returns what follows it.
+func nextString(p []byte) (code uint64, lit, rest []byte, err error) {
 	code, n := binary.Uvarint(p)
 	if n <= 0 {
-		return "", nil, corrupt("truncated header")
+		return 0, nil, nil, corrupt("truncated header")
 	}
 	p = p[n:]
 	if code > 0 {
 		if code > uint64(len(headerTable)) {
-			return "", nil, corrupt("unknown header code %d", code)
+			return 0, nil, nil, corrupt("unknown header code %d", code)
 		}
-		return headerTable[code-1], p, nil
+		return code, nil, p, nil
 	}
 	l, n := binary.Uvarint(p)
 	if n <= 0 || l > uint64(len(p)-n) {
-		return "", nil, corrupt("truncated header string")
+		return 0, nil, nil, corrupt("truncated header string")
 	}
 	p = p[n:]
-	return string(p[:l]), p[l:], nil
+	return 0, p[:l], p[l:], nil
+}
+
+// readString reads a header string that nextString checked: a table entry,
+// or a substring of text, whose bytes p begins at offset off of.
+func readString(p []byte, text string, off int) (string, []byte) {
+	code, lit, rest, _ := nextString(p)
+	if code > 0 {
+		return headerTable[code-1], rest
+	}
+	litAt := off + (len(p) - len(rest) - len(lit))
+	return text[litAt : litAt+len(lit)], rest
 }
 
 func corrupt(format string, args ...any) error {

@@ -268,5 +268,5 @@ func (s *Store) acquireCached(ctx context.Context, req idem.AcquireRequest) (ide
 		return acq, nil
 	}
 	s.cache.misses.Add(1)
-	return s.acquire(ctx, req, s.cache.mark(name))
+	return s.acquire(ctx, req, name, s.cache.mark(name))
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"embed"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -424,7 +425,9 @@ func (s *Store) LegacyNamespace() string { return fmt.Sprintf("redis prefix %q",
 
 // KeyName returns the Redis key that holds k's record.
 func (s *Store) KeyName(k idem.Key) string {
-	return s.prefix + "{" + k.String() + "}"
+	var b [22]byte // k.String(), without a string of its own
+	base64.RawURLEncoding.Encode(b[:], k[:])
+	return s.prefix + "{" + string(b[:]) + "}"
 }
 
 // Acquire implements idem.Store.
@@ -435,13 +438,13 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if s.cache != nil {
 		return s.acquireCached(ctx, req)
 	}
-	return s.acquire(ctx, req, cacheMark{})
+	return s.acquire(ctx, req, s.KeyName(req.Key), cacheMark{})
 }
 
-// acquire runs the acquire script. m is the replay cache's mark, taken
-// before the call, for its hint.
-func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, m cacheMark) (idem.Acquisition, error) {
-	r, err := s.run(ctx, "acquire", req.Key, scriptAcquire,
+// acquire runs the acquire script; name is req.Key's KeyName. m is the
+// replay cache's mark, taken before the call, for its hint.
+func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, name string, m cacheMark) (idem.Acquisition, error) {
+	r, err := s.runName(ctx, "acquire", req.Key, name, scriptAcquire,
 		string(req.LeaseID[:]), string(req.Fingerprint[:]), strconv.FormatInt(req.TTL.Milliseconds(), 10))
 	if err != nil {
 		return idem.Acquisition{}, err
@@ -455,14 +458,14 @@ func (s *Store) acquire(ctx context.Context, req idem.AcquireRequest, m cacheMar
 		if err != nil {
 			return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: err}
 		}
-		s.cache.completed(s.KeyName(req.Key), m, left)
+		s.cache.completed(name, m, left)
 		return idem.Acquisition{Outcome: idem.Replay, Response: rec.Response}, nil
 	case 3:
 		return idem.Acquisition{Outcome: idem.InFlight, RetryAfter: left}, nil
 	case 4:
 		return idem.Acquisition{Outcome: idem.Mismatch}, nil
 	}
-	return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: fmt.Errorf("%w: the value at %s is not a record", idem.ErrCorrupt, s.KeyName(req.Key))}
+	return idem.Acquisition{}, &idem.StoreError{Op: "acquire", Key: req.Key, Err: fmt.Errorf("%w: the value at %s is not a record", idem.ErrCorrupt, name)}
 }
 
 // Renew implements idem.Store.
@@ -486,15 +489,16 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp *idem.Response,
 		return &idem.StoreError{Op: "complete", Key: l.Key, Err: err}
 	}
 	args := []string{string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms, 10), string(blob)}
-	mark := s.cache.mark(s.KeyName(l.Key))
+	name := s.KeyName(l.Key)
+	mark := s.cache.mark(name)
 	if s.waitReplicas > 0 {
 		err = s.completeWait(ctx, l.Key, append(args, "1")...)
 	} else {
-		r, runErr := s.run(ctx, "complete", l.Key, scriptComplete, args...)
+		r, runErr := s.runName(ctx, "complete", l.Key, name, scriptComplete, args...)
 		err = leaseResult(r, runErr)
 	}
 	if err == nil {
-		s.cache.completed(s.KeyName(l.Key), mark, msDuration(ms))
+		s.cache.completed(name, mark, msDuration(ms))
 	}
 	return err
 }
@@ -541,13 +545,18 @@ func (s *Store) Delete(ctx context.Context, key idem.Key) (bool, error) {
 }
 
 func (s *Store) run(ctx context.Context, op string, key idem.Key, script int, args ...string) (reply, error) {
+	return s.runName(ctx, op, key, s.KeyName(key), script, args...)
+}
+
+// runName is run with key's KeyName, name, made by the caller.
+func (s *Store) runName(ctx context.Context, op string, key idem.Key, name string, script int, args ...string) (reply, error) {
 	if err := ctx.Err(); err != nil { // send nothing for a cancelled call
 		return reply{}, &idem.StoreError{Op: op, Key: key, Err: err}
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.policy.tick()
-	r, err := s.r.run(ctx, script, s.KeyName(key), args...)
+	r, err := s.r.run(ctx, script, name, args...)
 	if err != nil {
 		return reply{}, &idem.StoreError{Op: op, Key: key, Err: s.explainACL(err)}
 	}

@@ -29,7 +29,7 @@
 # Needs what the targeted tests need: redis-server, PostgreSQL, dynalite,
 # mariadbd, fauxqs, aws-lambda-rie, Valkey 9.1 and Redis 8.6
 # (scripts/build-redis-servers.sh) and Caddy's modules (see scripts/test.sh,
-# which installs them all). 88 mutants: about 25 minutes on a quiet 2-core machine
+# which installs them all). 89 mutants: about 25 minutes on a quiet 2-core machine
 # (twice that shared with other work; the baseline about 2 of them, then 6 to 55 seconds
 # per mutant); the first build in the copy compiles the module's packages
 # (and Caddy's module's) again.
@@ -261,8 +261,11 @@ mutant waiters-ask-fingerprint internal/waiters/waiters.go ./internal/waiters 'T
 	$'\tcase a.fp != fp:\n' \
 	$'\tcase false:\n'
 mutant waiters-answer-result internal/waiters/waiters.go ./internal/waiters 'TestJoinOrAsk' \
-	$'\tif a != nil {\n\t\ta.res = res\n\t\tclose(a.done)\n\t}\n}\n\n// Wait' \
-	$'\tif a != nil {\n\t\tclose(a.done)\n\t}\n}\n\n// Wait'
+	$'\tw.unask(key).answer(res)\n' \
+	$'\tw.unask(key).answer(nil)\n'
+mutant waiters-answer-replay-result internal/waiters/waiters.go ./internal/waiters 'TestAnswerReplay' \
+	'c.answer(&Result{Fingerprint: fp, Response: resp})' \
+	'c.answer(nil)'
 mutant waiters-wake-result internal/waiters/waiters.go ./internal/waiters 'TestWakeHandsResult' \
 	$'\t\tl.result = res\n' \
 	$'\t\t_ = res\n'

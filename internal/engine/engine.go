@@ -233,8 +233,7 @@ func (e *Engine) Fallback(ctx context.Context, d Decision, key idem.Key, fp idem
 		// Read with Get, the record is as the store keeps it: a sealed
 		// one is opened here, as Begin opens its replays.
 		resp, err := idem.OpenResponse(e.g.Config().Seal, old, rec.Fingerprint, rec.Response)
-		var se *idem.SealError
-		if errors.As(err, &se) {
+		if se := sealError(err); se != nil {
 			return e.unsealable(ctx, se, "")
 		}
 		return Decision{Outcome: OutcomeReplayed, Response: resp}
@@ -315,21 +314,15 @@ func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.T
 func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fingerprint, method string) Decision {
 	deadline := waitDeadline(ctx, time.Now(), e.cfg.Wait)
 	pause := waiters.FirstPause
-	// asking: this request asks the store for the copies of it that
-	// arrive meanwhile (waiters.JoinOrAsk); answer tells them what it
+	// ask.asking: this request asks the store for the copies of it that
+	// arrive meanwhile (waiters.JoinOrAsk); ask tells them what it
 	// learnt, once, whatever happens (a store that panics included).
-	asking := false
-	answer := func(res *waiters.Result, acquired bool) {
-		if asking {
-			asking = false
-			e.waiters.Answer(key, fp, res, acquired)
-		}
-	}
-	defer answer(nil, false)
+	ask := asker{e: e, key: key, fp: fp}
+	defer ask.answer(false)
 	if left := time.Until(deadline); left > 0 {
 		switch j, live, done := e.waiters.JoinOrAsk(ctx, key, fp, left); j {
 		case waiters.Asking:
-			asking = true
+			ask.asking = true
 		case waiters.Waited:
 			telemetry.Event(ctx, telemetry.EventWait)
 			pause = 2 * pause
@@ -347,12 +340,11 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		switch {
 		case err == nil && acq.Outcome == idem.Replay:
 			// The copies waiting for this request are handed the replay.
-			answer(&waiters.Result{Fingerprint: fp, Response: acq.Response}, false)
+			ask.replay(acq.Response)
 		case err != nil || acq.Outcome != idem.Acquired:
-			answer(nil, false) // they ask the store themselves
+			ask.answer(false) // they ask the store themselves
 		}
-		var se *idem.SealError
-		if errors.As(err, &se) {
+		if se := sealError(err); se != nil {
 			// Not the store's failure: the record is there, completed,
 			// and cannot be read. Never a fallback, never a run.
 			return e.unsealable(ctx, se, method)
@@ -371,8 +363,8 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 		switch acq.Outcome {
 		case idem.Acquired:
 			// Held until Release or the Work's End wakes its waiters.
-			if asking {
-				answer(nil, true) // its copies now wait for that
+			if ask.asking {
+				ask.answer(true) // its copies now wait for that
 			} else {
 				e.waiters.Hold(key, fp)
 			}
@@ -414,6 +406,46 @@ func (e *Engine) Acquire(ctx, parent context.Context, key idem.Key, fp idem.Fing
 				slog.String("key", key.String()), slog.Any("outcome", acq.Outcome))
 			return Decision{Outcome: OutcomeStoreError, Unknown: true}
 		}
+	}
+}
+
+// sealError returns the *idem.SealError in err's tree (errors.As), or nil.
+// Its target is made only for an error: a nil one costs no allocation.
+func sealError(err error) *idem.SealError {
+	if err == nil {
+		return nil
+	}
+	var se *idem.SealError
+	if errors.As(err, &se) {
+		return se
+	}
+	return nil
+}
+
+// asker is what Acquire tells the copies of its request that wait for
+// its answer (waiters.JoinOrAsk), when it asks the store for them
+// (asking): once, with the first of its methods called.
+type asker struct {
+	e      *Engine
+	key    idem.Key
+	fp     idem.Fingerprint
+	asking bool
+}
+
+// answer answers the copies: with acquired, they now wait for the
+// holder's Wake; otherwise they ask the store themselves.
+func (a *asker) answer(acquired bool) {
+	if a.asking {
+		a.asking = false
+		a.e.waiters.Answer(a.key, a.fp, nil, acquired)
+	}
+}
+
+// replay hands the copies resp, the replay the store gave.
+func (a *asker) replay(resp *idem.Response) {
+	if a.asking {
+		a.asking = false
+		a.e.waiters.AnswerReplay(a.key, a.fp, resp)
 	}
 }
 
@@ -478,11 +510,12 @@ type Work struct {
 
 	e        *Engine
 	fp       idem.Fingerprint
-	stop     func()
+	stop     workStop
 	report   func(Outcome)
-	settled  bool            // Complete or Release ran
-	reported bool            // report was called
-	handed   *waiters.Result // set once the response is stored
+	settled  bool           // Complete or Release ran
+	reported bool           // report was called
+	stored   bool           // the response is stored: End hands it over
+	handed   waiters.Result // set once, with stored
 }
 
 // Start starts the work of d, a decision to run (OutcomeExecuted), under
@@ -495,24 +528,42 @@ func (e *Engine) Start(d Decision, report func(Outcome)) *Work {
 
 // workContext adds MaxExecution and StopContext to the attempt's context.
 // stop releases its resources once the work has returned.
-func (e *Engine) workContext(parent context.Context) (ctx context.Context, stop func()) {
+func (e *Engine) workContext(parent context.Context) (ctx context.Context, stop workStop) {
 	if e.cfg.MaxExecution <= 0 && e.cfg.StopContext == nil {
-		return parent, func() {}
+		return parent, workStop{}
 	}
 	ctx, cancel := context.WithCancelCause(parent)
-	unhook := func() bool { return false }
+	stop.cancel = cancel
 	if e.cfg.StopContext != nil {
-		unhook = context.AfterFunc(e.cfg.StopContext, func() { cancel(idem.ErrStopped) })
+		stop.unhook = context.AfterFunc(e.cfg.StopContext, func() { cancel(idem.ErrStopped) })
 	}
-	cancelTimer := context.CancelFunc(func() {})
 	if e.cfg.MaxExecution > 0 {
-		ctx, cancelTimer = context.WithTimeoutCause(ctx, e.cfg.MaxExecution, idem.ErrMaxExecution)
+		ctx, stop.cancelTimer = context.WithTimeoutCause(ctx, e.cfg.MaxExecution, idem.ErrMaxExecution)
 	}
-	return ctx, func() {
-		unhook()
-		cancelTimer()
-		cancel(nil)
+	return ctx, stop
+}
+
+// workStop is what workContext made, kept in the Work (rather than a
+// closure over it).
+type workStop struct {
+	cancel      context.CancelCauseFunc // nil: workContext added nothing
+	unhook      func() bool             // StopContext's AfterFunc; nil without one
+	cancelTimer context.CancelFunc      // MaxExecution's; nil without one
+}
+
+// stop releases what workContext made: StopContext's hook, then
+// MaxExecution's timer, then the work context itself.
+func (s workStop) stop() {
+	if s.cancel == nil {
+		return
 	}
+	if s.unhook != nil {
+		s.unhook()
+	}
+	if s.cancelTimer != nil {
+		s.cancelTimer()
+	}
+	s.cancel(nil)
 }
 
 // Release releases the key, then reports OutcomeReleased: the work's
@@ -532,7 +583,7 @@ func (w *Work) Complete(resp *idem.Response) error {
 	w.settled = true
 	switch {
 	case err == nil:
-		w.handed = &waiters.Result{Fingerprint: w.fp, Response: resp}
+		w.handed, w.stored = waiters.Result{Fingerprint: w.fp, Response: resp}, true
 	case errors.Is(err, idem.ErrNotReplicated):
 		w.log(slog.LevelWarn, "idem: response stored, but not on enough replicas; a failover may lose it", err)
 	default:
@@ -572,8 +623,12 @@ func (w *Work) ClientGone(err error) {
 // any), then frees the work context. Defer it right after Start.
 func (w *Work) End() {
 	defer func() { // also when the release's report panics
-		w.e.waiters.Wake(w.Attempt.Lease().Key, w.handed)
-		w.stop()
+		var handed *waiters.Result
+		if w.stored {
+			handed = &w.handed // in the Work: never written again
+		}
+		w.e.waiters.Wake(w.Attempt.Lease().Key, handed)
+		w.stop.stop()
 	}()
 	if !w.settled {
 		w.Release()

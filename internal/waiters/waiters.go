@@ -29,7 +29,7 @@ type Set struct {
 	mu     sync.Mutex
 	keys   map[idem.Key]*waitList
 	holds  map[idem.Key]hold // requests of this process holding the key
-	asks   map[idem.Key]*ask // requests of this process asking the store about a key not held here
+	asks   map[idem.Key]ask  // requests of this process asking the store about a key not held here
 }
 
 // hold counts the requests of this process holding a key, and the
@@ -97,12 +97,27 @@ const (
 
 // ask is a request of this process asking the store about a key that no
 // request here holds, and the copies of it that wait for its answer; once
-// the asker acquired the key (held), its holder's Wake answers them.
+// the asker acquired the key (held), its holder's Wake answers them. It is
+// kept by value in Set.asks; what its copies wait on (copies) is made by
+// the first copy that joins, under mu: most asks have none.
 type ask struct {
-	fp   idem.Fingerprint
+	fp     idem.Fingerprint
+	copies *copies // nil until a copy joins
+	held   bool    // the asker acquired the key: Wake answers
+}
+
+// copies is what the copies of an asker wait on.
+type copies struct {
 	done chan struct{}
 	res  *Result // set before done is closed
-	held bool    // the asker acquired the key: Wake answers
+}
+
+// answer wakes the copies waiting on c, if any, handing them res.
+func (c *copies) answer(res *Result) {
+	if c != nil {
+		c.res = res
+		close(c.done)
+	}
 }
 
 // JoinOrAsk makes the copies of a request (same key and fingerprint) in
@@ -128,18 +143,24 @@ func (w *Set) JoinOrAsk(ctx context.Context, key idem.Key, fp idem.Fingerprint, 
 		live, res = w.wait(ctx, key, l, d)
 		return Waited, live, res
 	}
-	a := w.asks[key]
+	a, asked := w.asks[key]
 	switch {
-	case a == nil:
+	case !asked:
 		if w.asks == nil {
-			w.asks = map[idem.Key]*ask{}
+			w.asks = map[idem.Key]ask{}
 		}
-		w.asks[key] = &ask{fp: fp, done: make(chan struct{})}
+		w.asks[key] = ask{fp: fp}
 		w.mu.Unlock()
 		return Asking, true, nil
 	case a.fp != fp:
 		w.mu.Unlock()
 		return Neither, true, nil
+	}
+	c := a.copies
+	if c == nil {
+		c = &copies{done: make(chan struct{})}
+		a.copies = c
+		w.asks[key] = a
 	}
 	w.active.Add(1)
 	w.mu.Unlock()
@@ -147,8 +168,8 @@ func (w *Set) JoinOrAsk(ctx context.Context, key idem.Key, fp idem.Fingerprint, 
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-a.done:
-		return Waited, true, a.res
+	case <-c.done:
+		return Waited, true, c.res
 	case <-t.C:
 		return Waited, true, nil
 	case <-ctx.Done():
@@ -162,25 +183,39 @@ func (w *Set) JoinOrAsk(ctx context.Context, key idem.Key, fp idem.Fingerprint, 
 // res, the replay the store gave, which they answer with, or nil, and
 // they ask the store themselves.
 func (w *Set) Answer(key idem.Key, fp idem.Fingerprint, res *Result, acquired bool) {
-	w.mu.Lock()
-	a := w.asks[key]
 	if acquired {
+		w.mu.Lock()
 		if w.holds == nil {
 			w.holds = map[idem.Key]hold{}
 		}
 		w.holds[key] = hold{n: w.holds[key].n + 1, fp: fp}
-		if a != nil {
+		if a, ok := w.asks[key]; ok {
 			a.held = true
+			w.asks[key] = a
 		}
 		w.mu.Unlock()
 		return
 	}
+	w.unask(key).answer(res)
+}
+
+// AnswerReplay is Answer(key, fp, &Result{Fingerprint: fp, Response:
+// resp}, false), the store having given the replay resp: the Result is
+// made only when copies wait for it.
+func (w *Set) AnswerReplay(key idem.Key, fp idem.Fingerprint, resp *idem.Response) {
+	if c := w.unask(key); c != nil {
+		c.answer(&Result{Fingerprint: fp, Response: resp})
+	}
+}
+
+// unask ends key's ask and returns the copies waiting for its answer
+// (nil: none).
+func (w *Set) unask(key idem.Key) *copies {
+	w.mu.Lock()
+	a := w.asks[key]
 	delete(w.asks, key)
 	w.mu.Unlock()
-	if a != nil {
-		a.res = res
-		close(a.done)
-	}
+	return a.copies
 }
 
 // Wait blocks until key is woken, d passes, or ctx ends; when a request
@@ -253,19 +288,15 @@ func (w *Set) Wake(key idem.Key, res *Result) {
 		l = w.keys[key]
 		delete(w.keys, key)
 	}
-	a := w.asks[key]
-	if a != nil && a.held {
+	var c *copies
+	if a := w.asks[key]; a.held {
 		delete(w.asks, key) // its asker held the key: this Wake answers its copies
-	} else {
-		a = nil
+		c = a.copies
 	}
 	w.mu.Unlock()
 	if l != nil {
 		l.result = res
 		close(l.done)
 	}
-	if a != nil {
-		a.res = res
-		close(a.done)
-	}
+	c.answer(res)
 }

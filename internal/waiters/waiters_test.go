@@ -215,3 +215,73 @@ func TestJoinOrAsk(t *testing.T) {
 		t.Errorf("left behind: %d holds, %d wait lists, %d asks, want none", len(w.holds), len(w.keys), len(w.asks))
 	}
 }
+
+// AnswerReplay hands the store's replay to the copies waiting for the
+// asker, one Result for all of them, as Answer with that Result does; with
+// no copy waiting it only ends the ask.
+func TestAnswerReplay(t *testing.T) {
+	var w Set
+	key, _ := idem.Scope{}.Key("replayed")
+	fp := idem.Fingerprint{1}
+	resp := &idem.Response{Status: 201}
+	if j, _, _ := w.JoinOrAsk(context.Background(), key, fp, time.Minute); j != Asking {
+		t.Fatalf("first request: %v, want Asking", j)
+	}
+	const copies = 3
+	done := make(chan *Result, copies)
+	for range copies {
+		go func() {
+			j, live, r := w.JoinOrAsk(context.Background(), key, fp, time.Minute)
+			if j != Waited || !live {
+				t.Errorf("copy: %v, live %v; want Waited, live", j, live)
+			}
+			done <- r
+		}()
+	}
+	for w.Waiting() < copies {
+		time.Sleep(time.Millisecond)
+	}
+	w.AnswerReplay(key, fp, resp)
+	first := <-done
+	if first == nil || first.Fingerprint != fp || first.Response != resp {
+		t.Fatalf("copy: got %+v, want the replay under fp", first)
+	}
+	for range copies - 1 {
+		if r := <-done; r != first {
+			t.Fatalf("copies got different Results: %p and %p", r, first)
+		}
+	}
+	// No copy: the ask ends, nothing is left behind.
+	if j, _, _ := w.JoinOrAsk(context.Background(), key, fp, time.Minute); j != Asking {
+		t.Fatalf("after the answer: %v, want Asking", j)
+	}
+	w.AnswerReplay(key, fp, resp)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.holds) != 0 || len(w.keys) != 0 || len(w.asks) != 0 {
+		t.Errorf("left behind: %d holds, %d wait lists, %d asks, want none", len(w.holds), len(w.keys), len(w.asks))
+	}
+}
+
+// Asking and answering, with no copy waiting, allocates nothing once the
+// maps exist (issue 36).
+func TestAskAllocs(t *testing.T) {
+	var w Set
+	key, _ := idem.Scope{}.Key("allocs")
+	fp := idem.Fingerprint{1}
+	resp := &idem.Response{Status: 201}
+	w.JoinOrAsk(context.Background(), key, fp, time.Minute)
+	w.Answer(key, fp, nil, true)
+	w.Wake(key, nil)
+	if n := testing.AllocsPerRun(100, func() {
+		w.JoinOrAsk(context.Background(), key, fp, time.Minute)
+		w.AnswerReplay(key, fp, resp)
+		w.JoinOrAsk(context.Background(), key, fp, time.Minute)
+		w.Answer(key, fp, nil, false)
+		w.JoinOrAsk(context.Background(), key, fp, time.Minute)
+		w.Answer(key, fp, nil, true)
+		w.Wake(key, nil)
+	}); n != 0 {
+		t.Errorf("%v allocations per ask, want 0", n)
+	}
+}
