@@ -1,6 +1,9 @@
 package ident
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"net"
 	"strings"
 	"testing"
@@ -92,4 +95,103 @@ func FuzzHostAsBefore(f *testing.F) {
 			t.Errorf("Host(%q): got %q, want %q (as before)", in, got, want)
 		}
 	})
+}
+func TestTenantAllocs(t *testing.T) {
+	h := headers(map[string][]string{"Authorization": {"Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc"}})
+	if n := testing.AllocsPerRun(100, func() { Tenant(h) }); n > 1 {
+		t.Errorf("Tenant of one Authorization value: %v allocations, want at most 1", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { Host("api.example") }); n != 0 {
+		t.Errorf("Host of a plain name: %v allocations, want 0", n)
+	}
+}
+
+// tenantBefore, digestBefore and hashBefore are Tenant, Digest and hash
+// as they were before they built their strings on the stack: the
+// reference they must agree with, byte for byte.
+func tenantBefore(values func(name string) []string) string {
+	var parts []string
+	switch vs := values("Authorization"); len(vs) {
+	case 0:
+	case 1:
+		if v := Authorization(vs[0]); v != "" {
+			parts = append(parts, "authz:"+hashBefore(v))
+		}
+	default:
+		norm := make([]string, len(vs))
+		for i, v := range vs {
+			norm[i] = Authorization(v)
+		}
+		parts = append(parts, "authz:"+hashBefore(strings.Join(norm, "\n")))
+	}
+	for _, name := range APIKeyHeaders {
+		vs := values(name)
+		if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
+			continue
+		}
+		fields := make([]string, 0, len(vs)+1)
+		fields = append(fields, strings.ToLower(name))
+		for _, v := range vs {
+			fields = append(fields, strings.TrimSpace(v))
+		}
+		parts = append(parts, "apikey:"+digestBefore(fields...))
+	}
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return strings.Join(parts, " ")
+}
+
+func hashBefore(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+func digestBefore(fields ...string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, f := range fields {
+		h.Write(binary.AppendUvarint(n[:0], uint64(len(f))))
+		h.Write([]byte(f))
+	}
+	sum := h.Sum(nil)
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// FuzzTenantAsBefore: headers split from one string ("\x00" between
+// headers, "\x01" between values), long values included.
+func FuzzTenantAsBefore(f *testing.F) {
+	f.Add("Bearer tok", "", "", "", 1)
+	f.Add("bearer  a\x01Bearer b", "k", " k2 \x01x", "", 3)
+	f.Add("", "", "", "t", 300)
+	f.Fuzz(func(t *testing.T, authz, xapi, api, token string, repeat int) {
+		repeat = max(1, min(repeat, 400))
+		h := map[string][]string{}
+		for name, v := range map[string]string{"Authorization": authz, "X-Api-Key": xapi, "Api-Key": api, "X-Auth-Token": token} {
+			if v != "" {
+				h[name] = strings.Split(strings.Repeat(v, repeat), "\x01")
+			}
+		}
+		if got, want := Tenant(headers(h)), tenantBefore(headers(h)); got != want {
+			t.Errorf("Tenant(%q): got %q, want %q (as before)", h, got, want)
+		}
+		for _, vs := range h {
+			if got, want := Digest(vs...), digestBefore(vs...); got != want {
+				t.Errorf("Digest(%q): got %q, want %q (as before)", vs, got, want)
+			}
+			if got, want := Cert([]byte(vs[0])), "cert:"+hashBefore(vs[0]); got != want {
+				t.Errorf("Cert(%q): got %q, want %q (as before)", vs[0], got, want)
+			}
+		}
+	})
+}
+
+func TestAPIKeyNamesNotASCII(t *testing.T) {
+	saved := APIKeyHeaders
+	defer func() { APIKeyHeaders = saved }()
+	APIKeyHeaders = []string{"X-Ключ", "İ-Key"}
+	h := headers(map[string][]string{"X-Ключ": {"a"}, "İ-Key": {"b"}})
+	if got, want := Tenant(h), tenantBefore(h); got != want {
+		t.Errorf("got %q, want %q (as before)", got, want)
+	}
 }
