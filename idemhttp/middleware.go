@@ -774,23 +774,63 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 	// The declared length is a hint only: an outer middleware may have
 	// replaced the body (decompressing it, say), and a client that
 	// declares a length and sends nothing must not pin that much memory.
-	// bytes.MinRead more than the hint: ReadFrom grows the buffer
-	// whenever less than that is free, so a body of the declared length
-	// (the usual case) is read into this one allocation, EOF included.
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)+bytes.MinRead))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodySize))
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		m.tooLarge(w, r)
-		return nil, false
-	case err != nil:
-		m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
-			Detail: "The request body could not be read."})
-		return nil, false
+	// bytes.MinRead more than the hint, as bytes.Buffer.ReadFrom keeps
+	// free, so that a body of the declared length (the usual case) is
+	// read into this one allocation, EOF included.
+	//
+	// The reads are those of bytes.Buffer.ReadFrom through
+	// http.MaxBytesReader, without either: each asks at most a byte more
+	// than the limit leaves, and one that gets more is over the limit.
+	buf := make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)+bytes.MinRead)
+	left := m.cfg.MaxBodySize
+	for {
+		if cap(buf)-len(buf) < bytes.MinRead {
+			buf = append(make([]byte, 0, max(2*cap(buf), len(buf)+bytes.MinRead)), buf...)
+		}
+		p := buf[len(buf):cap(buf)]
+		if int64(len(p))-1 > left {
+			p = p[:left+1]
+		}
+		n, err := r.Body.Read(p)
+		if n < 0 {
+			panic(errNegativeRead)
+		}
+		if int64(n) > left {
+			pastLimit(w)
+			m.tooLarge(w, r)
+			return nil, false
+		}
+		left -= int64(n)
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, true
+		}
+		if err != nil {
+			m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
+				Detail: "The request body could not be read."})
+			return nil, false
+		}
 	}
-	return buf.Bytes(), true
 }
+
+// errNegativeRead is bytes.Buffer's panic for a reader that returned a
+// negative count.
+var errNegativeRead = errors.New("bytes.Buffer: reader returned negative count from Read")
+
+// pastLimit tells w's server what http.MaxBytesReader tells it when a
+// request body passes its limit (net/http's writer closes the connection
+// after the answer, the rest of the body unread): through a MaxBytesReader
+// of limit 0 asked for one byte, which it gets.
+func pastLimit(w http.ResponseWriter) {
+	var one [1]byte
+	http.MaxBytesReader(w, overLimit{}, 0).Read(one[:])
+}
+
+// overLimit is an endless body.
+type overLimit struct{}
+
+func (overLimit) Read(p []byte) (int, error) { return len(p), nil }
+func (overLimit) Close() error               { return nil }
 
 func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 	p := problemBodyTooLarge
