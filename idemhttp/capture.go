@@ -58,10 +58,14 @@ type capture struct {
 	hijacked bool         // the handler took the connection: nothing to store
 	gone     error        // the first failed write to the client: it left
 	cw       clientWrites // the write deadlines (see above)
+	// reqBody is the handler's request body (see withBody), here to be
+	// allocated with the capture.
+	reqBody bodyReader
 }
 
-func newCapture(w http.ResponseWriter, max int, cw clientWrites) *capture {
-	c := &capture{w: w, rc: *http.NewResponseController(w), max: max, cw: cw}
+// newCapture returns the capture of w's response; its cw is to be set.
+func newCapture(w http.ResponseWriter, max int) *capture {
+	c := &capture{w: w, rc: *http.NewResponseController(w), max: max}
 	if h := w.Header(); len(h) > 0 {
 		c.before = h.Clone()
 	}

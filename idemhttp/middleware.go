@@ -646,7 +646,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		if missing && !m.required(r) {
 			m.outcome(r, OutcomePassedThrough)
 			if m.key.NeedsBody {
-				r = withBody(r, r.Context(), body)
+				r = withBody(r, r.Context(), body, nil)
 			}
 			next.ServeHTTP(w, r)
 			return
@@ -926,7 +926,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		switch {
 		case d.Unknown:
 		case m.cfg.FailOpen:
-			next.ServeHTTP(w, withBody(r, r.Context(), body))
+			next.ServeHTTP(w, withBody(r, r.Context(), body, nil))
 			return
 		case errors.Is(d.Err, idem.ErrStoreFull):
 			m.problem(w, r, problemStoreFull)
@@ -950,17 +950,33 @@ func (m *middleware) outcome(r *http.Request, o Outcome) {
 // it, and the client's Transfer-Encoding is gone, so that a handler that
 // forwards r (httputil.ReverseProxy, an http.Client) sends it with its
 // Content-Length, never as a chunked body the next server may not read.
-func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
+// The reader of a non-empty body is rd when not nil (a field of an object
+// the caller allocates anyway), else a new one.
+func withBody(r *http.Request, ctx context.Context, body []byte, rd *bodyReader) *http.Request {
 	r = r.WithContext(ctx)
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
 	if len(body) == 0 {
 		r.Body = http.NoBody
 	} else {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		if rd == nil {
+			rd = new(bodyReader)
+		}
+		rd.r.Reset(body)
+		r.Body = rd
 	}
 	return r
 }
+
+// bodyReader is a body read for the fingerprint, handed to the handler:
+// io.NopCloser(bytes.NewReader(body)) in one object, with its methods
+// (Read, WriteTo and Close) and no other, so that a handler that looks
+// for one (an io.Seeker, say) finds what it found before.
+type bodyReader struct{ r bytes.Reader }
+
+func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+func (*bodyReader) Close() error                         { return nil }
 
 // execute runs the handler under the lease of d, with the work's context
 // and the body read for the fingerprint, then stores its response or
@@ -980,9 +996,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		}
 	}()
 	defer work.End()
-	r = withBody(r, work.Ctx, body)
+	c := newCapture(w, m.cfg.MaxResponseSize)
+	r = withBody(r, work.Ctx, body, &c.reqBody)
 	finish := work.Finish
-	c := newCapture(w, m.cfg.MaxResponseSize, m.clientWrites(r, start))
+	c.cw = m.clientWrites(r, start)
 	if toBlob {
 		c.toBlob = func() *spill {
 			if !m.cfg.ShouldStore(r, c.status) {

@@ -129,3 +129,35 @@ func TestReadBodyGrows(t *testing.T) {
 		})
 	}
 }
+
+// The handler's body has the methods of io.NopCloser(bytes.NewReader(b)),
+// which it was: Read, Close and WriteTo, no Seek nor ReadAt; its
+// ContentLength is the body's.
+func TestHandlerBodyMethods(t *testing.T) {
+	h := idemhttp.Middleware(memstore.New(memstore.Options{}), idemhttp.Config{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := r.Body.(io.WriterTo); !ok {
+			t.Error("the body is no io.WriterTo")
+		}
+		if _, ok := r.Body.(io.Seeker); ok {
+			t.Error("the body is an io.Seeker")
+		}
+		if _, ok := r.Body.(io.ReaderAt); ok {
+			t.Error("the body is an io.ReaderAt")
+		}
+		var b strings.Builder
+		if n, err := r.Body.(io.WriterTo).WriteTo(&b); err != nil || n != 4 || b.String() != "abcd" {
+			t.Errorf("WriteTo: %d %v %q", n, err, b.String())
+		}
+		if err := r.Body.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	r := httptest.NewRequest("POST", "/charges", strings.NewReader("abcd"))
+	r.Header.Set(idemhttp.HeaderKey, "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("got %d", w.Code)
+	}
+}
