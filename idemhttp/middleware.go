@@ -655,7 +655,12 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.problem(w, r, p)
 		return
 	}
-	tenant := m.cfg.Tenant(r)
+	var tenant, v1Authz string
+	if m.defaultTenant {
+		tenant, v1Authz = defaultTenant(r) // Config.Tenant's answer, with what v1.0's shares
+	} else {
+		tenant = m.cfg.Tenant(r)
+	}
 	if tenant == "" && !m.anonymousCaller(w, r) {
 		return
 	}
@@ -676,7 +681,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		// if any, must match for a replay (see Config.Tenant).
 		req.cookies = m.cookies.callerCookies(r)
 	}
-	req.tenant = tenant
+	req.tenant, req.v1Authz = tenant, v1Authz
 	if m.cfg.OnKey != nil {
 		m.cfg.OnKey(r, key)
 	}
@@ -716,7 +721,13 @@ func (v v1Derivation) derive(r *http.Request, req request, body []byte) (idem.Ke
 	var tenant string
 	switch {
 	case v.tenant == nil:
-		tenant = v1DefaultTenant(r)
+		if auth := r.Header.Get("Authorization"); auth != "" && auth == req.v1Authz {
+			// v1DefaultTenant(r) is "authz:" and the hash of auth,
+			// which req.tenant is (see defaultTenant).
+			tenant = req.tenant
+		} else {
+			tenant = v1DefaultTenant(r)
+		}
 	default:
 		// A tenant source of this package falls back to DefaultTenant,
 		// whose answer changed: v1.0's fell back to v1.0's.
@@ -850,6 +861,9 @@ type request struct {
 	clientKey string              // the Idempotency-Key, for v1.0's key
 	cookies   map[string][]string // no tenant: the cookies that identify the caller
 	tenant    string              // Config.Tenant's answer, for the Quota
+	// v1Authz, when not "", is the Authorization value whose v1.0
+	// tenant is tenant (defaultTenant).
+	v1Authz string
 }
 
 // serve acquires the key and answers: run the handler, replay, 409, 422 or

@@ -38,6 +38,15 @@ var APIKeyHeaders = []string{"X-Api-Key", "Api-Key", "X-Auth-Token"}
 // that normal form, so a caller that wrote its header in normal form
 // ("Bearer tok") kept its tenant across the upgrade.
 func Tenant(values func(name string) []string) string {
+	t, _ := TenantV1(values)
+	return t
+}
+
+// TenantV1 is Tenant, and whether that tenant is the one v1.0's
+// DefaultTenant gave the request: one Authorization value, in normal
+// form, and no API key, so that the tenant is "authz:" and the hash of
+// the value as written (Hashed("authz:", value)).
+func TenantV1(values func(name string) []string) (_ string, asV1 bool) {
 	// The tenant is built in out and each digest's input in in, both on
 	// the stack for the usual sizes: the tenant's string is the one
 	// allocation.
@@ -49,6 +58,7 @@ func Tenant(values func(name string) []string) string {
 	case 1:
 		if v := Authorization(vs[0]); v != "" {
 			b = appendHash(append(b, "authz:"...), append(in[:0], v...))
+			asV1 = v == vs[0]
 		}
 	default:
 		// The normal forms, one a line.
@@ -69,6 +79,7 @@ func Tenant(values func(name string) []string) string {
 		if len(b) > 0 {
 			b = append(b, ' ') // the parts, one space apart
 		}
+		asV1 = false
 		// Digest's fields: the name in lower case, then each value
 		// without its surrounding whitespace.
 		fields := appendLowerField(in[:0], name)
@@ -77,7 +88,7 @@ func Tenant(values func(name string) []string) string {
 		}
 		b = appendHash(append(b, "apikey:"...), fields)
 	}
-	return string(b)
+	return string(b), asV1
 }
 
 // OnlyAPIKeys reports whether tenant (Tenant's) was named by API-key
@@ -93,6 +104,13 @@ func hash(s string) string {
 	var in [256]byte
 	var out [32]byte
 	return string(appendHash(out[:0], append(in[:0], s...)))
+}
+
+// Hashed is prefix and hash(s): v1.0's tenants.
+func Hashed(prefix, s string) string {
+	var in [256]byte
+	var out [64]byte
+	return string(appendHash(append(out[:0], prefix...), append(in[:0], s...)))
 }
 
 // appendHash appends to dst the first 128 bits of SHA-256 over in, in
