@@ -190,6 +190,31 @@ func (c *capture) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// WriteString is Write of s (io.WriteString's), without its copy of s as
+// a []byte while the copy in memory takes s whole: s is added to the copy
+// first, the client is sent that, and the copy keeps what Write would
+// have kept (what the client took, or all once it is gone).
+func (c *capture) WriteString(s string) (int, error) {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.gone != nil || c.overflow || c.spill != nil || len(c.body)+len(s) > c.max {
+		return c.Write([]byte(s))
+	}
+	old := len(c.body)
+	c.body = append(c.body, s...)
+	n, err := c.send(c.body[old:])
+	_ = s[:n] // as Write's p[:n]: a writer that took more than it was given
+	if err != nil && !handlerError(err) {
+		c.gone, n, err = err, len(s), nil
+		if !bodyAllowed(c.status) {
+			n = 0
+		}
+	}
+	c.body = c.body[:old+n]
+	return n, err
+}
+
 // keep adds p, written by the handler, to the copy.
 func (c *capture) keep(p []byte) {
 	n := len(p)
