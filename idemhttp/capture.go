@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // writePiece is the largest piece of a handler's write that goes to the
@@ -58,9 +60,10 @@ type capture struct {
 	hijacked bool         // the handler took the connection: nothing to store
 	gone     error        // the first failed write to the client: it left
 	cw       clientWrites // the write deadlines (see above)
-	// reqBody is the handler's request body (see withBody), here to be
-	// allocated with the capture.
+	// reqBody is the handler's request body (see withBody), and resp the
+	// response stored (execute), here to be allocated with the capture.
 	reqBody bodyReader
+	resp    idem.Response
 }
 
 // newCapture returns the capture of w's response; its cw is to be set.

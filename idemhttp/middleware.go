@@ -1031,7 +1031,8 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		return
 	}
 	rec := cookieRecord(req.cookies, header) // before storable drops Set-Cookie
-	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
+	c.resp = idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
+	resp := &c.resp
 	if rec != "" {
 		resp.Header[headerCallerCookies] = []string{rec}
 	}
