@@ -64,6 +64,7 @@ type capture struct {
 	// response stored (execute), here to be allocated with the capture.
 	reqBody bodyReader
 	resp    idem.Response
+	vals    [8]string // the values of header, when they fit (snapshot)
 }
 
 // newCapture returns the capture of w's response; its cw is to be set.
@@ -164,7 +165,36 @@ func (c *capture) WriteHeader(code int) {
 	}
 	c.w.WriteHeader(code) // panics on an invalid code, before we record it
 	c.status = code
-	c.header = c.w.Header().Clone()
+	c.header = c.snapshot(c.w.Header())
+}
+
+// snapshot is h.Clone(), with the values in c.vals when they fit: the
+// header of the final status, taken once.
+func (c *capture) snapshot(h http.Header) http.Header {
+	if h == nil {
+		return nil
+	}
+	nv := 0
+	for _, vv := range h {
+		nv += len(vv)
+	}
+	var sv []string // shared backing array for headers' values
+	if nv <= len(c.vals) {
+		sv = c.vals[:nv]
+	} else {
+		sv = make([]string, nv)
+	}
+	h2 := make(http.Header, len(h))
+	for k, vv := range h {
+		if vv == nil {
+			h2[k] = nil // as Clone: nil stays nil
+			continue
+		}
+		n := copy(sv, vv)
+		h2[k] = sv[:n:n]
+		sv = sv[n:]
+	}
+	return h2
 }
 
 func (c *capture) Write(p []byte) (int, error) {
@@ -315,7 +345,7 @@ func (c *capture) Unwrap() http.ResponseWriter { return c.w }
 // had set before it ran (unless the handler changed it), and its trailers.
 func (c *capture) finish() http.Header {
 	if c.status == 0 {
-		c.status, c.header = http.StatusOK, c.w.Header().Clone()
+		c.status, c.header = http.StatusOK, c.snapshot(c.w.Header())
 	}
 	c.settle(c.body)
 	for name, vs := range c.before {

@@ -86,3 +86,39 @@ func TestCaptureWriteStringAsWrite(t *testing.T) {
 		}
 	}
 }
+
+// snapshot is Header.Clone: equal, nil values nil, empty ones empty, each
+// value slice clipped (an append never writes into another's), and none
+// shared with h.
+func TestCaptureSnapshotAsClone(t *testing.T) {
+	many := make([]string, 9)
+	for i := range many {
+		many[i] = fmt.Sprint(i)
+	}
+	for _, h := range []http.Header{
+		nil,
+		{},
+		{"Content-Type": {"application/json"}},
+		{"A": nil, "B": {}, "C": {"1", "2"}, "D": {"3"}},
+		{"Many": many},
+		{"A": {"1", "2", "3", "4"}, "B": {"5", "6", "7", "8"}},
+		{"A": {"1", "2", "3", "4"}, "B": {"5", "6", "7", "8"}, "C": {"9"}},
+	} {
+		c := &capture{}
+		got, want := c.snapshot(h), h.Clone()
+		if !reflect.DeepEqual(got, want) || (got == nil) != (want == nil) {
+			t.Errorf("snapshot(%v) = %#v, want %#v", h, got, want)
+		}
+		for k, vs := range got {
+			if (vs == nil) != (h[k] == nil) || cap(vs) != len(vs) {
+				t.Errorf("snapshot(%v)[%s] = %#v (cap %d), want a clipped copy of %#v", h, k, vs, cap(vs), h[k])
+			}
+			if len(vs) > 0 {
+				vs[0] = "changed"
+				if h[k][0] == "changed" {
+					t.Errorf("snapshot(%v)[%s] shares its values with h", h, k)
+				}
+			}
+		}
+	}
+}
