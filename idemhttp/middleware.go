@@ -639,7 +639,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		err = validateAs(clientKey, "the idempotency key")
 	}
 	if err == nil && s != nil && m.cfg.EchoKey {
-		s.key = []string{clientKey}
+		s.key = s.echo(clientKey)
 	}
 	if err != nil {
 		p, missing := m.keyProblem(err)
