@@ -167,9 +167,9 @@ mutant idemhttp-capture-after-client-gone idemhttp/capture.go ./idemhttp 'TestCl
 mutant idemhttp-body-past-limit idemhttp/middleware.go ./idemhttp 'TestBodyTooLarge' \
 	$'\t\t\tpastLimit(w)\n' \
 	$'\t\t\t_ = pastLimit\n'
-mutant idemhttp-body-limit-off-by-one idemhttp/middleware.go ./idemhttp 'TestReadBodyLimit' \
-	"if int64(n) > left {" \
-	"if int64(n) > left+1 {"
+mutant idemhttp-body-limit-counted idemhttp/middleware.go ./idemhttp 'TestReadBodyLimit' \
+	$'\t\tleft -= int64(n)\n' \
+	$'\t\tleft -= int64(n) / 2\n'
 # v1.0's tenant taken from today's only while the header is the one hashed,
 # and only when no API key is part of today's.
 mutant idemhttp-v1-tenant-shared idemhttp/middleware.go ./idemhttp 'TestV1TenantRecords' \
