@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // writePiece is the largest piece of a handler's write that goes to the
@@ -58,10 +60,16 @@ type capture struct {
 	hijacked bool         // the handler took the connection: nothing to store
 	gone     error        // the first failed write to the client: it left
 	cw       clientWrites // the write deadlines (see above)
+	// reqBody is the handler's request body (see withBody), and resp the
+	// response stored (execute), here to be allocated with the capture.
+	reqBody bodyReader
+	resp    idem.Response
+	vals    [8]string // the values of header, when they fit (snapshot)
 }
 
-func newCapture(w http.ResponseWriter, max int, cw clientWrites) *capture {
-	c := &capture{w: w, rc: *http.NewResponseController(w), max: max, cw: cw}
+// newCapture returns the capture of w's response; its cw is to be set.
+func newCapture(w http.ResponseWriter, max int) *capture {
+	c := &capture{w: w, rc: *http.NewResponseController(w), max: max}
 	if h := w.Header(); len(h) > 0 {
 		c.before = h.Clone()
 	}
@@ -157,7 +165,36 @@ func (c *capture) WriteHeader(code int) {
 	}
 	c.w.WriteHeader(code) // panics on an invalid code, before we record it
 	c.status = code
-	c.header = c.w.Header().Clone()
+	c.header = c.snapshot(c.w.Header())
+}
+
+// snapshot is h.Clone(), with the values in c.vals when they fit: the
+// header of the final status, taken once.
+func (c *capture) snapshot(h http.Header) http.Header {
+	if h == nil {
+		return nil
+	}
+	nv := 0
+	for _, vv := range h {
+		nv += len(vv)
+	}
+	var sv []string // shared backing array for headers' values
+	if nv <= len(c.vals) {
+		sv = c.vals[:nv]
+	} else {
+		sv = make([]string, nv)
+	}
+	h2 := make(http.Header, len(h))
+	for k, vv := range h {
+		if vv == nil {
+			h2[k] = nil // as Clone: nil stays nil
+			continue
+		}
+		n := copy(sv, vv)
+		h2[k] = sv[:n:n]
+		sv = sv[n:]
+	}
+	return h2
 }
 
 func (c *capture) Write(p []byte) (int, error) {
@@ -184,6 +221,31 @@ func (c *capture) Write(p []byte) (int, error) {
 	// client is gone, what it would have taken.
 	c.keep(p[:n])
 	return n, nil
+}
+
+// WriteString is Write of s (io.WriteString's), without its copy of s as
+// a []byte while the copy in memory takes s whole: s is added to the copy
+// first, the client is sent that, and the copy keeps what Write would
+// have kept (what the client took, or all once it is gone).
+func (c *capture) WriteString(s string) (int, error) {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.gone != nil || c.overflow || c.spill != nil || len(c.body)+len(s) > c.max {
+		return c.Write([]byte(s))
+	}
+	old := len(c.body)
+	c.body = append(c.body, s...)
+	n, err := c.send(c.body[old:])
+	_ = s[:n] // as Write's p[:n]: a writer that took more than it was given
+	if err != nil && !handlerError(err) {
+		c.gone, n, err = err, len(s), nil
+		if !bodyAllowed(c.status) {
+			n = 0
+		}
+	}
+	c.body = c.body[:old+n]
+	return n, err
 }
 
 // keep adds p, written by the handler, to the copy.
@@ -283,7 +345,7 @@ func (c *capture) Unwrap() http.ResponseWriter { return c.w }
 // had set before it ran (unless the handler changed it), and its trailers.
 func (c *capture) finish() http.Header {
 	if c.status == 0 {
-		c.status, c.header = http.StatusOK, c.w.Header().Clone()
+		c.status, c.header = http.StatusOK, c.snapshot(c.w.Header())
 	}
 	c.settle(c.body)
 	for name, vs := range c.before {

@@ -55,10 +55,11 @@ func isoDuration(d time.Duration) string {
 // (write deadlines, full duplex).
 type stamped struct {
 	w        http.ResponseWriter
-	key      []string // the key to echo; nil until it is read, or without EchoKey
-	lifetime []string // nil without LifetimeHeader
-	done     bool     // the final header went out
-	hijacked bool     // the handler took the connection: no header of ours
+	key      []string  // the key to echo; nil until it is read, or without EchoKey
+	keyv     [1]string // key's value (echo), allocated with s
+	lifetime []string  // nil without LifetimeHeader
+	done     bool      // the final header went out
+	hijacked bool      // the handler took the connection: no header of ours
 }
 
 // stamp sets the headers, once: before the final header goes out.
@@ -149,3 +150,10 @@ func (s *stamped) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (s *stamped) Unwrap() http.ResponseWriter { return s.w }
+
+// echo returns the value of the header that echoes key: []string{key},
+// in s (one value, no room for another).
+func (s *stamped) echo(key string) []string {
+	s.keyv[0] = key
+	return s.keyv[:]
+}

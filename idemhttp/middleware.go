@@ -640,14 +640,14 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		err = validateAs(clientKey, "the idempotency key")
 	}
 	if err == nil && s != nil && m.cfg.EchoKey {
-		s.key = []string{clientKey}
+		s.key = s.echo(clientKey)
 	}
 	if err != nil {
 		p, missing := m.keyProblem(err)
 		if missing && !m.required(r) {
 			m.outcome(r, OutcomePassedThrough)
 			if m.key.NeedsBody {
-				r = withBody(r, r.Context(), body)
+				r = withBody(r, r.Context(), body, nil)
 			}
 			next.ServeHTTP(w, r)
 			return
@@ -656,7 +656,12 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.problem(w, r, p)
 		return
 	}
-	tenant := m.cfg.Tenant(r)
+	var tenant, v1Authz string
+	if m.defaultTenant {
+		tenant, v1Authz = defaultTenant(r) // Config.Tenant's answer, with what v1.0's shares
+	} else {
+		tenant = m.cfg.Tenant(r)
+	}
 	if tenant == "" && !m.anonymousCaller(w, r) {
 		return
 	}
@@ -677,7 +682,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		// if any, must match for a replay (see Config.Tenant).
 		req.cookies = m.cookies.callerCookies(r)
 	}
-	req.tenant = tenant
+	req.tenant, req.v1Authz = tenant, v1Authz
 	if m.cfg.OnKey != nil {
 		m.cfg.OnKey(r, key)
 	}
@@ -717,7 +722,13 @@ func (v v1Derivation) derive(r *http.Request, req request, body []byte) (idem.Ke
 	var tenant string
 	switch {
 	case v.tenant == nil:
-		tenant = v1DefaultTenant(r)
+		if auth := r.Header.Get("Authorization"); auth != "" && auth == req.v1Authz {
+			// v1DefaultTenant(r) is "authz:" and the hash of auth,
+			// which req.tenant is (see defaultTenant).
+			tenant = req.tenant
+		} else {
+			tenant = v1DefaultTenant(r)
+		}
 	default:
 		// A tenant source of this package falls back to DefaultTenant,
 		// whose answer changed: v1.0's fell back to v1.0's.
@@ -775,23 +786,63 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 	// The declared length is a hint only: an outer middleware may have
 	// replaced the body (decompressing it, say), and a client that
 	// declares a length and sends nothing must not pin that much memory.
-	// bytes.MinRead more than the hint: ReadFrom grows the buffer
-	// whenever less than that is free, so a body of the declared length
-	// (the usual case) is read into this one allocation, EOF included.
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)+bytes.MinRead))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodySize))
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		m.tooLarge(w, r)
-		return nil, false
-	case err != nil:
-		m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
-			Detail: "The request body could not be read."})
-		return nil, false
+	// bytes.MinRead more than the hint, as bytes.Buffer.ReadFrom keeps
+	// free, so that a body of the declared length (the usual case) is
+	// read into this one allocation, EOF included.
+	//
+	// The reads are those of bytes.Buffer.ReadFrom through
+	// http.MaxBytesReader, without either: each asks at most a byte more
+	// than the limit leaves, and one that gets more is over the limit.
+	buf := make([]byte, 0, min(max(r.ContentLength, 0), 64<<10)+bytes.MinRead)
+	left := m.cfg.MaxBodySize
+	for {
+		if cap(buf)-len(buf) < bytes.MinRead {
+			buf = append(make([]byte, 0, max(2*cap(buf), len(buf)+bytes.MinRead)), buf...)
+		}
+		p := buf[len(buf):cap(buf)]
+		if int64(len(p))-1 > left {
+			p = p[:left+1]
+		}
+		n, err := r.Body.Read(p)
+		if n < 0 {
+			panic(errNegativeRead)
+		}
+		if int64(n) > left {
+			pastLimit(w)
+			m.tooLarge(w, r)
+			return nil, false
+		}
+		left -= int64(n)
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, true
+		}
+		if err != nil {
+			m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
+				Detail: "The request body could not be read."})
+			return nil, false
+		}
 	}
-	return buf.Bytes(), true
 }
+
+// errNegativeRead is bytes.Buffer's panic for a reader that returned a
+// negative count.
+var errNegativeRead = errors.New("bytes.Buffer: reader returned negative count from Read")
+
+// pastLimit tells w's server what http.MaxBytesReader tells it when a
+// request body passes its limit (net/http's writer closes the connection
+// after the answer, the rest of the body unread): through a MaxBytesReader
+// of limit 0 asked for one byte, which it gets.
+func pastLimit(w http.ResponseWriter) {
+	var one [1]byte
+	http.MaxBytesReader(w, overLimit{}, 0).Read(one[:])
+}
+
+// overLimit is an endless body.
+type overLimit struct{}
+
+func (overLimit) Read(p []byte) (int, error) { return len(p), nil }
+func (overLimit) Close() error               { return nil }
 
 func (m *middleware) tooLarge(w http.ResponseWriter, r *http.Request) {
 	p := problemBodyTooLarge
@@ -811,6 +862,9 @@ type request struct {
 	clientKey string              // the Idempotency-Key, for v1.0's key
 	cookies   map[string][]string // no tenant: the cookies that identify the caller
 	tenant    string              // Config.Tenant's answer, for the Quota
+	// v1Authz, when not "", is the Authorization value whose v1.0
+	// tenant is tenant (defaultTenant).
+	v1Authz string
 }
 
 // serve acquires the key and answers: run the handler, replay, 409, 422 or
@@ -887,7 +941,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		switch {
 		case d.Unknown:
 		case m.cfg.FailOpen:
-			next.ServeHTTP(w, withBody(r, r.Context(), body))
+			next.ServeHTTP(w, withBody(r, r.Context(), body, nil))
 			return
 		case errors.Is(d.Err, idem.ErrStoreFull):
 			m.problem(w, r, problemStoreFull)
@@ -911,17 +965,33 @@ func (m *middleware) outcome(r *http.Request, o Outcome) {
 // it, and the client's Transfer-Encoding is gone, so that a handler that
 // forwards r (httputil.ReverseProxy, an http.Client) sends it with its
 // Content-Length, never as a chunked body the next server may not read.
-func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
+// The reader of a non-empty body is rd when not nil (a field of an object
+// the caller allocates anyway), else a new one.
+func withBody(r *http.Request, ctx context.Context, body []byte, rd *bodyReader) *http.Request {
 	r = r.WithContext(ctx)
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
 	if len(body) == 0 {
 		r.Body = http.NoBody
 	} else {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		if rd == nil {
+			rd = new(bodyReader)
+		}
+		rd.r.Reset(body)
+		r.Body = rd
 	}
 	return r
 }
+
+// bodyReader is a body read for the fingerprint, handed to the handler:
+// io.NopCloser(bytes.NewReader(body)) in one object, with its methods
+// (Read, WriteTo and Close) and no other, so that a handler that looks
+// for one (an io.Seeker, say) finds what it found before.
+type bodyReader struct{ r bytes.Reader }
+
+func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+func (*bodyReader) Close() error                         { return nil }
 
 // execute runs the handler under the lease of d, with the work's context
 // and the body read for the fingerprint, then stores its response or
@@ -941,9 +1011,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		}
 	}()
 	defer work.End()
-	r = withBody(r, work.Ctx, body)
+	c := newCapture(w, m.cfg.MaxResponseSize)
+	r = withBody(r, work.Ctx, body, &c.reqBody)
 	finish := work.Finish
-	c := newCapture(w, m.cfg.MaxResponseSize, m.clientWrites(r, start))
+	c.cw = m.clientWrites(r, start)
 	if toBlob {
 		c.toBlob = func() *spill {
 			if !m.cfg.ShouldStore(r, c.status) {
@@ -961,7 +1032,8 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		return
 	}
 	rec := cookieRecord(req.cookies, header) // before storable drops Set-Cookie
-	resp := &idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
+	c.resp = idem.Response{Status: c.status, Header: m.storable(header), Body: c.body, BodyOmitted: c.overflow}
+	resp := &c.resp
 	if rec != "" {
 		resp.Header[headerCallerCookies] = []string{rec}
 	}

@@ -377,6 +377,11 @@ func TestBodyTooLarge(t *testing.T) {
 		if resp.StatusCode != http.StatusRequestEntityTooLarge {
 			t.Fatalf("chunked body over the limit: got %d, want 413", resp.StatusCode)
 		}
+		// As after http.MaxBytesReader's limit: the server closes the
+		// connection, whose rest of the body is not read.
+		if !resp.Close {
+			t.Errorf("chunked body over the limit: the connection stays open (%v), want Connection: close", resp.Header)
+		}
 	})
 }
 

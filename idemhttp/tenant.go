@@ -1,8 +1,6 @@
 package idemhttp
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
 	"net/http"
 	"strconv"
 	"strings"
@@ -39,21 +37,33 @@ import (
 // A normal-form Authorization header ("Bearer tok") and no API key gives
 // the tenant v1.0 gave it.
 func DefaultTenant(r *http.Request) string {
-	if t := ident.Tenant(r.Header.Values); t != "" {
-		return t
+	t, _ := defaultTenant(r)
+	return t
+}
+
+// defaultTenant is DefaultTenant, and, when that tenant is also
+// v1DefaultTenant's answer for the request as it is now ("authz:" and the
+// hash of its one Authorization value, in normal form: ident.TenantV1),
+// that value; else "". So v1.0's tenant need not be hashed again while the
+// request's Authorization is that value (request.v1Authz).
+func defaultTenant(r *http.Request) (tenant, v1Authz string) {
+	if t, asV1 := ident.TenantV1(r.Header.Values); t != "" {
+		if asV1 {
+			v1Authz = r.Header.Get("Authorization")
+		}
+		return t, v1Authz
 	}
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-		return ident.Cert(r.TLS.PeerCertificates[0].Raw)
+		return ident.Cert(r.TLS.PeerCertificates[0].Raw), ""
 	}
-	return ""
+	return "", ""
 }
 
 // v1DefaultTenant is DefaultTenant as v1.0 released it, for the keys of
 // records stored before the upgrade (Config.V1Scopes).
 func v1DefaultTenant(r *http.Request) string {
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		sum := sha256.Sum256([]byte(auth))
-		return "authz:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+		return ident.Hashed("authz:", auth)
 	}
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 		return ident.Cert(r.TLS.PeerCertificates[0].Raw)

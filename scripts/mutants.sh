@@ -162,6 +162,26 @@ mutant idemhttp-work-context idemhttp/middleware.go ./idemhttp 'TestClientTimeou
 mutant idemhttp-capture-after-client-gone idemhttp/capture.go ./idemhttp 'TestClientLeavesMidBody|TestClientStopsReading' \
 	$'\tc.keep(p[:n])\n\treturn n, nil\n}' \
 	$'\tif c.gone == nil {\n\t\tc.keep(p[:n])\n\t}\n\treturn n, nil\n}'
+# The body read by hand (readBody): its limit, and the server told to
+# close the connection past it, as http.MaxBytesReader tells it.
+mutant idemhttp-body-past-limit idemhttp/middleware.go ./idemhttp 'TestBodyTooLarge' \
+	$'\t\t\tpastLimit(w)\n' \
+	$'\t\t\t_ = pastLimit\n'
+mutant idemhttp-body-limit-counted idemhttp/middleware.go ./idemhttp 'TestReadBodyLimit' \
+	$'\t\tleft -= int64(n)\n' \
+	$'\t\tleft -= int64(n) / 2\n'
+# v1.0's tenant taken from today's only while the header is the one hashed,
+# and only when no API key is part of today's.
+mutant idemhttp-v1-tenant-shared idemhttp/middleware.go ./idemhttp 'TestV1TenantRecords' \
+	'auth != "" && auth == req.v1Authz {' \
+	'auth != "" && req.v1Authz != "" {'
+mutant ident-tenant-v1-api-key internal/ident/ident.go ./idemhttp 'TestV1TenantRecords' \
+	$'\t\tasV1 = false\n' \
+	$'\t\t_ = asV1\n'
+# capture.WriteString keeps what Write keeps once the client is gone.
+mutant idemhttp-writestring-after-client-gone idemhttp/capture.go ./idemhttp 'TestCaptureWriteStringAsWrite' \
+	'c.gone, n, err = err, len(s), nil' \
+	'c.gone, err = err, nil'
 mutant idemhttp-transport-key-per-attempt idemhttp/transport.go ./idemhttp 'TestTransport' \
 	$'\t\t\tareq = out.WithContext(ctx)\n' \
 	$'\t\t\tareq = out.WithContext(ctx)\n\t\t\tareq.Header = out.Header.Clone()\n\t\t\tareq.Header.Set(HeaderKey, fmt.Sprint(key, "-", attempt))\n'

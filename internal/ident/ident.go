@@ -17,7 +17,9 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"net"
+	"net/netip"
 	"strings"
+	"unicode/utf8"
 )
 
 // APIKeyHeaders are the request headers that carry an API key by common
@@ -36,36 +38,57 @@ var APIKeyHeaders = []string{"X-Api-Key", "Api-Key", "X-Auth-Token"}
 // that normal form, so a caller that wrote its header in normal form
 // ("Bearer tok") kept its tenant across the upgrade.
 func Tenant(values func(name string) []string) string {
-	var parts []string
+	t, _ := TenantV1(values)
+	return t
+}
+
+// TenantV1 is Tenant, and whether that tenant is the one v1.0's
+// DefaultTenant gave the request: one Authorization value, in normal
+// form, and no API key, so that the tenant is "authz:" and the hash of
+// the value as written (Hashed("authz:", value)).
+func TenantV1(values func(name string) []string) (_ string, asV1 bool) {
+	// The tenant is built in out and each digest's input in in, both on
+	// the stack for the usual sizes: the tenant's string is the one
+	// allocation.
+	var out [128]byte
+	var in [256]byte
+	b := out[:0]
 	switch vs := values("Authorization"); len(vs) {
 	case 0:
 	case 1:
 		if v := Authorization(vs[0]); v != "" {
-			parts = append(parts, "authz:"+hash(v))
+			b = appendHash(append(b, "authz:"...), append(in[:0], v...))
+			asV1 = v == vs[0]
 		}
 	default:
-		norm := make([]string, len(vs))
+		// The normal forms, one a line.
+		norm := in[:0]
 		for i, v := range vs {
-			norm[i] = Authorization(v)
+			if i > 0 {
+				norm = append(norm, '\n')
+			}
+			norm = append(norm, Authorization(v)...)
 		}
-		parts = append(parts, "authz:"+hash(strings.Join(norm, "\n")))
+		b = appendHash(append(b, "authz:"...), norm)
 	}
 	for _, name := range APIKeyHeaders {
 		vs := values(name)
 		if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
 			continue
 		}
-		fields := make([]string, 0, len(vs)+1)
-		fields = append(fields, strings.ToLower(name))
-		for _, v := range vs {
-			fields = append(fields, strings.TrimSpace(v))
+		if len(b) > 0 {
+			b = append(b, ' ') // the parts, one space apart
 		}
-		parts = append(parts, "apikey:"+Digest(fields...))
+		asV1 = false
+		// Digest's fields: the name in lower case, then each value
+		// without its surrounding whitespace.
+		fields := appendLowerField(in[:0], name)
+		for _, v := range vs {
+			fields = appendField(fields, strings.TrimSpace(v))
+		}
+		b = appendHash(append(b, "apikey:"...), fields)
 	}
-	if len(parts) == 1 {
-		return parts[0]
-	}
-	return strings.Join(parts, " ")
+	return string(b), asV1
 }
 
 // OnlyAPIKeys reports whether tenant (Tenant's) was named by API-key
@@ -78,28 +101,67 @@ func OnlyAPIKeys(tenant string) bool {
 // hash is the first 128 bits of SHA-256 over s in unpadded base64url (the
 // form of v1.0's "authz:" and "cert:" tenants).
 func hash(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return base64.RawURLEncoding.EncodeToString(sum[:16])
+	var in [256]byte
+	var out [32]byte
+	return string(appendHash(out[:0], append(in[:0], s...)))
+}
+
+// Hashed is prefix and hash(s): v1.0's tenants.
+func Hashed(prefix, s string) string {
+	var in [256]byte
+	var out [64]byte
+	return string(appendHash(append(out[:0], prefix...), append(in[:0], s...)))
+}
+
+// appendHash appends to dst the first 128 bits of SHA-256 over in, in
+// unpadded base64url: hash's form, without a string on the way.
+func appendHash(dst, in []byte) []byte {
+	sum := sha256.Sum256(in)
+	return base64.RawURLEncoding.AppendEncode(dst, sum[:16])
 }
 
 // Cert is the tenant of a verified client certificate (its DER bytes):
 // "cert:" and a digest, as in v1.0.
 func Cert(der []byte) string {
-	sum := sha256.Sum256(der)
-	return "cert:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+	var out [32]byte
+	return string(appendHash(append(out[:0], "cert:"...), der))
 }
 
 // Digest is the first 128 bits of SHA-256 over the fields, each with its
 // length first, in unpadded base64url.
 func Digest(fields ...string) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
+	var in [256]byte
+	var out [32]byte
+	b := in[:0]
 	for _, f := range fields {
-		h.Write(binary.AppendUvarint(n[:0], uint64(len(f))))
-		h.Write([]byte(f))
+		b = appendField(b, f)
 	}
-	sum := h.Sum(nil)
-	return base64.RawURLEncoding.EncodeToString(sum[:16])
+	return string(appendHash(out[:0], b))
+}
+
+// appendField appends a field of Digest's input to b: its length (a
+// uvarint), then its bytes.
+func appendField(b []byte, f string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(f))), f...)
+}
+
+// appendLowerField is appendField of strings.ToLower(f), without the
+// string when f is ASCII (whose lower case is as long).
+func appendLowerField(b []byte, f string) []byte {
+	for i := 0; i < len(f); i++ {
+		if f[i] >= utf8.RuneSelf {
+			return appendField(b, strings.ToLower(f))
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(f)))
+	for i := 0; i < len(f); i++ {
+		c := f[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return b
 }
 
 // Authorization returns the normal form of an Authorization value
@@ -210,12 +272,35 @@ func unreserved(c byte) bool {
 // Config.Authority of their own.
 func Host(hostport string) string {
 	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
+	if strings.ContainsAny(hostport, ":[]") {
+		// Without a colon there is no port to split (SplitHostPort
+		// fails), and without brackets nothing to trim.
+		if h, _, err := net.SplitHostPort(hostport); err == nil {
+			host = h
+		}
+		host = strings.Trim(host, "[]")
 	}
-	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
-	if net.ParseIP(host) != nil {
-		return ""
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if mayBeIP(host) {
+		// net.ParseIP(host) != nil, without its copy of the address.
+		if a, err := netip.ParseAddr(host); err == nil && a.Zone() == "" {
+			return ""
+		}
 	}
 	return host
+}
+
+// mayBeIP reports whether s may parse as an IP address: an IPv6 address
+// has a colon, and an IPv4 address has only digits and dots
+// (netip.ParseAddr). A host name (a letter, a hyphen) is not one.
+func mayBeIP(s string) bool {
+	if strings.IndexByte(s, ':') >= 0 {
+		return true
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c != '.' && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
 }
