@@ -29,7 +29,7 @@
 # Needs what the targeted tests need: redis-server, PostgreSQL, dynalite,
 # mariadbd, fauxqs, aws-lambda-rie, Valkey 9.1 and Redis 8.6
 # (scripts/build-redis-servers.sh) and Caddy's modules (see scripts/test.sh,
-# which installs them all). 89 mutants: about 25 minutes on a quiet 2-core machine
+# which installs them all). 94 mutants: about 25 minutes on a quiet 2-core machine
 # (twice that shared with other work; the baseline about 2 of them, then 6 to 55 seconds
 # per mutant); the first build in the copy compiles the module's packages
 # (and Caddy's module's) again.
