@@ -136,7 +136,8 @@ func BenchmarkLatency(b *testing.B) {
 // BenchmarkThroughput drives the server from 16 and from 128 goroutines
 // and reports requests per second without the middleware and with it
 // (first requests on new keys, and replays, on the private redis-server;
-// first requests on memstore).
+// first requests on memstore; first requests on Redis without the look-up
+// of v1.0's keys, Config.V1Scopes).
 //
 //	go test -run '^$' -bench Throughput -benchtime 5s ./idemhttp/
 func BenchmarkThroughput(b *testing.B) {
@@ -150,6 +151,11 @@ func BenchmarkThroughput(b *testing.B) {
 			{"first/redis", func(b *testing.B) http.Handler { return withStore(redistest.Store(b, redisSrv, redisstore.Options{})) }, "new"},
 			{"replay/redis", func(b *testing.B) http.Handler { return withStore(redistest.Store(b, redisSrv, redisstore.Options{})) }, "same"},
 			{"first/memstore", func(*testing.B) http.Handler { return withStore(memstore.New(memstore.Options{})) }, "new"},
+			// Without the look-up of v1.0's keys (on by default for a
+			// retention after start, one store read per first request).
+			{"first/redis-v1off", func(b *testing.B) http.Handler {
+				return idemhttp.Middleware(redistest.Store(b, redisSrv, redisstore.Options{}), idemhttp.Config{V1Scopes: -1})(http.HandlerFunc(noop))
+			}, "new"},
 		} {
 			b.Run(fmt.Sprintf("g%d/%s", goroutines, c.name), func(b *testing.B) {
 				srv, client := benchServer(b, c.handler(b))
