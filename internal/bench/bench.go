@@ -155,7 +155,7 @@ func NewFlags(fs *flag.FlagSet, catalog []Impl) *Flags {
 	return &Flags{
 		catalog:    catalog,
 		redisURL:   fs.String("redis", "", "Redis `URL` to use (default: start a private redis-server on loopback, which needs redis-server on PATH)"),
-		impls:      fs.String("impls", strings.Join(names, ","), "comma-separated `implementations` (none runs in scenario b only; idem-sealed, idem-rueidis with sealed records, only when named)"),
+		impls:      fs.String("impls", strings.Join(names, ","), "comma-separated `implementations` (none runs in scenario b only; idem-sealed, idem-rueidis with sealed records, and idem-v1off, idem-rueidis without the look-up of v1.0's keys, only when named)"),
 		scen:       fs.String("scenarios", "a,b,c,d", "comma-separated `scenarios`: a (retry storm), b (overhead), c (hot keys), d (replays)"),
 		quick:      fs.Bool("quick", false, "every scenario at reduced size (a smoke check, under a minute)"),
 		rate:       fs.Float64("rate", 0, "open loop: send at this fixed rate (`requests/s`), latency from the scheduled send time; 0: closed loop"),

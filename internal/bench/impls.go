@@ -70,8 +70,8 @@ func ImplNames(impls []Impl) []string {
 // order. "none" runs only in scenario b, as its baseline.
 func Builtin() []Impl {
 	var out []Impl
-	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait", "idem-409", "idem-sealed"} {
-		out = append(out, Impl{Name: name, Color: implColors[name], OnlyB: name == "none", Extra: name == "idem-sealed",
+	for _, name := range []string{"none", "naive", "watch", "lua", "idem-rueidis", "idem-goredis", "idem-wait", "idem-409", "idem-sealed", "idem-v1off"} {
+		out = append(out, Impl{Name: name, Color: implColors[name], OnlyB: name == "none", Extra: name == "idem-sealed" || name == "idem-v1off",
 			Build: func(ctx context.Context, env Env) (Server, error) { return buildBuiltin(ctx, name, env) }})
 	}
 	return out
@@ -191,13 +191,15 @@ func buildBuiltin(ctx context.Context, impl string, env Env) (Server, error) {
 	switch impl {
 	case "none":
 		return NetHTTP(app, logger, nil), nil
-	case "idem-rueidis", "idem-wait", "idem-409", "idem-sealed":
+	case "idem-rueidis", "idem-wait", "idem-409", "idem-sealed", "idem-v1off":
 		cfg := idemhttp.Config{Retention: Retention, Logger: logger}
 		switch impl {
 		case "idem-wait":
 			cfg.Wait = benchWait
 		case "idem-409":
 			cfg.Wait = -1
+		case "idem-v1off":
+			cfg.V1Scopes = -1 // no look-up of v1.0's keys: a store read less per first request
 		case "idem-sealed":
 			ring, err := benchRing()
 			if err != nil {

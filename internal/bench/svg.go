@@ -18,6 +18,7 @@ var implColors = map[string]string{
 	"idem-wait":    "#9467bd",
 	"idem-409":     "#8c564b",
 	"idem-sealed":  "#e377c2",
+	"idem-v1off":   "#7f7f7f",
 }
 
 // colorOf is impl's color: its Impl's, else the built-in one, else gray.
