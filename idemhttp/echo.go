@@ -57,7 +57,8 @@ type stamped struct {
 	w        http.ResponseWriter
 	key      []string  // the key to echo; nil until it is read, or without EchoKey
 	keyv     [1]string // key's value (echo), allocated with s
-	lifetime []string  // nil without LifetimeHeader
+	lifetime []string  // nil without LifetimeHeader; shared by every response: sent as lifev
+	lifev    [1]string // this response's copy of lifetime's value, allocated with s
 	done     bool      // the final header went out
 	hijacked bool      // the handler took the connection: no header of ours
 }
@@ -98,7 +99,10 @@ func (s *stamped) set() {
 	}
 	if s.lifetime != nil {
 		drop(h, HeaderKeyLifetime, HeaderKeyLifetime)
-		h[HeaderKeyLifetime] = s.lifetime
+		// A copy of its own: code after this (Caddy's header replace, any
+		// middleware) may write into the value in place.
+		s.lifev[0] = s.lifetime[0]
+		h[HeaderKeyLifetime] = s.lifev[:]
 	}
 }
 

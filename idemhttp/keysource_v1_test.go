@@ -98,7 +98,7 @@ func TestV1TenantRecords(t *testing.T) {
 			func(r *http.Request, _ idem.Key) { r.Header.Set("Authorization", "Bearer tenant-1") }, "Bearer tenant-1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			store := memstore.New(memstore.Options{})
+			store := struct{ idem.Store }{memstore.New(memstore.Options{})} // as a store v1.0 used too (see TestKeySourceV1Records)
 			newReq := func() *http.Request {
 				r := httptest.NewRequest("POST", "/charges", strings.NewReader(body))
 				for k, vs := range c.header {

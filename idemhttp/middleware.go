@@ -1133,6 +1133,17 @@ func (m *middleware) replayStored(w http.ResponseWriter, r *http.Request, key id
 // replayHeader sets the stored header of resp on w, and idem's own.
 func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 	h := w.Header()
+	// The values are copied, into one array of this replay's own (its
+	// last element Idempotent-Replayed's): code after this may write into
+	// a header value in place (Caddy's header replace does), and resp may
+	// be shared (the requests of this process handed one response, a
+	// store that caches what it decoded). Each entry is clipped: an Add
+	// appends to a new array, never into its neighbour.
+	n := 1
+	for _, vs := range resp.Header {
+		n += len(vs)
+	}
+	vals := make([]string, 0, n)
 	for name, vs := range resp.Header {
 		if name == headerCallerCookies || m.dropped(trailerless(name)) {
 			// Denied headers again, whatever their case: a record stored
@@ -1140,16 +1151,22 @@ func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 			// before an allowlist left it out.
 			continue
 		}
-		// Clipped: requests handed the same stored response share its
-		// slices, and an Add after this must not write into them. A
-		// trailer (http.TrailerPrefix) goes out after the body: net/http
-		// sends such keys as trailers once the handler has returned.
-		h[name] = slices.Clip(vs)
+		if len(vs) == 0 {
+			h[name] = slices.Clip(vs) // nothing to write into
+			continue
+		}
+		// A trailer (http.TrailerPrefix) goes out after the body:
+		// net/http sends such keys as trailers once the handler has
+		// returned.
+		i := len(vals)
+		vals = append(vals, vs...)
+		h[name] = vals[i:len(vals):len(vals)]
 	}
 	if _, ok := h["Content-Type"]; !ok {
 		h["Content-Type"] = nil // the original had none: net/http must not sniff one
 	}
-	h.Set(HeaderReplayed, "true")
+	vals = append(vals, "true")
+	h[HeaderReplayed] = vals[len(vals)-1:]
 }
 
 // replayNotKept answers for a stored response whose body was not kept:
