@@ -619,8 +619,9 @@ func (s *server) outcome(ctx context.Context, method string, o Outcome) {
 // goes on. The calls in this process that wait for the key get the stored
 // outcome handed to them.
 func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler, d engine.Decision, method string) (any, error) {
-	cs := &captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}
-	w := s.eng.Start(d, func(o engine.Outcome) { s.outcome(ctx, method, Outcome(o)) })
+	x := &execution{cs: captureStream{next: grpc.ServerTransportStreamFromContext(ctx), req: ctx}, s: s, ctx: ctx, method: method}
+	cs, w := &x.cs, &x.work
+	s.eng.StartIn(w, d, x)
 	defer w.End()
 	work := grpc.NewContextWithServerTransportStream(w.Ctx, cs)
 	resp, err := handler(work, req)
@@ -651,6 +652,20 @@ func (s *server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	}
 	return resp, err
 }
+
+// execution is what execute keeps of a call that runs the handler, in
+// one allocation: the stream that captures its metadata, the engine's
+// Work, and what the Work's report needs (it is the Work's Reporter).
+type execution struct {
+	cs     captureStream
+	work   engine.Work
+	s      *server
+	ctx    context.Context // the call's
+	method string
+}
+
+// Report reports the work's outcome, executed or released.
+func (x *execution) Report(o engine.Outcome) { x.s.outcome(x.ctx, x.method, Outcome(o)) }
 
 // trueValue is the value of the replay markers; grpc-go copies metadata
 // values it is given (metadata.Join), so one slice serves every replay.

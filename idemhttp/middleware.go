@@ -1001,7 +1001,9 @@ func (*bodyReader) Close() error                         { return nil }
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, d engine.Decision, req request, toBlob bool, start time.Time,
 	ticket quota.Ticket) {
 	key, att, outer := req.key, d.Attempt, r
-	work := m.eng.Start(d, func(o engine.Outcome) { m.outcome(outer, Outcome(o)) })
+	x := &execution{m: m, r: outer}
+	work := &x.work
+	m.eng.StartIn(work, d, x)
 	var stored *idem.Response // the quota's: the work ended with this record, or released its key
 	defer func() {
 		if stored != nil {
@@ -1065,6 +1067,17 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, body []byte
 		work.ClientGone(c.gone)
 	}
 }
+
+// execution is the engine's Work of an executed request and what its
+// report needs, in one allocation: it is the Work's Reporter.
+type execution struct {
+	work engine.Work
+	m    *middleware
+	r    *http.Request // the request as the middleware got it
+}
+
+// Report reports the work's outcome, executed or released.
+func (x *execution) Report(o engine.Outcome) { x.m.outcome(x.r, Outcome(o)) }
 
 // storable drops the headers that are never stored. Names are matched
 // whatever their case: a handler may write a map key as it likes

@@ -10,7 +10,7 @@
 //	d := e.Acquire(ctx, parent, key, fp, method)
 //	switch d.Outcome {
 //	case OutcomeExecuted: // run: the key is held
-//		w := e.Start(d, report)
+//		w := e.Start(d, report) // or e.StartIn(&state.work, d, report)
 //		defer w.End() // releases the key if neither Complete nor Release ran (a panic)
 //		... run the handler with w.Ctx; then w.Complete(resp), or w.Release()
 //	case OutcomeReplayed: // answer with d.Response
@@ -253,7 +253,7 @@ func (e *Engine) Report(ctx context.Context, o Outcome) {
 //
 //	OutcomeExecuted    run the work under Attempt (Start); its outcome,
 //	                   executed or released, is reported by the Work,
-//	                   through the callback given to Start
+//	                   through the Reporter given to Start
 //	OutcomeReplayed    answer with Response, the stored one
 //	OutcomeMismatch    the key was used with another fingerprint
 //	OutcomeInFlight    in flight (past the wait); RetryAfter is the time
@@ -492,7 +492,7 @@ func (e *Engine) release(ctx context.Context, att *idem.Attempt) {
 // Start (the work, or what the adapter does after it) skips both: End
 // then releases the key, and the panic goes on.
 //
-// The outcome is reported once, through the callback given to Start:
+// The outcome is reported once, through the Reporter given to Start:
 // OutcomeReleased after the key is released (by Release or End),
 // OutcomeExecuted just before Complete stores the response (so that a
 // retry replaying it finds the execution counted).
@@ -511,19 +511,34 @@ type Work struct {
 	e        *Engine
 	fp       idem.Fingerprint
 	stop     workStop
-	report   func(Outcome)
+	report   Reporter
 	settled  bool           // Complete or Release ran
 	reported bool           // report was called
 	stored   bool           // the response is stored: End hands it over
 	handed   waiters.Result // set once, with stored
 }
 
+// Reporter is told a work's outcome, executed or released (see Work):
+// typically the adapter's per-request state, which holds what its report
+// needs, so that no closure is made for it.
+type Reporter interface {
+	Report(Outcome)
+}
+
 // Start starts the work of d, a decision to run (OutcomeExecuted), under
-// its attempt. report is called once with the work's outcome, executed or
+// its attempt. report is told the work's outcome once, executed or
 // released (see Work); it may be nil.
-func (e *Engine) Start(d Decision, report func(Outcome)) *Work {
+func (e *Engine) Start(d Decision, report Reporter) *Work {
+	w := new(Work)
+	e.StartIn(w, d, report)
+	return w
+}
+
+// StartIn is Start with the Work in w, a zero Work the caller allocated
+// (a field of its per-request state, say), which it must not copy.
+func (e *Engine) StartIn(w *Work, d Decision, report Reporter) {
 	ctx, stop := e.workContext(d.Attempt.Context())
-	return &Work{Ctx: ctx, Finish: context.WithoutCancel(ctx), Attempt: d.Attempt, e: e, fp: d.fp, stop: stop, report: report}
+	*w = Work{Ctx: ctx, Finish: context.WithoutCancel(ctx), Attempt: d.Attempt, e: e, fp: d.fp, stop: stop, report: report}
 }
 
 // workContext adds MaxExecution and StopContext to the attempt's context.
@@ -598,7 +613,7 @@ func (w *Work) outcome(o Outcome) {
 		return
 	}
 	w.reported = true // before: a report that panics is not made twice
-	w.report(o)
+	w.report.Report(o)
 }
 
 // Failed logs that the work ran but its result cannot be stored (why is

@@ -192,6 +192,11 @@ func TestNewValidates(t *testing.T) {
 // and reports OutcomeReleased, once; the panic goes on. A report that
 // panics (the adapter's OnOutcome) is not made again, and its key is
 // released too.
+// reportFunc is a func as a Reporter.
+type reportFunc func(Outcome)
+
+func (f reportFunc) Report(o Outcome) { f(o) }
+
 func TestEndAfterPanic(t *testing.T) {
 	e := newEngine(t, Config{})
 	ctx := t.Context()
@@ -203,7 +208,7 @@ func TestEndAfterPanic(t *testing.T) {
 			t.Fatalf("%v: got %+v, want executed", k, d)
 		}
 		defer func() { p = recover() }()
-		w := e.Start(d, report)
+		w := e.Start(d, reportFunc(report))
 		defer w.End()
 		work(w)
 		return nil
