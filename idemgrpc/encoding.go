@@ -48,11 +48,26 @@ type captured struct {
 }
 
 // encoded is the idem.Response encode makes, with the value of its
-// ":type" header: one allocation for both. The value's slice is capped,
-// so that an append to it never writes here.
+// ":type" header and, when it is short, its body: one allocation for
+// all. The value's slice and the body are capped, so that an append to
+// them never writes here.
 type encoded struct {
 	resp idem.Response
 	typ  [1]string
+	body [inlineBody]byte
+}
+
+// inlineBody is the longest encoding kept in an encoded itself.
+const inlineBody = 64
+
+// marshal is deterministic.Marshal(m), into e's own array when it fits
+// (the same bytes; an empty encoding is Marshal's own).
+func (e *encoded) marshal(m proto.Message) ([]byte, error) {
+	b, err := deterministic.MarshalAppend(e.body[:0], m)
+	if err != nil || len(b) == 0 {
+		return deterministic.Marshal(m)
+	}
+	return slices.Clip(b), nil
 }
 
 // encode maps c into an idem.Response. deny names metadata keys never
@@ -74,7 +89,7 @@ func encode(c *captured, deny map[string]bool, types protoregistry.MessageTypeRe
 	r := &e.resp
 	if c.st != nil {
 		r.Status = statusBase + int(c.st.Code())
-		body, err := deterministic.Marshal(c.st.Proto())
+		body, err := e.marshal(c.st.Proto())
 		if err != nil {
 			return nil, fmt.Errorf("idemgrpc: encoding the status: %w", err)
 		}
@@ -89,7 +104,7 @@ func encode(c *captured, deny map[string]bool, types protoregistry.MessageTypeRe
 	if _, err := types.FindMessageByName(name); err != nil {
 		return nil, fmt.Errorf("idemgrpc: response type %s cannot be resolved for a replay (Config.Types): %w", name, err)
 	}
-	body, err := deterministic.Marshal(m)
+	body, err := e.marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("idemgrpc: encoding the %T response: %w", c.resp, err)
 	}

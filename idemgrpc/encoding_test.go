@@ -105,3 +105,47 @@ func TestDefaultFingerprintPooled(t *testing.T) {
 		}
 	}
 }
+
+// The stored body is deterministic.Marshal's encoding byte for byte,
+// whether it fits in the encoded's own array or not, and an empty
+// message's is Marshal's own; the body is capped at its length.
+func TestEncodeBodyIsMarshal(t *testing.T) {
+	long := make([]any, 40)
+	for i := range long {
+		long[i] = "value"
+	}
+	var msgs []proto.Message
+	for _, v := range []map[string]any{nil, {}, {"a": 1}, {"amount": 1000, "currency": "EUR", "z": true, "b": "x"}, {"list": long}} {
+		s, err := structpb.NewStruct(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, s)
+	}
+	for _, m := range msgs {
+		want, err := deterministic.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := encode(&captured{resp: m}, nil, protoregistry.GlobalTypes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.Body, want) || (r.Body == nil) != (want == nil) || cap(r.Body) != len(r.Body) {
+			t.Errorf("%v: body %x (cap %d), want %x", m, r.Body, cap(r.Body), want)
+		}
+	}
+	for _, st := range []*status.Status{status.New(codes.NotFound, "no"), status.New(codes.InvalidArgument, string(make([]byte, 200)))} {
+		want, err := deterministic.Marshal(st.Proto())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := encode(&captured{st: st}, nil, protoregistry.GlobalTypes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.Body, want) || cap(r.Body) != len(r.Body) {
+			t.Errorf("%v: body %x (cap %d), want %x", st, r.Body, cap(r.Body), want)
+		}
+	}
+}
