@@ -194,7 +194,8 @@ func (g *Guard) retryCompleteMany(ctx context.Context, start time.Time, cs []Com
 	var left []int // indexes in cs still to try
 	ends := make([]time.Time, len(cs))
 	for j, err := range errs {
-		if retryableComplete(err) {
+		// (retryableComplete allocates, even for nil: most answers are.)
+		if err != nil && retryableComplete(err) {
 			left = append(left, j)
 			ends[j] = att(j).retryUntil(start)
 		}
