@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/idemkit/idem"
@@ -77,10 +78,23 @@ func tasksOf(idx []int) []eachTask {
 	return out
 }
 
+// firstsScan is the largest batch firsts scans instead of making a map.
+const firstsScan = 32
+
 // firsts returns, for each entry of idx, whether it is its key's first
 // appearance in the batch.
 func firsts(idx []int, key func(int) idem.Key) []bool {
 	out := make([]bool, len(idx))
+	if len(idx) <= firstsScan {
+		// A small batch: each key compared with the keys before it,
+		// without a map.
+		var ks [firstsScan]idem.Key
+		for j, i := range idx {
+			ks[j] = key(i)
+			out[j] = !slices.Contains(ks[:j], ks[j])
+		}
+		return out
+	}
 	seen := make(map[idem.Key]struct{}, len(idx))
 	for j, i := range idx {
 		k := key(i)
