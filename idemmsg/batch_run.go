@@ -218,8 +218,11 @@ func (b *batchRun) prepare() []int {
 		reqs  []idem.BeginRequest
 		at    []int
 		first = make(map[idem.Key]int, len(b.dls))
-		run   []int
+		run   = make([]int, 0, len(b.dls))
 	)
+	if b.batched {
+		reqs, at = make([]idem.BeginRequest, 0, len(b.dls)), make([]int, 0, len(b.dls))
+	}
 	for i, dl := range b.dls {
 		key, err := b.d.scope.Key(dl.Key)
 		if err != nil {
@@ -373,7 +376,7 @@ func (b *batchRun) finishUp() {
 func (b *batchRun) flusher() {
 	defer b.flushed.raise()
 	var (
-		group   []batchItem
+		group   = make([]batchItem, 0, len(b.dls))
 		timer   *time.Timer
 		timeout <-chan time.Time
 		decided int

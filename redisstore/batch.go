@@ -481,7 +481,9 @@ func (s *Store) CompleteMany(ctx context.Context, cs []idem.Completion) []error 
 	}
 	spans := make([]completeArgs, len(cs))
 	var ar arena
-	prev := -1 // the last key with its arguments in ar
+	ar.buf = make([]byte, 0, 64*len(cs)) // room for small records
+	// prev is the last key with its arguments in ar.
+	prev := -1
 	for i, c := range cs {
 		ms, err := millis("retention", c.Retention)
 		if err != nil {
