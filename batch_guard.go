@@ -151,6 +151,9 @@ func (g *Guard) FinishMany(ctx context.Context, fs []Finish) []error {
 			forgets = append(forgets, a.lease)
 			continue
 		}
+		if cs == nil { // room for every one, the usual case
+			cs, csAt = make([]Completion, 0, len(fs)), make([]int, 0, len(fs))
+		}
 		cs = append(cs, Completion{Lease: a.lease, Response: stored, Retention: g.cfg.Retention})
 		csAt = append(csAt, i)
 	}
@@ -191,13 +194,22 @@ func (g *Guard) FinishMany(ctx context.Context, fs []Finish) []error {
 // failed with a retryable error are tried again together, each until its
 // own attempt's retryUntil.
 func (g *Guard) retryCompleteMany(ctx context.Context, start time.Time, cs []Completion, att func(j int) *Attempt, errs []error) {
-	var left []int // indexes in cs still to try
-	ends := make([]time.Time, len(cs))
+	var (
+		left []int       // indexes in cs still to try
+		ends []time.Time // by index in cs, for those in left
+	)
 	for j, err := range errs {
-		if retryableComplete(err) {
+		// (retryableComplete allocates, even for nil: most answers are.)
+		if err != nil && retryableComplete(err) {
+			if ends == nil {
+				ends = make([]time.Time, len(cs))
+			}
 			left = append(left, j)
 			ends[j] = att(j).retryUntil(start)
 		}
+	}
+	if len(left) == 0 {
+		return // nothing to retry: the loop below would return at once
 	}
 	sub := make([]Completion, 0, len(left))
 	for n := 0; len(left) > 0; n++ {

@@ -42,10 +42,10 @@ type batchRun struct {
 	items  chan batchItem
 	ready  chan readyDup // later deliveries whose first one is recorded
 
-	stop     *signal // no handler starts any more (see stopped)
-	crashed  *signal // settle failed: nothing more is recorded or settled
-	crashErr error   // settle's error; set before crashed is raised
-	flushed  *signal // the flusher returned
+	stop     signal // no handler starts any more (see stopped)
+	crashed  signal // settle failed: nothing more is recorded or settled
+	crashErr error  // settle's error; set before crashed is raised
+	flushed  signal // the flusher returned
 }
 
 // batchItem is a delivery whose handler returned (att set: the result is
@@ -73,7 +73,7 @@ type signal struct {
 	c    chan struct{}
 }
 
-func newSignal() *signal { return &signal{c: make(chan struct{})} }
+func newSignal() signal { return signal{c: make(chan struct{})} }
 
 func (s *signal) raise()                { s.once.Do(func() { close(s.c) }) }
 func (s *signal) done() <-chan struct{} { return s.c }
@@ -95,7 +95,6 @@ func newBatchRun(d *Deduplicator, ctx context.Context, dls []Delivery, opts Batc
 		stopAt:  len(dls),
 		att:     make([]*idem.Attempt, len(dls)),
 		started: make([]bool, len(dls)),
-		dups:    map[int][]int{},
 		items:   make(chan batchItem, len(dls)),
 		ready:   make(chan readyDup, len(dls)),
 		stop:    newSignal(),
@@ -114,6 +113,7 @@ func (b *batchRun) run() (err error) {
 	go b.flusher()
 
 	pool := workpool.New(b.opts.Concurrency)
+	work := b.work // made once, not once per delivery
 	finished := false
 	defer func() {
 		if finished {
@@ -134,7 +134,7 @@ func (b *batchRun) run() (err error) {
 		if !b.take(i) {
 			continue
 		}
-		if !pool.Go(func() { b.work(i) }) {
+		if !pool.GoIndex(work, i) {
 			b.untake(i)
 			break
 		}
@@ -155,7 +155,7 @@ func (b *batchRun) run() (err error) {
 		if r.skip || !b.take(r.i) {
 			continue
 		}
-		if !pool.Go(func() { b.work(r.i) }) {
+		if !pool.GoIndex(work, r.i) {
 			b.untake(r.i)
 			break
 		}
@@ -217,9 +217,12 @@ func (b *batchRun) prepare() []int {
 	var (
 		reqs  []idem.BeginRequest
 		at    []int
-		first = map[idem.Key]int{}
-		run   []int
+		first = make(map[idem.Key]int, len(b.dls))
+		run   = make([]int, 0, len(b.dls))
 	)
+	if b.batched {
+		reqs, at = make([]idem.BeginRequest, 0, len(b.dls)), make([]int, 0, len(b.dls))
+	}
 	for i, dl := range b.dls {
 		key, err := b.d.scope.Key(dl.Key)
 		if err != nil {
@@ -227,6 +230,9 @@ func (b *batchRun) prepare() []int {
 			continue
 		}
 		if j, ok := first[key]; ok {
+			if b.dups == nil {
+				b.dups = map[int][]int{}
+			}
 			b.dups[j] = append(b.dups[j], i)
 			continue
 		}
@@ -370,7 +376,7 @@ func (b *batchRun) finishUp() {
 func (b *batchRun) flusher() {
 	defer b.flushed.raise()
 	var (
-		group   []batchItem
+		group   = make([]batchItem, 0, len(b.dls))
 		timer   *time.Timer
 		timeout <-chan time.Time
 		decided int
@@ -419,16 +425,29 @@ func (b *batchRun) flush(group []batchItem) {
 		}
 		return
 	}
-	var fins []idem.Finish
-	var at []int
+	var (
+		fins []idem.Finish
+		at   []int
+		// The Executed responses of the group, one allocation for all
+		// (cap len(group): never moved, so each keeps its own address).
+		executed []idem.Response
+	)
 	for k, it := range group {
 		if it.att == nil {
 			continue
 		}
+		if fins == nil {
+			fins = make([]idem.Finish, 0, len(group))
+			at = make([]int, 0, len(group))
+		}
 		var resp *idem.Response
 		switch {
 		case it.ferr == nil:
-			resp = &idem.Response{Status: StatusExecuted}
+			if executed == nil {
+				executed = make([]idem.Response, 0, len(group))
+			}
+			executed = append(executed, idem.Response{Status: StatusExecuted})
+			resp = &executed[len(executed)-1]
 		case !it.interrupted && max(b.dls[it.i].Attempt, 1) >= b.d.cfg.MaxFailures:
 			resp = deadLetterResponse(it.ferr)
 		}

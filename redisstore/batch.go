@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"crypto/sha1"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -134,7 +136,7 @@ type batchResult struct {
 // the order of a key's transitions never depends on the order in which
 // calls are run (they go out in parallel on Cluster, and a call resent
 // after NOSCRIPT runs after the others).
-func (s *Store) plan(n int, key func(i int) idem.Key, grouped bool) []*batchCall {
+func (s *Store) plan(n int, key func(i int) idem.Key, name func(i int) string, grouped bool) []*batchCall {
 	var calls []*batchCall
 	open := map[uint16]*batchCall{} // by slot (one entry when not grouped): the call filling up
 	distinct := map[*batchCall]int{}
@@ -156,7 +158,7 @@ func (s *Store) plan(n int, key func(i int) idem.Key, grouped bool) []*batchCall
 			distinct[c]++
 		}
 		c.at = append(c.at, i)
-		c.keys = append(c.keys, s.KeyName(k))
+		c.keys = append(c.keys, name(i))
 	}
 	return calls
 }
@@ -360,15 +362,16 @@ func (s *Store) exec(ctx context.Context, bs *batchScript, n int, key func(int) 
 	if len(idx) == 0 {
 		return
 	}
-	if !batched { // the native path (native_batch.go)
+	names := s.keyNames(n, idx, key) // s.KeyName(key(i)) of each entry
+	if !batched {                    // the native path (native_batch.go)
 		if nr, ok := run.(*nativeRunner); ok {
-			s.execNative(ctx, nr, bs, idx, key, args, answer, fail)
+			s.execNative(ctx, nr, bs, idx, key, names, args, answer, fail)
 		} else {
-			s.execEach(ctx, run, bs, tasksOf(idx), key, args, answer, fail)
+			s.execEach(ctx, run, bs, tasksOf(idx), key, names, args, answer, fail)
 		}
 		return
 	}
-	calls := s.plan(len(idx), func(j int) idem.Key { return key(idx[j]) }, b.grouped())
+	calls := s.plan(len(idx), func(j int) idem.Key { return key(idx[j]) }, func(j int) string { return names[idx[j]] }, b.grouped())
 	for _, c := range calls {
 		c.args = make([]string, 0, len(c.at)*bs.nargs)
 		for j, at := range c.at {
@@ -398,15 +401,31 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []idem.AcquireRequest) []i
 		}
 		return out
 	}
+	// The arguments of each key (lease id, fingerprint, TTL in ms), in
+	// one arena; a TTL the key before has too is written once.
+	type acqArgs struct{ id, fp, ttl span }
+	spans := make([]acqArgs, len(reqs))
+	var ar arena
+	ar.buf = make([]byte, 0, len(reqs)*(len(idem.LeaseID{})+len(idem.Fingerprint{}))+8)
 	for i, req := range reqs {
-		out[i].Err = req.Validate()
+		if out[i].Err = req.Validate(); out[i].Err != nil {
+			continue
+		}
+		p := &spans[i]
+		p.id, p.fp = ar.add(req.LeaseID[:]), ar.add(req.Fingerprint[:])
+		if i > 0 && out[i-1].Err == nil && reqs[i-1].TTL.Milliseconds() == req.TTL.Milliseconds() {
+			p.ttl = spans[i-1].ttl
+		} else {
+			p.ttl = ar.addInt(req.TTL.Milliseconds())
+		}
 	}
+	ar.done()
 	s.exec(ctx, batchScripts[batchAcquire], len(reqs),
 		func(i int) idem.Key { return reqs[i].Key },
 		func(i int) bool { return out[i].Err == nil },
 		func(i int, dst []string) []string {
-			r := reqs[i]
-			return append(dst, string(r.LeaseID[:]), string(r.Fingerprint[:]), strconv.FormatInt(r.TTL.Milliseconds(), 10))
+			p := &spans[i]
+			return append(dst, ar.str(p.id), ar.str(p.fp), ar.str(p.ttl))
 		},
 		func(i int, r reply) { out[i].Acquisition, out[i].Err = s.acquisition(reqs[i], r) },
 		func(i int, err error) { out[i].Err = &idem.StoreError{Op: "acquire", Key: reqs[i].Key, Err: err} })
@@ -453,25 +472,49 @@ func (s *Store) CompleteMany(ctx context.Context, cs []idem.Completion) []error 
 		wg.Wait()
 		return out
 	}
-	blobs := make([][]byte, len(cs))
-	ms := make([]int64, len(cs))
+	// The arguments of each key (lease id, token, retention in ms, the
+	// record), in one arena; a retention the key before has too is
+	// written once.
+	type completeArgs struct {
+		id, token, ms, blob span
+		n                   int64 // the retention in ms
+	}
+	spans := make([]completeArgs, len(cs))
+	var ar arena
+	ar.buf = make([]byte, 0, 64*len(cs)) // room for small records
+	// prev is the last key with its arguments in ar.
+	prev := -1
 	for i, c := range cs {
-		if ms[i], out[i] = millis("retention", c.Retention); out[i] != nil {
+		ms, err := millis("retention", c.Retention)
+		if err != nil {
+			out[i] = err
 			continue
 		}
-		blob, err := c.Response.AppendBinary(nil)
+		p := &spans[i]
+		mark := ar.mark()
+		buf, err := c.Response.AppendBinary(ar.buf)
 		if err != nil {
+			ar.buf = ar.buf[:mark] // (buf is nil, or ar.buf's, or a copy of it)
 			out[i] = &idem.StoreError{Op: "complete", Key: c.Lease.Key, Err: err}
 			continue
 		}
-		blobs[i] = blob
+		ar.buf = buf
+		p.blob = ar.cut(mark)
+		p.id, p.token, p.n = ar.add(c.Lease.ID[:]), ar.addToken(c.Lease.Token), ms
+		if prev >= 0 && spans[prev].n == ms {
+			p.ms = spans[prev].ms
+		} else {
+			p.ms = ar.addInt(ms)
+		}
+		prev = i
 	}
+	ar.done()
 	s.exec(ctx, batchScripts[batchComplete], len(cs),
 		func(i int) idem.Key { return cs[i].Lease.Key },
 		func(i int) bool { return out[i] == nil },
 		func(i int, dst []string) []string {
-			l := cs[i].Lease
-			return append(dst, string(l.ID[:]), packToken(l.Token), strconv.FormatInt(ms[i], 10), string(blobs[i]), "")
+			p := &spans[i]
+			return append(dst, ar.str(p.id), ar.str(p.token), ar.str(p.ms), ar.str(p.blob), "")
 		},
 		func(i int, r reply) { out[i] = leaseResult(r, nil) },
 		func(i int, err error) { out[i] = &idem.StoreError{Op: "complete", Key: cs[i].Lease.Key, Err: err} })
@@ -497,4 +540,63 @@ func (s *Store) ReleaseMany(ctx context.Context, leases []idem.Lease) []error {
 		func(i int, r reply) { out[i] = leaseResult(r, nil) },
 		func(i int, err error) { out[i] = &idem.StoreError{Op: "release", Key: leases[i].Key, Err: err} })
 	return out
+}
+
+// ---- a batch's strings, in one allocation ----
+
+// arena builds the strings of a batch (key names, arguments) in one
+// buffer, made into one string once every piece is in: a piece is known
+// by its span until then. A batch of n keys so costs a few allocations
+// instead of a few per key; every string is the same text as before (its
+// own conversion), only sharing its memory with the batch's others.
+type arena struct {
+	buf []byte
+	s   string
+}
+
+// span is a piece of an arena: buf[off:end].
+type span struct{ off, end int }
+
+// mark starts a piece; cut ends the piece started at off.
+func (a *arena) mark() int         { return len(a.buf) }
+func (a *arena) cut(off int) span  { return span{off, len(a.buf)} }
+func (a *arena) done()             { a.s = string(a.buf); a.buf = nil }
+func (a *arena) str(p span) string { return a.s[p.off:p.end] }
+func (a *arena) add(b []byte) span { off := a.mark(); a.buf = append(a.buf, b...); return a.cut(off) }
+func (a *arena) addInt(n int64) span {
+	off := a.mark()
+	a.buf = strconv.AppendInt(a.buf, n, 10)
+	return a.cut(off)
+}
+
+// addToken adds packToken(t).
+func (a *arena) addToken(t uint64) span {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], t)
+	return a.add(b[2:])
+}
+
+// keyNames returns s.KeyName of the key of each entry idx of a batch of n
+// entries, by entry (the others ""), made in one allocation.
+func (s *Store) keyNames(n int, idx []int, key func(int) idem.Key) []string {
+	names := make([]string, n)
+	var b strings.Builder
+	one := len(s.prefix) + 2 + base64.RawURLEncoding.EncodedLen(len(idem.Key{}))
+	b.Grow(one * len(idx))
+	var enc [32]byte
+	for _, i := range idx {
+		k := key(i)
+		b.WriteString(s.prefix)
+		b.WriteByte('{')
+		b.Write(base64.RawURLEncoding.AppendEncode(enc[:0], k[:]))
+		b.WriteByte('}')
+	}
+	all := b.String()
+	off := 0
+	for _, i := range idx {
+		end := off + one
+		names[i] = all[off:end]
+		off = end
+	}
+	return names
 }

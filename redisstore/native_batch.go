@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/idemkit/idem"
@@ -54,18 +55,18 @@ type eachTask struct {
 
 // execNative runs a batch on the native runner r (the entries idx of the
 // batch; see exec for the rest).
-func (s *Store) execNative(ctx context.Context, r *nativeRunner, bs *batchScript, idx []int, key func(int) idem.Key,
+func (s *Store) execNative(ctx context.Context, r *nativeRunner, bs *batchScript, idx []int, key func(int) idem.Key, names []string,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
 	var rest []eachTask
 	switch {
 	case len(idx) > 1 && r.c.oneNode() && bs.single == scriptAcquire:
-		rest = s.acquireBatch(ctx, r, idx, key, args, answer, fail)
+		rest = s.acquireBatch(ctx, r, idx, key, names, args, answer, fail)
 	case len(idx) > 1 && r.c.oneNode() && (bs.single == scriptComplete || bs.single == scriptRelease):
-		rest = s.fastBatch(ctx, r, bs.single, idx, key, args, answer, fail)
+		rest = s.fastBatch(ctx, r, bs.single, idx, key, names, args, answer, fail)
 	default:
 		rest = tasksOf(idx)
 	}
-	s.execEach(ctx, r, bs, rest, key, args, answer, fail)
+	s.execEach(ctx, r, bs, rest, key, names, args, answer, fail)
 }
 
 // tasksOf returns the entries idx, each to take its single transition.
@@ -77,10 +78,23 @@ func tasksOf(idx []int) []eachTask {
 	return out
 }
 
+// firstsScan is the largest batch firsts scans instead of making a map.
+const firstsScan = 32
+
 // firsts returns, for each entry of idx, whether it is its key's first
 // appearance in the batch.
 func firsts(idx []int, key func(int) idem.Key) []bool {
 	out := make([]bool, len(idx))
+	if len(idx) <= firstsScan {
+		// A small batch: each key compared with the keys before it,
+		// without a map.
+		var ks [firstsScan]idem.Key
+		for j, i := range idx {
+			ks[j] = key(i)
+			out[j] = !slices.Contains(ks[:j], ks[j])
+		}
+		return out
+	}
 	seen := make(map[idem.Key]struct{}, len(idx))
 	for j, i := range idx {
 		k := key(i)
@@ -103,7 +117,7 @@ func pipeFailed(res []nval, err error, n int) error {
 
 // acquireBatch sends the claims of a batch in one pipeline, answers the
 // keys it settles, and returns the entries left, in batch order.
-func (s *Store) acquireBatch(ctx context.Context, r *nativeRunner, idx []int, key func(int) idem.Key,
+func (s *Store) acquireBatch(ctx context.Context, r *nativeRunner, idx []int, key func(int) idem.Key, names []string,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) []eachTask {
 	c := r.c
 	first := firsts(idx, key)
@@ -120,7 +134,7 @@ func (s *Store) acquireBatch(ctx context.Context, r *nativeRunner, idx []int, ke
 			continue
 		}
 		a0 := args(i, buf[:0])
-		a, err := newAcq(s.KeyName(key(i)), a0[0], a0[1], a0[2])
+		a, err := newAcq(names[i], a0[0], a0[1], a0[2])
 		if err != nil {
 			continue // the single acquire, which fails the same way
 		}
@@ -177,7 +191,7 @@ func (s *Store) acquireBatch(ctx context.Context, r *nativeRunner, idx []int, ke
 // fastBatch sends the one SET IFEQ of each lease of a batch this runner
 // granted (fastCmd) in one pipeline, answers the keys it completes or
 // releases, and returns the entries left, in batch order.
-func (s *Store) fastBatch(ctx context.Context, r *nativeRunner, script int, idx []int, key func(int) idem.Key,
+func (s *Store) fastBatch(ctx context.Context, r *nativeRunner, script int, idx []int, key func(int) idem.Key, names []string,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) []eachTask {
 	first := firsts(idx, key)
 	at := make([]int, 0, len(idx)) // positions in idx of the commands in cmds
@@ -187,7 +201,7 @@ func (s *Store) fastBatch(ctx context.Context, r *nativeRunner, script int, idx 
 		if !first[j] {
 			continue
 		}
-		if cmd := r.fastCmd(script, s.KeyName(key(i)), args(i, buf[:0])); cmd != nil {
+		if cmd := r.fastCmd(script, names[i], args(i, buf[:0])); cmd != nil {
 			at = append(at, j)
 			cmds = append(cmds, cmd)
 		}
@@ -224,7 +238,7 @@ func (s *Store) fastBatch(ctx context.Context, r *nativeRunner, script int, idx 
 // execEach runs the tasks, each its key's single transition (or its
 // continuation), the keys side by side (the client pipelines them), the
 // entries of one key one after the other in batch order.
-func (s *Store) execEach(ctx context.Context, run runner, bs *batchScript, tasks []eachTask, key func(int) idem.Key,
+func (s *Store) execEach(ctx context.Context, run runner, bs *batchScript, tasks []eachTask, key func(int) idem.Key, names []string,
 	args func(i int, dst []string) []string, answer func(i int, r reply), fail func(i int, err error)) {
 	if len(tasks) == 0 {
 		return
@@ -239,7 +253,7 @@ func (s *Store) execEach(ctx context.Context, run runner, bs *batchScript, tasks
 		if t.cont != nil {
 			r, err = t.cont(ctx)
 		} else {
-			r, err = run.run(ctx, bs.single, s.KeyName(key(t.i)), args(t.i, nil)...)
+			r, err = run.run(ctx, bs.single, names[t.i], args(t.i, nil)...)
 		}
 		mu.Lock()
 		defer mu.Unlock()

@@ -35,8 +35,11 @@ func (c *Consumer) consumeBatches(ctx context.Context, it jetstream.MessagesCont
 	}
 	go func() {
 		defer close(readerDone)
+		// One option for every Next (it keeps no state): none made per
+		// message.
+		next := []jetstream.NextOpt{jetstream.NextContext(pull)}
 		for {
-			msg, err := it.Next(jetstream.NextContext(pull))
+			msg, err := it.Next(next...)
 			if pull.Err() != nil {
 				handBack(msg)
 				return

@@ -414,8 +414,11 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) error {
 // undecided reports whether Handle could not decide a delivery because the
 // store failed before the handler ran.
 func undecided(res idemmsg.Result, err error) bool {
+	if err == nil || res.Outcome != idemmsg.NoOutcome {
+		return false // without allocating se, for the usual answer
+	}
 	var se *idem.StoreError
-	return res.Outcome == idemmsg.NoOutcome && errors.As(err, &se)
+	return errors.As(err, &se)
 }
 
 // hold waits Backoff(try), or until ctx ends, before a delivery the store

@@ -75,6 +75,9 @@ func (g goredisClient) readGroup(ctx context.Context, stream, group, consumer st
 	if err != nil {
 		return nil, err
 	}
+	if len(res) == 1 && len(res[0].Messages) > 0 {
+		return res[0].Messages, nil // one stream read: its messages, not a copy
+	}
 	var msgs []redis.XMessage
 	for _, s := range res {
 		msgs = append(msgs, s.Messages...)
@@ -157,7 +160,14 @@ func (r rueidisClient) readGroup(ctx context.Context, stream, group, consumer st
 	if err != nil {
 		return nil, err
 	}
+	n := 0
+	for _, entries := range res {
+		n += len(entries)
+	}
 	var msgs []redis.XMessage
+	if n > 0 {
+		msgs = make([]redis.XMessage, 0, n) // made once, not grown
+	}
 	for _, entries := range res {
 		msgs = appendEntries(msgs, entries)
 	}
@@ -204,7 +214,11 @@ func (r rueidisClient) autoClaim(ctx context.Context, stream, group, consumer st
 	if err != nil {
 		return nil, "", err
 	}
-	return appendEntries(nil, entries), next, nil
+	var msgs []redis.XMessage
+	if len(entries) > 0 {
+		msgs = make([]redis.XMessage, 0, len(entries)) // made once, not grown
+	}
+	return appendEntries(msgs, entries), next, nil
 }
 
 // deliveryCounts pins its commands (never returned to rueidis's command

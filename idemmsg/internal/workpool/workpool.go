@@ -45,20 +45,48 @@ func (p *Pool) Go(f func()) bool {
 		return false
 	}
 	p.wg.Go(func() {
-		defer func() { <-p.sem }()
-		defer func() {
-			if v := recover(); v != nil {
-				p.mu.Lock()
-				if !p.panicked {
-					p.panicked, p.panicVal = true, v
-				}
-				p.stopped = true
-				p.mu.Unlock()
-			}
-		}()
+		defer p.done()
 		f()
 	})
 	return true
+}
+
+// GoIndex is Go(func() { f(i) }), without making that function: a caller
+// that runs one f for many i makes f once (with n <= 1, nothing is made
+// per call).
+func (p *Pool) GoIndex(f func(int), i int) bool {
+	if p.sem == nil {
+		if p.Stopped() {
+			return false
+		}
+		f(i)
+		return true
+	}
+	p.sem <- struct{}{}
+	if p.Stopped() {
+		<-p.sem
+		return false
+	}
+	p.wg.Go(func() {
+		defer p.done()
+		f(i)
+	})
+	return true
+}
+
+// done ends a function run on a goroutine of the pool: it frees its place
+// and keeps its panic, if any (recovered here, as the deferred call of
+// that goroutine).
+func (p *Pool) done() {
+	defer func() { <-p.sem }()
+	if v := recover(); v != nil {
+		p.mu.Lock()
+		if !p.panicked {
+			p.panicked, p.panicVal = true, v
+		}
+		p.stopped = true
+		p.mu.Unlock()
+	}
 }
 
 // Stop makes later calls of Go run nothing; functions already started

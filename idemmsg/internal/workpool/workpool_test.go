@@ -76,3 +76,57 @@ func TestStop(t *testing.T) {
 		p.Wait()
 	}
 }
+
+// GoIndex is Go(func() { f(i) }): every index run once, bounded, a panic
+// passed to Wait and stopping the pool, nothing run after Stop.
+func TestGoIndex(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		p := New(n)
+		var ran [20]atomic.Int32
+		var running, peak atomic.Int32
+		f := func(i int) {
+			r := running.Add(1)
+			for m := peak.Load(); r > m && !peak.CompareAndSwap(m, r); m = peak.Load() {
+			}
+			time.Sleep(time.Millisecond)
+			running.Add(-1)
+			ran[i].Add(1)
+		}
+		for i := range ran {
+			if !p.GoIndex(f, i) {
+				t.Fatalf("n=%d: GoIndex refused work on a live pool", n)
+			}
+		}
+		p.Wait()
+		for i := range ran {
+			if c := ran[i].Load(); c != 1 {
+				t.Errorf("n=%d: index %d ran %d times, want 1", n, i, c)
+			}
+		}
+		if m := peak.Load(); m > int32(n) {
+			t.Errorf("n=%d: peak concurrency %d", n, m)
+		}
+
+		p = New(n)
+		func() {
+			defer func() {
+				if v := recover(); v != "boom 7" {
+					t.Errorf("n=%d: Wait (or GoIndex, inline) panicked with %v, want boom 7", n, v)
+				}
+			}()
+			p.GoIndex(func(i int) { panic("boom " + string(rune('0'+i))) }, 7)
+			p.Wait()
+			t.Errorf("n=%d: no panic", n)
+		}()
+		if n > 1 && p.GoIndex(func(int) { t.Errorf("n=%d: ran after a panic", n) }, 0) {
+			t.Errorf("n=%d: GoIndex reported running work after a panic", n)
+		}
+
+		p = New(n)
+		p.Stop()
+		if p.GoIndex(func(int) { t.Errorf("n=%d: ran after Stop", n) }, 0) {
+			t.Errorf("n=%d: GoIndex reported running work after Stop", n)
+		}
+		p.Wait()
+	}
+}
