@@ -817,7 +817,15 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 		if err == io.EOF {
 			return buf, true
 		}
-		if err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			// An outer limit (http.MaxBytesHandler, a proxy's), smaller
+			// than ours: too large all the same. Its reader told the
+			// server already.
+			m.tooLarge(w, r)
+			return nil, false
+		case err != nil:
 			m.problem(w, r, Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
 				Detail: "The request body could not be read."})
 			return nil, false
@@ -1179,7 +1187,7 @@ func (m *middleware) replayHeader(w http.ResponseWriter, resp *idem.Response) {
 		h["Content-Type"] = nil // the original had none: net/http must not sniff one
 	}
 	vals = append(vals, "true")
-	h[HeaderReplayed] = vals[len(vals)-1:]
+	h[HeaderReplayed] = vals[len(vals)-1 : len(vals) : len(vals)]
 }
 
 // replayNotKept answers for a stored response whose body was not kept:

@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -65,6 +66,10 @@ func TestReadBodyLimit(t *testing.T) {
 		{"declared past", pieces{parts: []string{"a"}}, limit + 1, http.StatusRequestEntityTooLarge, ""},
 		{"past the limit, then an error", pieces{parts: []string{strings.Repeat("a", limit+5)}, err: boom, together: true}, -1, http.StatusRequestEntityTooLarge, ""},
 		{"an error", pieces{parts: []string{"ab"}, err: boom}, -1, http.StatusBadRequest, ""},
+		// An outer limit smaller than ours (http.MaxBytesHandler, a
+		// proxy's body limit): too large all the same, 413 as before.
+		{"an outer limit", pieces{parts: []string{"ab"}, err: &http.MaxBytesError{Limit: 1}}, -1, http.StatusRequestEntityTooLarge, ""},
+		{"an outer limit, wrapped", pieces{parts: []string{"ab"}, err: fmt.Errorf("read: %w", &http.MaxBytesError{Limit: 1}), together: true}, -1, http.StatusRequestEntityTooLarge, ""},
 		{"an error with data", pieces{parts: []string{"ab"}, err: boom, together: true}, -1, http.StatusBadRequest, ""},
 		{"empty", pieces{}, -1, http.StatusCreated, ""},
 		{"empty, declared", pieces{}, 0, http.StatusCreated, ""},
@@ -159,5 +164,22 @@ func TestHandlerBodyMethods(t *testing.T) {
 	h.ServeHTTP(w, r)
 	if w.Code != http.StatusCreated {
 		t.Fatalf("got %d", w.Code)
+	}
+}
+
+// Behind http.MaxBytesHandler with a smaller limit than MaxBodySize, a
+// keyed body over that limit is 413 body-too-large, as a body over the
+// middleware's own limit is, and the handler does not run.
+func TestReadBodyOuterLimit(t *testing.T) {
+	ran := false
+	h := http.MaxBytesHandler(idemhttp.Middleware(memstore.New(memstore.Options{}), idemhttp.Config{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran = true
+	})), 10)
+	r := httptest.NewRequest("POST", "/charges", strings.NewReader(strings.Repeat("a", 100)))
+	r.Header.Set(idemhttp.HeaderKey, "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "body-too-large") || ran {
+		t.Fatalf("got %d %s (handler ran: %t), want 413 body-too-large, not run", w.Code, w.Body, ran)
 	}
 }
