@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -60,9 +61,10 @@ type capture struct {
 	hijacked bool         // the handler took the connection: nothing to store
 	gone     error        // the first failed write to the client: it left
 	cw       clientWrites // the write deadlines (see above)
-	// reqBody is the handler's request body (see withBody), and resp the
-	// response stored (execute), here to be allocated with the capture.
-	reqBody bodyReader
+	// reqBody is the reader of the handler's request body (see
+	// withBody), and resp the response stored (execute), here to be
+	// allocated with the capture.
+	reqBody bytes.Reader
 	resp    idem.Response
 	vals    [8]string // the values of header, when they fit (snapshot)
 }

@@ -817,9 +817,8 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 		if err == io.EOF {
 			return buf, true
 		}
-		var tooBig *http.MaxBytesError
 		switch {
-		case errors.As(err, &tooBig):
+		case err != nil && maxBytes(err):
 			// An outer limit (http.MaxBytesHandler, a proxy's), smaller
 			// than ours: too large all the same. Its reader told the
 			// server already.
@@ -831,6 +830,13 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, b
 			return nil, false
 		}
 	}
+}
+
+// maxBytes reports whether err is an *http.MaxBytesError (its own
+// function: the target of errors.As is allocated only for an error).
+func maxBytes(err error) bool {
+	var tooBig *http.MaxBytesError
+	return errors.As(err, &tooBig)
 }
 
 // errNegativeRead is bytes.Buffer's panic for a reader that returned a
@@ -973,9 +979,11 @@ func (m *middleware) outcome(r *http.Request, o Outcome) {
 // it, and the client's Transfer-Encoding is gone, so that a handler that
 // forwards r (httputil.ReverseProxy, an http.Client) sends it with its
 // Content-Length, never as a chunked body the next server may not read.
-// The reader of a non-empty body is rd when not nil (a field of an object
-// the caller allocates anyway), else a new one.
-func withBody(r *http.Request, ctx context.Context, body []byte, rd *bodyReader) *http.Request {
+// The body is io.NopCloser of a *bytes.Reader, which net/http's client
+// knows to be in memory: it sends such a body in one write with the
+// header. Its reader is rd when not nil (a field of an object the caller
+// allocates anyway), else a new one.
+func withBody(r *http.Request, ctx context.Context, body []byte, rd *bytes.Reader) *http.Request {
 	r = r.WithContext(ctx)
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
@@ -983,23 +991,13 @@ func withBody(r *http.Request, ctx context.Context, body []byte, rd *bodyReader)
 		r.Body = http.NoBody
 	} else {
 		if rd == nil {
-			rd = new(bodyReader)
+			rd = new(bytes.Reader)
 		}
-		rd.r.Reset(body)
-		r.Body = rd
+		rd.Reset(body)
+		r.Body = io.NopCloser(rd)
 	}
 	return r
 }
-
-// bodyReader is a body read for the fingerprint, handed to the handler:
-// io.NopCloser(bytes.NewReader(body)) in one object, with its methods
-// (Read, WriteTo and Close) and no other, so that a handler that looks
-// for one (an io.Seeker, say) finds what it found before.
-type bodyReader struct{ r bytes.Reader }
-
-func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
-func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
-func (*bodyReader) Close() error                         { return nil }
 
 // execute runs the handler under the lease of d, with the work's context
 // and the body read for the fingerprint, then stores its response or

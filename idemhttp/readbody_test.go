@@ -1,12 +1,16 @@
 package idemhttp_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idem/idemhttp"
@@ -181,5 +185,57 @@ func TestReadBodyOuterLimit(t *testing.T) {
 	h.ServeHTTP(w, r)
 	if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "body-too-large") || ran {
 		t.Fatalf("got %d %s (handler ran: %t), want 413 body-too-large, not run", w.Code, w.Body, ran)
+	}
+}
+
+// writeCounter counts the writes to a client's connection.
+type writeCounter struct {
+	net.Conn
+	n *atomic.Int32
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// A handler that forwards the request it was given (r.Clone and a
+// Transport, as a hand-written proxy does) sends its body in the one
+// write of the header: net/http's client knows the body for the
+// fingerprint to be in memory, as it knew io.NopCloser(bytes.NewReader).
+func TestHandlerBodyForwardedInOneWrite(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	var writes atomic.Int32
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		return writeCounter{c, &writes}, err
+	}}
+	defer tr.CloseIdleConnections()
+	h := idemhttp.Middleware(memstore.New(memstore.Options{}), idemhttp.Config{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out := r.Clone(r.Context())
+		out.URL, _ = url.Parse(up.URL + "/charges")
+		out.Host, out.RequestURI = "", ""
+		resp, err := tr.RoundTrip(out)
+		if err != nil {
+			t.Errorf("forward: %v", err)
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+	}))
+	r := httptest.NewRequest("POST", "/charges", strings.NewReader(strings.Repeat("a", 600)))
+	r.Header.Set(idemhttp.HeaderKey, "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("got %d %s", w.Code, w.Body)
+	}
+	if n := writes.Load(); n != 1 {
+		t.Errorf("the forwarded request took %d writes, want 1 (header and body together)", n)
 	}
 }
