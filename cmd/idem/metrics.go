@@ -121,6 +121,10 @@ type timedStore struct {
 
 var _ idem.Store = (*timedStore)(nil)
 
+// Unwrap is the store timed: the engine looks through it (a memory store
+// is never looked up for v1.0's keys).
+func (t *timedStore) Unwrap() idem.Store { return t.s }
+
 func newTimedStore(s idem.Store, h *prometheus.HistogramVec) *timedStore {
 	return &timedStore{s: s,
 		acquire: h.WithLabelValues("acquire"), renew: h.WithLabelValues("renew"),

@@ -95,9 +95,10 @@ type Config struct {
 	// request is looked up too, when it differs from today's (Fallback):
 	// zero means the retention (the longest a record stored before an
 	// upgrade can live once the upgraded process runs), negative never.
-	// A memory store (*memstore.Store) is never looked up: it holds only
-	// what this process stored, and one build holds one version of idem,
-	// so no record of v1.0 can be in it.
+	// A memory store (*memstore.Store, or a wrapper of one with an
+	// Unwrap() idem.Store method) is never looked up: it holds only what
+	// this process stored, and one build holds one version of idem, so
+	// no record of v1.0 can be in it.
 	V1Scopes time.Duration
 }
 
@@ -155,15 +156,31 @@ func New(store idem.Store, cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
 	e := &Engine{cfg: cfg, layer: strings.TrimPrefix(cfg.Name, "idem"), g: g, tel: tel}
-	_, fresh := store.(*memstore.Store) // see Config.V1Scopes
 	switch {
-	case fresh:
+	case localOnly(store): // see Config.V1Scopes
 	case cfg.V1Scopes == 0:
 		e.v1Until = time.Now().Add(g.Config().Retention)
 	case cfg.V1Scopes > 0:
 		e.v1Until = time.Now().Add(cfg.V1Scopes)
 	}
 	return e, nil
+}
+
+// localOnly reports whether store is a *memstore.Store, itself or under
+// wrappers that keep its records as they are (an Unwrap() idem.Store
+// method: idem proxy's metrics, say): a store that holds only what this
+// process stored.
+func localOnly(store idem.Store) bool {
+	for {
+		switch s := store.(type) {
+		case *memstore.Store:
+			return true
+		case interface{ Unwrap() idem.Store }:
+			store = s.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 // Anonymous counts a keyed request that no tenant source identified (the

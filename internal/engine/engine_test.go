@@ -581,6 +581,12 @@ func TestFallback(t *testing.T) {
 // does in a *memstore.Store, which only this process (this version) wrote.
 type sharedStore struct{ idem.Store }
 
+// unwrapper is a wrapper that keeps its store's records as they are (as
+// idem proxy's metrics do): the engine looks through it.
+type unwrapper struct{ idem.Store }
+
+func (u unwrapper) Unwrap() idem.Store { return u.Store }
+
 // A memory store holds nothing of v1.0: its engine never falls back,
 // whatever V1Scopes says; any other store is looked up as V1Scopes says.
 func TestFallbackNeverOnMemstore(t *testing.T) {
@@ -594,6 +600,8 @@ func TestFallbackNeverOnMemstore(t *testing.T) {
 		{sharedStore{memstore.New(memstore.Options{})}, 0, true},
 		{sharedStore{memstore.New(memstore.Options{})}, time.Hour, true},
 		{sharedStore{memstore.New(memstore.Options{})}, -1, false},
+		{unwrapper{memstore.New(memstore.Options{})}, 0, false},
+		{unwrapper{sharedStore{memstore.New(memstore.Options{})}}, 0, true},
 	} {
 		if got := newEngineOn(t, c.store, Config{V1Scopes: c.v1Scopes}).FallingBack(); got != c.want {
 			t.Errorf("%T, V1Scopes %v: FallingBack() = %v, want %v", c.store, c.v1Scopes, got, c.want)
