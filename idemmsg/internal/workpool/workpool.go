@@ -32,17 +32,12 @@ func New(n int) *Pool {
 // nothing more and returns false, so that the caller can hand the work
 // back.
 func (p *Pool) Go(f func()) bool {
+	if !p.enter() {
+		return false
+	}
 	if p.sem == nil {
-		if p.Stopped() {
-			return false
-		}
 		f()
 		return true
-	}
-	p.sem <- struct{}{}
-	if p.Stopped() {
-		<-p.sem
-		return false
 	}
 	p.wg.Go(func() {
 		defer p.done()
@@ -51,21 +46,30 @@ func (p *Pool) Go(f func()) bool {
 	return true
 }
 
-// GoIndex is Go(func() { f(i) }), without making that function: a caller
-// that runs one f for many i makes f once (with n <= 1, nothing is made
-// per call).
-func (p *Pool) GoIndex(f func(int), i int) bool {
+// enter takes a slot (waiting while n functions run), and reports false,
+// the slot given back, once the pool is stopped.
+func (p *Pool) enter() bool {
 	if p.sem == nil {
-		if p.Stopped() {
-			return false
-		}
-		f(i)
-		return true
+		return !p.Stopped()
 	}
 	p.sem <- struct{}{}
 	if p.Stopped() {
 		<-p.sem
 		return false
+	}
+	return true
+}
+
+// GoIndex is Go(func() { f(i) }), without making that function: a caller
+// that runs one f for many i makes f once (with n <= 1, nothing is made
+// per call).
+func (p *Pool) GoIndex(f func(int), i int) bool {
+	if !p.enter() {
+		return false
+	}
+	if p.sem == nil {
+		f(i)
+		return true
 	}
 	p.wg.Go(func() {
 		defer p.done()
